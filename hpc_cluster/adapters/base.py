@@ -1,0 +1,178 @@
+"""What every batch system adapter provides, and the records they return.
+
+An adapter is a few commands plus pure parsers of their outputs. Commands run through a
+`Runner` (local subprocess or SSH, see `deploy/runner.py`) so one adapter serves both.
+The records here are what the scheduler's diagnosis reads: keep them plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import jinja2
+
+# The closed set of job states every adapter maps its batch system's states onto.
+JOB_STATES = (
+    "pending", "running", "completed", "failed", "timeout", "out-of-memory",
+    "cancelled", "preempted", "node-fail", "boot-fail", "deadline", "unknown",
+)
+FINAL_STATES = frozenset(JOB_STATES) - {"pending", "running", "unknown"}
+
+
+class BatchError(RuntimeError):
+    """A batch command failed or answered something we cannot read."""
+
+
+@dataclass
+class CommandResult:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    """Runs one command somewhere (here, or on a login node over SSH)."""
+
+    def run(self, argv: Sequence[str], input: str | None = None,
+            timeout: float | None = None, check: bool = True) -> CommandResult: ...
+
+
+@dataclass
+class JobSpec:
+    """Everything a job script is rendered from. Sizes are bytes, times are seconds."""
+
+    worker_command: str                     # the full command line that starts the worker(s)
+    job_name: str = "hpc-cluster"
+    cores: int = 1
+    memory: int = 1_000_000_000
+    processes: int = 1
+    walltime: int = 3600
+    queue: str | None = None
+    account: str | None = None
+    extra_directives: list[str] = field(default_factory=list)
+    directives_skip: list[str] = field(default_factory=list)
+    prologue: list[str] = field(default_factory=list)
+    epilogue: list[str] = field(default_factory=list)
+    log_directory: str | None = None
+    python: str = "python3"
+    nanny: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    working_directory: str | None = None
+    template: str | None = None             # a site's own template file, replacing ours
+
+    def replace(self, **changes) -> "JobSpec":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class JobStatus:
+    """What the queue (squeue, qstat) says about a job right now."""
+
+    job_id: str
+    state: str                              # one of JOB_STATES
+    raw_state: str
+    node: str | None = None
+    reason: str | None = None               # why pending, when the batch system says
+    elapsed: int | None = None              # seconds
+    time_limit: int | None = None           # seconds
+
+
+@dataclass
+class StepRecord:
+    """One accounting line below a job: `.batch`, `.extern`, `.0` ..."""
+
+    step_id: str
+    state: str
+    raw_state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    max_rss: int | None = None              # bytes
+    elapsed: int | None = None
+
+
+@dataclass
+class AccountingRecord:
+    """What the batch system's accounting says about a finished (or running) job."""
+
+    job_id: str
+    state: str                              # one of JOB_STATES
+    raw_state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    cancelled_by: str | None = None         # uid (or user name) when the system says
+    elapsed: int | None = None              # seconds
+    time_limit: int | None = None           # seconds
+    requested_memory: int | None = None     # bytes
+    max_rss: int | None = None              # bytes, the largest over the job's steps
+    node: str | None = None
+    start: str | None = None
+    end: str | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    raw: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+class BatchAdapter:
+    """Base for batch systems. Subclasses set `name`, `template_name` and the commands."""
+
+    name = "base"
+    template_name = ""
+    submit_command = ""
+
+    def __init__(self, runner: Runner | None = None):
+        if runner is None:
+            # Runners live in deploy/ (they are also used for SSH); runner.py imports nothing
+            # of ours, so this lazy import does not pull deploy's layer into the adapters.
+            from ..deploy.runner import LocalRunner
+            runner = LocalRunner()
+        self.runner = runner
+
+    # -- rendering -----------------------------------------------------------------
+    def template_context(self, spec: JobSpec) -> dict:
+        """Values for the template beyond the spec's own fields; subclasses add directives."""
+        return {}
+
+    def render(self, spec: JobSpec) -> str:
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader([str(_TEMPLATES)]),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        env.filters["quote"] = shlex.quote
+        if spec.template:
+            path = Path(spec.template).expanduser()
+            if not path.is_file():
+                raise BatchError(f"template={spec.template!r}: no such file; point it at a jinja2 job-script "
+                                 f"template or remove it to use the built-in {self.template_name}")
+            template = env.from_string(path.read_text())
+        else:
+            template = env.get_template(self.template_name)
+        context = dataclasses.asdict(spec)
+        context.update(self.template_context(spec))
+        return template.render(**context)
+
+    # -- commands (subclasses) ----------------------------------------------------
+    def submit(self, script: str) -> str:
+        raise NotImplementedError
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        raise NotImplementedError
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        raise NotImplementedError
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:
+        raise NotImplementedError
