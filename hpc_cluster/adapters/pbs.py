@@ -355,6 +355,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GONE_RE = re.compile(r"Unknown Job Id|Job has finished|has finished|"
                       r"Request invalid for state of job|job already finished", re.IGNORECASE)
 _NO_JSON_RE = re.compile(r"invalid option|illegal option|unknown option|usage:", re.IGNORECASE)
+# qstat and friends block for minutes when the server is unreachable; don't hang with them.
+COMMAND_TIMEOUT = 120
 
 
 def sanitize_job_name(name: str) -> str:
@@ -408,7 +410,7 @@ class PBSAdapter(BatchAdapter):
 
     # -- commands ------------------------------------------------------------------
     def submit(self, script: str) -> str:
-        result = self.runner.run(["qsub"], input=script, check=False)
+        result = self.runner.run(["qsub"], input=script, timeout=COMMAND_TIMEOUT, check=False)
         if result.returncode != 0:
             raise BatchError(f"qsub failed (exit {result.returncode}): "
                              f"{(result.stderr or result.stdout).strip()}")
@@ -417,7 +419,7 @@ class PBSAdapter(BatchAdapter):
     def cancel(self, job_ids: Sequence[str]) -> None:
         if not job_ids:
             return
-        result = self.runner.run(["qdel", *job_ids], check=False)
+        result = self.runner.run(["qdel", *job_ids], timeout=COMMAND_TIMEOUT, check=False)
         if result.returncode == 0:
             return
         problems = [line for line in (result.stderr + "\n" + result.stdout).splitlines()
@@ -428,7 +430,8 @@ class PBSAdapter(BatchAdapter):
     def _qstat(self, job_ids: Sequence[str]) -> tuple[str, str]:
         """('json' | 'text', stdout) for one qstat call over all ids."""
         if self._json:
-            result = self.runner.run(["qstat", "-x", "-f", "-F", "json", *job_ids], check=False)
+            result = self.runner.run(["qstat", "-x", "-f", "-F", "json", *job_ids],
+                                     timeout=COMMAND_TIMEOUT, check=False)
             if result.stdout.lstrip().startswith("{"):
                 return "json", result.stdout
             if result.returncode != 0 and _NO_JSON_RE.search(result.stderr + result.stdout):
@@ -436,7 +439,7 @@ class PBSAdapter(BatchAdapter):
             else:
                 self._check_qstat(result)
                 return "json", result.stdout
-        result = self.runner.run(["qstat", "-f", *job_ids], check=False)
+        result = self.runner.run(["qstat", "-f", *job_ids], timeout=COMMAND_TIMEOUT, check=False)
         self._check_qstat(result)
         return "text", result.stdout
 

@@ -176,3 +176,20 @@ def test_many_jobs_in_one_qstat_call(sim, tmp_path):
                        and len(r) == 3 and r, 20, "three jobs to end")
     assert [records[i].exit_code for i in ids] == [0, 1, 2]
     assert all(c[0] == "qstat" and set(ids) <= set(c) for c in calls)
+
+
+def test_simulator_text_and_json_read_the_same(sim, tmp_path, monkeypatch):
+    """The long, wrapped `qstat -f` text must parse to the same record as the JSON."""
+    from hpc_cluster.adapters.pbs import parse_qstat_full, parse_qstat_json
+    # A long PATH becomes a long PBS_O_PATH in Variable_List, which qstat wraps.
+    monkeypatch.setenv("PATH", os.environ["PATH"] + "".join(f":/opt/tool{n}/bin" for n in range(20)))
+    adapter = PBSAdapter(LocalRunner())
+    job_id, _ = run_to_end(adapter, spec(tmp_path, "exit 5"))
+    runner = LocalRunner()
+    text = runner.run(["qstat", "-x", "-f", job_id]).stdout
+    assert "\n\t" in text                           # wrapped continuation lines
+    (from_text,) = parse_qstat_full(text)
+    (from_json,) = parse_qstat_json(runner.run(["qstat", "-x", "-f", "-F", "json", job_id]).stdout)
+    from_text.raw = from_json.raw = ""
+    assert from_text == from_json
+    assert from_text.exit_code == 5
