@@ -1,0 +1,10 @@
+"""hpc-cluster: a task cluster on HPC batch systems that knows why a worker died."""
+
+__version__ = "0.1.0"
+
+from .client import Client, Future, as_completed, wait
+from .deploy.local import LocalCluster
+from .exceptions import CancelledError, HPCClusterError, KilledWorker, LostDataError, TimeoutError
+
+__all__ = ["Client", "Future", "as_completed", "wait", "LocalCluster", "CancelledError",
+           "HPCClusterError", "KilledWorker", "LostDataError", "TimeoutError", "__version__"]

@@ -1,0 +1,638 @@
+"""Client and Future: the user-facing side, shaped like dask.distributed's.
+
+The client runs its connections on one background event-loop thread per process; the
+user's thread blocks on threading events. Futures are reference counted: when the last
+Future for a key is garbage collected, the scheduler is told to release it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import logging
+import random
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable
+
+from .exceptions import CancelledError, TimeoutError, error_from_record
+from .protocol import serialize
+from .protocol.comm import BatchedSend, Comm, CommClosedError, connect
+from .protocol.frames import Opaque
+from .protocol.secret import read_cluster_file, secret_from_env
+from .protocol.versions import get_versions
+
+logger = logging.getLogger("hpc_cluster.client")
+
+
+class _LoopThread:
+    """One event loop in a daemon thread, shared by every Client of the process."""
+
+    _lock = threading.Lock()
+    _instance: "_LoopThread | None" = None
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="hpc-cluster-client", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> "_LoopThread":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, coro, timeout: float | None = None):
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("blocking client call made from the client's own event loop "
+                               "(e.g. inside a done-callback); call it from another thread")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"no answer within {timeout} s") from None
+
+
+class _FutureState:
+    __slots__ = ("status", "error", "event", "callbacks")
+
+    def __init__(self):
+        self.status = "pending"
+        self.error: dict | None = None
+        self.event = threading.Event()
+        self.callbacks: list = []
+
+
+class Future:
+    """A task's result, somewhere on the cluster."""
+
+    __slots__ = ("key", "_hpc_key", "client", "__weakref__")
+
+    def __init__(self, key: str, client: "Client"):
+        self.key = key
+        self._hpc_key = key                 # recognised by the pickler as a task reference
+        self.client = client
+        client._inc_ref(key)
+
+    @property
+    def _state(self) -> _FutureState:
+        return self.client._state(self.key)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.event.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.client.gather(self, timeout=timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        st = self._state
+        if not st.event.wait(timeout):
+            raise TimeoutError(f"{self.key!r} not done within {timeout} s")
+        return self.client._error(self.key) if st.status in ("error", "cancelled") else None
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        self.client.cancel([self], reason=reason)
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
+        self.client._add_callback(self, fn)
+
+    def release(self) -> None:
+        pass                                 # kept for dask compatibility; `del` releases
+
+    def __del__(self):
+        try:
+            self.client._dec_ref(self.key)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Future {self.key!r} {self.status}>"
+
+
+def _flatten(obj, out: list) -> None:
+    if isinstance(obj, Future):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple, set)):
+        for o in obj:
+            _flatten(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _flatten(o, out)
+
+
+def _rebuild(obj, values: dict):
+    if isinstance(obj, Future):
+        return values[obj.key]
+    if isinstance(obj, (list, tuple, set)):
+        return type(obj)(_rebuild(o, values) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, values) for k, v in obj.items()}
+    return obj
+
+
+def _funcname(func) -> str:
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+class Client:
+    """Connect to a cluster and run work on it.
+
+    `Client(cluster)`, `Client("tcp://host:port")` (secret from $HPC_CLUSTER_SECRET or
+    `secret=`), `Client(cluster_file=path)`, or `Client("name")` for a cluster started
+    with `hpc-cluster up --name name`.
+    """
+
+    def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
+                 timeout: float = 30.0):
+        self.cluster = None
+        if address is not None and not isinstance(address, str):
+            self.cluster = address
+            address, secret = address.scheduler_address, address.secret
+        elif cluster_file is not None or (isinstance(address, str) and "://" not in address
+                                          and ":" not in address):
+            from .protocol.secret import cluster_file_for
+            info = read_cluster_file(cluster_file or cluster_file_for(address))
+            address, secret = info["address"], info["secret"]
+        if address is None:
+            raise ValueError("Client() needs a cluster, an address, or cluster_file=")
+        if isinstance(secret, str):
+            secret = bytes.fromhex(secret)
+        secret = secret or secret_from_env()
+        if secret is None:
+            raise ValueError(f"no secret for {address}: pass secret=, set $HPC_CLUSTER_SECRET, "
+                             "or connect with the cluster object or its cluster file")
+        self.scheduler_address, self._secret, self.timeout = address, secret, timeout
+        self._lt = _LoopThread.get()
+        self._loop = self._lt.loop
+        self._states: dict[str, _FutureState] = {}
+        self._refs: collections.Counter = collections.Counter()
+        self._lock = threading.RLock()
+        self._outq: list = []
+        self._flush_scheduled = False
+        self._rids = itertools.count()
+        self._replies: dict[int, asyncio.Future] = {}
+        self._worker_comms: dict[str, list[Comm]] = {}
+        self._funcs: collections.OrderedDict = collections.OrderedDict()
+        self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpc-callbacks")
+        self.status = "connecting"
+        self._lt.run(self._start(), timeout)
+        self.status = "running"
+
+    # -- connection --------------------------------------------------------------
+    @property
+    def _info(self) -> dict:
+        return {"role": "client", "versions": get_versions()}
+
+    async def _start(self) -> None:
+        self._comm = await connect(self.scheduler_address, self._secret, self._info)
+        first = (await self._comm.read())[0]
+        self.id = first.get("client")
+        self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
+        self._stream = BatchedSend(self._comm)
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                for msg in await self._comm.read():
+                    self._handle(msg)
+        except (CommClosedError, ConnectionError) as exc:
+            if self.status != "closing":
+                logger.warning("lost the connection to the scheduler: %s", exc)
+        finally:
+            self.status = "closed" if self.status == "closing" else "disconnected"
+            for key, st in list(self._states.items()):
+                if not st.event.is_set():
+                    self._set(key, st, "cancelled", {"kind": "cancelled",
+                                                     "text": "the connection to the scheduler was lost"})
+            for fut in self._replies.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("the connection to the scheduler was lost"))
+
+    def _handle(self, msg: dict) -> None:
+        op = msg["op"]
+        if op == "key-in-memory":
+            st = self._states.get(msg["key"])
+            if st is not None:
+                self._set(msg["key"], st, "finished", None)
+        elif op == "task-erred":
+            st = self._states.get(msg["key"])
+            if st is not None:
+                err = msg["error"]
+                self._set(msg["key"], st, "cancelled" if err.get("kind") == "cancelled" else "error", err)
+        elif op == "key-recomputing":
+            st = self._states.get(msg["key"])
+            if st is not None and st.status == "finished":
+                st.status = "pending"
+                st.event.clear()
+        elif op == "reply":
+            fut = self._replies.pop(msg.get("rid"), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.get("result"))
+
+    def _set(self, key: str, st: _FutureState, status: str, error) -> None:
+        st.status, st.error = status, error
+        st.event.set()
+        callbacks, st.callbacks = st.callbacks, []
+        for fn in callbacks:
+            self._callbacks.submit(_run_callback, fn)
+
+    async def _request(self, msg: dict, timeout: float | None = None):
+        rid = next(self._rids)
+        fut = self._loop.create_future()
+        self._replies[rid] = fut
+        self._flush_out()                    # anything the user queued goes first
+        self._stream.send(dict(msg, rid=rid))
+        return await asyncio.wait_for(fut, timeout or self.timeout)
+
+    def _send(self, msg: dict | None, release: str | None = None) -> None:
+        """Queue a message (or a key to release) from any thread, keeping their order.
+
+        Releases and submissions share one queue so a release can never overtake the
+        submission of a task that depends on the released key.
+        """
+        with self._lock:
+            self._outq.append(msg if msg is not None else release)
+            if self._flush_scheduled or self.status not in ("running", "connecting"):
+                return
+            self._flush_scheduled = True
+        self._loop.call_soon_threadsafe(self._flush_out)
+
+    def _flush_out(self) -> None:
+        with self._lock:
+            self._flush_scheduled = False
+            items, self._outq = self._outq, []
+            msgs, release = [], []
+            for item in items:
+                if isinstance(item, str):
+                    if self._refs.get(item, 0) <= 0:
+                        release.append(item)
+                        self._states.pop(item, None)
+                    continue
+                if release:
+                    msgs.append({"op": "release-keys", "keys": release})
+                    release = []
+                msgs.append(item)
+            if release:
+                msgs.append({"op": "release-keys", "keys": release})
+        if self.status == "running" or self.status == "connecting":
+            self._stream.extend(msgs)
+
+    # -- references ------------------------------------------------------------------
+    def _state(self, key: str) -> _FutureState:
+        st = self._states.get(key)
+        if st is None:
+            st = self._states.setdefault(key, _FutureState())
+        return st
+
+    def _inc_ref(self, key: str) -> None:
+        with self._lock:
+            self._refs[key] += 1
+        self._state(key)
+
+    def _dec_ref(self, key: str) -> None:
+        with self._lock:
+            self._refs[key] -= 1
+            if self._refs[key] > 0:
+                return
+            del self._refs[key]
+        self._send(None, release=key)
+
+    # -- submitting --------------------------------------------------------------------
+    def _func_blob(self, func) -> bytes:
+        entry = self._funcs.get(id(func))
+        if entry is None or entry[0] is not func:
+            entry = (func, serialize.dumps_function(func))
+            self._funcs[id(func)] = entry
+            if len(self._funcs) > 64:
+                self._funcs.popitem(last=False)
+        return entry[1]
+
+    def _task(self, func, args, kwargs, key, pure, retries, priority, resources) -> dict:
+        if not callable(func):
+            raise TypeError(f"submit() needs a callable first, got {type(func).__name__}")
+        fblob = self._func_blob(func)
+        ablob, deps = serialize.dumps_args(args, kwargs)
+        if key is None:
+            token = serialize.tokenize(fblob, ablob) if pure else uuid.uuid4().hex
+            key = f"{_funcname(func)}-{token}"
+        for d in deps:
+            if d not in self._states:
+                raise ValueError(f"argument refers to future {d!r} that this client does not hold")
+        return {"key": key, "func": Opaque(fblob), "args": Opaque(ablob), "deps": sorted(deps),
+                "priority": int(priority), "retries": int(retries), "resources": resources or {}}
+
+    def submit(self, func, *args, key: str | None = None, pure: bool = True, retries: int = 0,
+               priority: int = 0, resources: dict | None = None, **kwargs) -> Future:
+        """Run `func(*args, **kwargs)` on the cluster; returns a Future."""
+        spec = self._task(func, args, kwargs, key, pure, retries, priority, resources)
+        fut = Future(spec["key"], self)
+        self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
+        return fut
+
+    def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
+            priority: int = 0, resources: dict | None = None, **kwargs) -> list[Future]:
+        """`submit` for each element (zip of several iterables); one message for all tasks."""
+        argsets = list(zip(*iterables))
+        if isinstance(key, (list, tuple)):
+            if len(key) != len(argsets):
+                raise ValueError(f"map() got {len(key)} keys for {len(argsets)} tasks")
+            keys = list(key)
+        else:
+            keys = [None] * len(argsets)
+        specs = []
+        for args, k in zip(argsets, keys):
+            spec = self._task(func, args, kwargs, k, pure, retries, priority, resources)
+            if isinstance(key, str):
+                spec["key"] = f"{key}-{spec['key'].rsplit('-', 1)[-1]}"
+            specs.append(spec)
+        futures = [Future(s["key"], self) for s in specs]
+        self._send({"op": "update-graph", "tasks": specs, "keys": [s["key"] for s in specs]})
+        return futures
+
+    def get(self, dsk: dict, keys, **kwargs):
+        """Run a dask-style graph; usable as `dask.compute(x, scheduler=client.get)`."""
+        from .graph import graph_tasks
+        tasks, wire, func_blob = graph_tasks(dsk, self._func_blob)
+        wanted = []
+        _collect_keys(keys, wanted)
+        specs = [{"key": wire[k], "func": Opaque(func_blob), "args": Opaque(blob), "deps": deps,
+                  "priority": 0, "retries": 0, "resources": {}} for k, (blob, deps) in tasks.items()]
+        futures = {k: Future(wire[k], self) for k in wanted}
+        self._send({"op": "update-graph", "tasks": specs, "keys": [wire[k] for k in wanted]})
+        values = self.gather(list(futures.values()))
+        by_key = dict(zip(futures, values))
+        return _rebuild_keys(keys, by_key)
+
+    # -- results -------------------------------------------------------------------------
+    def _error(self, key: str) -> BaseException:
+        st = self._states.get(key)
+        err = st.error if st is not None else None
+        return error_from_record(key, err or {"kind": "cancelled", "text": "released"},
+                                 lambda o: serialize.loads(o.data if isinstance(o, Opaque) else o))
+
+    def gather(self, futures, errors: str = "raise", timeout: float | None = None):
+        """Results of a Future or of a (nested) list/dict of them, in the same shape."""
+        if errors not in ("raise", "skip"):
+            raise ValueError("errors must be 'raise' or 'skip'")
+        flat: list[Future] = []
+        _flatten(futures, flat)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        values: dict[str, Any] = {}
+        pending = list(dict.fromkeys(f.key for f in flat))
+        delay = 0.01
+        while pending:
+            failed = []
+            for key in pending:
+                st = self._state(key)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not st.event.wait(left):
+                    raise TimeoutError(f"{key!r} not done within {timeout} s")
+                if st.status in ("error", "cancelled"):
+                    if errors == "raise":
+                        raise self._error(key)
+                    failed.append(key)
+            fetch = [k for k in pending if k not in failed]
+            got, missing = self._lt.run(self._fetch(fetch)) if fetch else ({}, [])
+            values.update(got)
+            pending = missing
+            if missing:                  # lost in flight: the scheduler recomputes and tells us
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        if errors == "skip":
+            skip = object()
+            out = _rebuild(futures, {k: values.get(k, skip) for k in (f.key for f in flat)})
+            if isinstance(out, list):
+                return [v for v in out if v is not skip]
+            return out
+        return _rebuild(futures, values)
+
+    async def _fetch(self, keys: list[str]) -> tuple[dict, list]:
+        who_has = await self._request({"op": "who-has", "keys": keys})
+        by_worker: dict[str, list[str]] = collections.defaultdict(list)
+        missing = []
+        for key in keys:
+            holders = who_has.get(key) or []
+            if holders:
+                by_worker[random.choice(holders)].append(key)
+            else:
+                missing.append(key)
+        results = await asyncio.gather(*(self._worker_request(w, {"op": "get-data", "keys": ks})
+                                         for w, ks in by_worker.items()), return_exceptions=True)
+        values = {}
+        for (w, ks), reply in zip(by_worker.items(), results):
+            if isinstance(reply, BaseException):
+                missing.extend(ks)
+                continue
+            for k, blob in reply["data"].items():
+                values[k] = serialize.loads(blob.data)
+            missing.extend(reply.get("missing") or [])
+        return values, missing
+
+    async def _worker_request(self, address: str, msg: dict) -> dict:
+        pool = self._worker_comms.setdefault(address, [])
+        comm = pool.pop() if pool else await connect(address, self._secret, self._info)
+        try:
+            await comm.write(msg)
+            reply = (await comm.read())[0]
+        except BaseException:
+            comm.close()
+            raise
+        pool.append(comm)
+        return reply
+
+    # -- data and control ------------------------------------------------------------------
+    def scatter(self, data, broadcast: bool = False, hash: bool = True):
+        """Put local data on workers; returns futures in the same shape (list, dict or one)."""
+        if isinstance(data, dict):
+            items = list(data.items())
+        elif isinstance(data, (list, tuple)):
+            items = [(None, v) for v in data]
+        else:
+            items = [(None, data)]
+        blobs = []
+        for k, v in items:
+            blob = serialize.dumps(v)
+            if k is None:
+                token = serialize.tokenize(b"scatter", blob) if hash else uuid.uuid4().hex
+                k = f"{type(v).__name__}-{token}"
+            blobs.append((str(k), blob))
+        futures = [Future(k, self) for k, _ in blobs]
+        self._lt.run(self._scatter(blobs, broadcast), self.timeout)
+        for f in futures:
+            f._state.event.wait(self.timeout)
+        if isinstance(data, dict):
+            return dict(zip(data, futures))
+        if isinstance(data, (list, tuple)):
+            return type(data)(futures) if isinstance(data, list) else tuple(futures)
+        return futures[0]
+
+    async def _scatter(self, blobs: list, broadcast: bool) -> None:
+        workers = [w["address"] for w in await self._request({"op": "workers"})]
+        if not workers:
+            raise RuntimeError("no workers to scatter to; wait for workers (cluster.scale) first")
+        random.shuffle(workers)
+        plan: dict[str, dict] = collections.defaultdict(dict)
+        who_has: dict[str, list] = collections.defaultdict(list)
+        for i, (k, blob) in enumerate(blobs):
+            for w in (workers if broadcast else [workers[i % len(workers)]]):
+                plan[w][k] = Opaque(blob)
+                who_has[k].append(w)
+        replies = await asyncio.gather(*(self._worker_request(w, {"op": "put-data", "data": d})
+                                         for w, d in plan.items()))
+        nbytes = {}
+        for r in replies:
+            nbytes.update(r.get("nbytes") or {})
+        self._flush_out()
+        self._stream.send({"op": "scatter", "who_has": dict(who_has), "nbytes": nbytes})
+
+    def cancel(self, futures, reason: str = "cancelled by the user") -> None:
+        flat: list[Future] = []
+        _flatten(futures, flat)
+        self._send({"op": "cancel", "keys": [f.key for f in flat], "reason": reason})
+
+    def _add_callback(self, fut: Future, fn) -> None:
+        def add():
+            st = self._state(fut.key)
+            if st.event.is_set():
+                self._callbacks.submit(_run_callback, lambda: fn(fut))
+            else:
+                st.callbacks.append(lambda: fn(fut))
+        self._loop.call_soon_threadsafe(add)
+
+    def scheduler_info(self) -> dict:
+        workers = self._lt.run(self._request({"op": "workers"}), self.timeout)
+        return {"address": self.scheduler_address, "workers": {w["address"]: w for w in workers}}
+
+    def nthreads(self) -> dict[str, int]:
+        return {a: w["nthreads"] for a, w in self.scheduler_info()["workers"].items()}
+
+    def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        while len(self.scheduler_info()["workers"]) < n:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {n} workers after {timeout} s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    def deaths(self) -> list[dict]:
+        return self._lt.run(self._request({"op": "deaths"}), self.timeout)
+
+    def close(self) -> None:
+        if self.status in ("closed", "closing"):
+            return
+        self.status = "closing"
+
+        async def _close():
+            await self._stream.drain()
+            self._comm.close()
+            for pool in self._worker_comms.values():
+                for c in pool:
+                    c.close()
+        try:
+            self._lt.run(_close(), 10)
+        except Exception:
+            pass
+        self._callbacks.shutdown(wait=False)
+        self.status = "closed"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.scheduler_address} {self.status}>"
+
+
+def _run_callback(fn) -> None:
+    try:
+        fn()
+    except Exception:
+        logger.exception("future callback failed")
+
+
+def _collect_keys(keys, out: list) -> None:
+    if isinstance(keys, list):
+        for k in keys:
+            _collect_keys(k, out)
+    else:
+        out.append(keys)
+
+
+def _rebuild_keys(keys, values: dict):
+    if isinstance(keys, list):
+        return [_rebuild_keys(k, values) for k in keys]
+    return values[keys]
+
+
+class _Waited(collections.namedtuple("_Waited", "done not_done")):
+    pass
+
+
+def wait(futures, timeout: float | None = None, return_when: str = "ALL_COMPLETED") -> _Waited:
+    """Block until all (or, with FIRST_COMPLETED, any) futures are done."""
+    flat: list[Future] = []
+    _flatten(futures, flat)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == "FIRST_COMPLETED":
+        queue = as_completed(flat, timeout=timeout)
+        next(iter(queue), None)
+    elif return_when == "ALL_COMPLETED":
+        for f in flat:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not f._state.event.wait(left):
+                raise TimeoutError(f"futures not done within {timeout} s")
+    else:
+        raise ValueError("return_when must be 'ALL_COMPLETED' or 'FIRST_COMPLETED'")
+    done = {f for f in flat if f.done()}
+    return _Waited(done, set(flat) - done)
+
+
+class as_completed:
+    """Iterate over futures in the order they finish (optionally with their results)."""
+
+    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
+                 timeout: float | None = None):
+        import queue
+        self._queue: queue.Queue = queue.Queue()
+        self.with_results = with_results
+        self.timeout = timeout
+        self._count = 0
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        self._count += 1
+        future.add_done_callback(self._queue.put)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._count == 0:
+            raise StopIteration
+        import queue
+        try:
+            f = self._queue.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no future finished within {self.timeout} s") from None
+        self._count -= 1
+        if self.with_results:
+            return f, f.client.gather(f, errors="raise") if f.status == "finished" else f.exception()
+        return f

@@ -1,0 +1,203 @@
+"""LocalCluster: a scheduler and worker processes on this machine, no batch system.
+
+The scheduler runs in its own process (as it does under `hpc-cluster up`), so a busy
+client cannot stall it; each worker runs under a nanny unless `nanny=False`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+import psutil
+
+from ..adapters.units import parse_memory
+from ..protocol.secret import SECRET_ENV, new_secret
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_live: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+
+
+def _child_env(secret: bytes) -> dict:
+    env = dict(os.environ)
+    env[SECRET_ENV] = secret.hex()
+    # Workers must import this very package even when it is not installed (a source checkout).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    return env
+
+
+def _wait_for(condition, timeout: float, what: str, check=None):
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = condition()
+        if value:
+            return value
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready within {timeout:g} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+class LocalCluster:
+    def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
+                 memory_limit: int | str | None = "auto", nanny: bool = True, host: str = "127.0.0.1",
+                 heartbeat_ttl: float = 5.0, allowed_failures: int = 3, resources: dict | None = None,
+                 log_directory: str | None = None, timeout: float = 30.0):
+        cpus = os.cpu_count() or 1
+        self.n_workers = cpus if n_workers is None else int(n_workers)
+        self.threads_per_worker = threads_per_worker or max(1, cpus // max(1, self.n_workers))
+        if memory_limit == "auto":
+            self.memory_limit = psutil.virtual_memory().total // max(1, self.n_workers)
+        elif memory_limit in (None, 0, "0"):
+            self.memory_limit = 0
+        else:
+            self.memory_limit = parse_memory(memory_limit, "memory_limit")
+        self.nanny, self.host, self.timeout = nanny, host, timeout
+        self.resources = resources or {}
+        self.secret = new_secret()
+        self._tmp = tempfile.TemporaryDirectory(prefix="hpc-cluster-")
+        self.log_directory = Path(log_directory or self._tmp.name)
+        self.log_directory.mkdir(parents=True, exist_ok=True)
+        self.workers: dict[str, subprocess.Popen] = {}
+        self._counter = 0
+        self.status = "starting"
+        self._scheduler = self._start_scheduler(heartbeat_ttl, allowed_failures)
+        _live.add(self)
+        try:
+            self.scale(self.n_workers)
+            if self.n_workers:
+                self.wait_for_workers(self.n_workers, timeout)
+        except BaseException:
+            self.close()
+            raise
+        self.status = "running"
+
+    def _start_scheduler(self, heartbeat_ttl: float, allowed_failures: int) -> subprocess.Popen:
+        address_file = self.log_directory / "scheduler.address"
+        log = open(self.log_directory / "scheduler.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
+             "--address-file", str(address_file), "--heartbeat-ttl", str(heartbeat_ttl),
+             "--allowed-failures", str(allowed_failures)],
+            env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+
+        def check():
+            if proc.poll() is not None:
+                tail = (self.log_directory / "scheduler.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the scheduler exited with code {proc.returncode}:\n{tail}")
+
+        self.scheduler_address = _wait_for(lambda: address_file.exists() and address_file.read_text(),
+                                           self.timeout, "the scheduler", check)
+        return proc
+
+    def _worker_command(self, name: str) -> list[str]:
+        cmd = [sys.executable, "-m", "hpc_cluster.worker", "--scheduler", self.scheduler_address,
+               "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
+               "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny"]
+        if self.resources:
+            cmd += ["--resources", " ".join(f"{k}={v}" for k, v in self.resources.items())]
+        return cmd
+
+    def _start_worker(self) -> str:
+        name = f"worker-{self._counter}"
+        self._counter += 1
+        log = open(self.log_directory / f"{name}.log", "ab")
+        self.workers[name] = subprocess.Popen(self._worker_command(name), env=_child_env(self.secret),
+                                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        return name
+
+    def _stop_worker(self, name: str) -> None:
+        proc = self.workers.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def scale(self, n: int) -> None:
+        """Run `n` worker processes (started or stopped to match)."""
+        for name, proc in list(self.workers.items()):
+            if proc.poll() is not None:                 # it ended on its own: not counted
+                del self.workers[name]
+        while len(self.workers) < n:
+            self._start_worker()
+        while len(self.workers) > n:
+            self._stop_worker(sorted(self.workers, key=lambda s: int(s.split("-")[1]))[-1])
+
+    def worker_pids(self) -> dict[str, int]:
+        """Process id of each worker (the nanny's, when there is one)."""
+        return {name: p.pid for name, p in self.workers.items() if p.poll() is None}
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        from ..client import Client
+        with Client(self, timeout=self.timeout) as c:
+            c.wait_for_workers(n, timeout or self.timeout)
+
+    def logs(self) -> dict[str, str]:
+        return {p.stem: p.read_text(errors="replace") for p in sorted(self.log_directory.glob("*.log"))}
+
+    def close(self) -> None:
+        if self.status == "closed":
+            return
+        self.status = "closing"
+        for name in list(self.workers):
+            proc = self.workers[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name in list(self.workers):
+            proc = self.workers.pop(name)
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        sched = getattr(self, "_scheduler", None)
+        if sched is not None and sched.poll() is None:
+            sched.send_signal(signal.SIGTERM)
+            try:
+                sched.wait(10)
+            except subprocess.TimeoutExpired:
+                sched.kill()
+                sched.wait()
+        self.status = "closed"
+        try:
+            self._tmp.cleanup()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers={len(self.workers)} "
+                f"threads={self.threads_per_worker} {self.status}>")
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_live):
+        cluster.close()

@@ -1,0 +1,61 @@
+"""The per-cluster secret and the cluster file that carries it (address + secret, mode 0600)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+SECRET_ENV = "HPC_CLUSTER_SECRET"
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def secret_from_env() -> bytes | None:
+    value = os.environ.get(SECRET_ENV)
+    if not value:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ValueError(f"${SECRET_ENV} must be the hex secret from the cluster file") from None
+
+
+def write_cluster_file(path: str | os.PathLike, address: str, secret: bytes, **extra) -> Path:
+    """Write atomically with mode 0600: the secret is the only key to the cluster."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"address": address, "secret": secret.hex(), **extra}, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read_cluster_file(path: str | os.PathLike) -> dict:
+    path = Path(path).expanduser()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"cluster file {path} does not exist; is the cluster up? "
+                                "(`hpc-cluster list` shows running clusters)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"cluster file {path} is not valid JSON ({exc}); remove it and start the cluster again") from None
+    if not isinstance(data, dict) or "address" not in data or "secret" not in data:
+        raise ValueError(f"cluster file {path} lacks 'address' or 'secret'")
+    data["secret"] = bytes.fromhex(data["secret"])
+    return data
+
+
+def clusters_dir() -> Path:
+    """Where `hpc-cluster up` keeps cluster files: $XDG_CONFIG_HOME/hpc-cluster/clusters."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "hpc-cluster" / "clusters"
+
+
+def cluster_file_for(name: str) -> Path:
+    return clusters_dir() / f"{name}.json"

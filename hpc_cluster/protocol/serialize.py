@@ -1,0 +1,126 @@
+"""cloudpickle for functions and data. Used by the client and the workers only.
+
+A task travels as two opaque blobs: the pickled function (shared by every task of a
+`map`, and cached unpickled on the worker) and the pickled (args, kwargs). References
+to other tasks' results inside the arguments, at any depth of lists, tuples, dicts or
+objects, are pickled as persistent ids; the worker resolves them to the values, so
+"futures nested in args" needs no tree walking of our own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from collections import OrderedDict
+from typing import Any, Callable
+
+import cloudpickle
+
+
+class SerializationError(TypeError):
+    """A function or argument could not be pickled; the message names which one."""
+
+
+class KeyRef:
+    """A reference to another task's result, resolved on the worker."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"KeyRef({self.key!r})"
+
+
+class _RefPickler(cloudpickle.Pickler):
+    def __init__(self, file, refs: set):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.refs = refs
+
+    def persistent_id(self, obj):
+        # Client futures expose `_hpc_key`; KeyRef is used for dask graphs.
+        key = getattr(obj, "_hpc_key", None) if not isinstance(obj, KeyRef) else obj.key
+        if key is not None and isinstance(key, str):
+            self.refs.add(key)
+            return key
+        return None
+
+
+def dumps(obj: Any) -> bytes:
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data) -> Any:
+    return pickle.loads(data)
+
+
+def dumps_function(func: Callable) -> bytes:
+    try:
+        return dumps(func)
+    except Exception as exc:
+        name = getattr(func, "__qualname__", None) or repr(func)
+        raise SerializationError(f"could not pickle the function {name!r}: {type(exc).__name__}: {exc}. "
+                                 "Define it at module level or avoid capturing unpicklable objects "
+                                 "(locks, open files, sockets) in its closure.") from exc
+
+
+def dumps_args(args: tuple, kwargs: dict) -> tuple[bytes, set[str]]:
+    """Pickle (args, kwargs); return the blob and the keys of the task results it refers to."""
+    refs: set[str] = set()
+    buf = io.BytesIO()
+    try:
+        _RefPickler(buf, refs).dump((args, kwargs))
+    except Exception as exc:
+        raise SerializationError(_which_argument(args, kwargs, exc)) from exc
+    return buf.getvalue(), refs
+
+
+def _which_argument(args: tuple, kwargs: dict, exc: Exception) -> str:
+    """Find the first argument that fails to pickle, so the error can name it."""
+    for label, value in [*((f"argument {i}", a) for i, a in enumerate(args)),
+                         *((f"keyword argument {k!r}", v) for k, v in kwargs.items())]:
+        try:
+            _RefPickler(io.BytesIO(), set()).dump(value)
+        except Exception as inner:
+            return (f"could not pickle {label} ({type(value).__name__}: {value!r:.60}): "
+                    f"{type(inner).__name__}: {inner}")
+    return f"could not pickle the arguments: {type(exc).__name__}: {exc}"
+
+
+def tokenize(func_blob: bytes, args_blob: bytes) -> str:
+    return hashlib.blake2b(func_blob + b"\0" + args_blob, digest_size=12).hexdigest()
+
+
+class _RefUnpickler(pickle.Unpickler):
+    def __init__(self, file, resolve: Callable[[str], Any]):
+        super().__init__(file)
+        self.resolve = resolve
+
+    def persistent_load(self, pid):
+        return self.resolve(pid)
+
+
+def loads_args(blob, resolve: Callable[[str], Any]) -> tuple[tuple, dict]:
+    return _RefUnpickler(io.BytesIO(blob), resolve).load()
+
+
+class FunctionCache:
+    """Unpickled functions by their pickled bytes: a map of 20,000 tasks unpickles once."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._cache: OrderedDict[bytes, Callable] = OrderedDict()
+
+    def get(self, blob) -> Callable:
+        key = bytes(blob)
+        func = self._cache.get(key)
+        if func is None:
+            func = loads(key)
+            self._cache[key] = func
+            if len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return func

@@ -1,0 +1,65 @@
+"""`python -m hpc_cluster.scheduler`: run a scheduler until signalled.
+
+The secret comes from $HPC_CLUSTER_SECRET or --cluster-file; once listening, the address
+is written to --address-file (and the cluster file, if given) so a launcher can wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
+from .server import Scheduler
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpc_cluster.scheduler")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--cluster-file", help="JSON file with the secret; the address is written into it")
+    p.add_argument("--address-file", help="write the listening address here once up")
+    p.add_argument("--allowed-failures", type=int, default=3)
+    p.add_argument("--heartbeat-ttl", type=float, default=5.0)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    extra = {}
+    if args.cluster_file:
+        extra = read_cluster_file(args.cluster_file)
+        secret = extra.pop("secret")
+        extra.pop("address", None)
+    else:
+        secret = secret_from_env()
+        if secret is None:
+            p.error("give --cluster-file or set $HPC_CLUSTER_SECRET")
+
+    async def run() -> None:
+        sched = Scheduler(secret, host=args.host, port=args.port, allowed_failures=args.allowed_failures,
+                          heartbeat_ttl=args.heartbeat_ttl)
+        address = await sched.start()
+        if args.cluster_file:
+            write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))
+        if args.address_file:
+            tmp = args.address_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(address)
+            os.replace(tmp, args.address_file)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await sched.close()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

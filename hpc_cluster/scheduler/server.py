@@ -1,0 +1,253 @@
+"""The scheduler's tornado server: wire messages -> state events -> wire messages.
+
+Each connection says in its handshake whether it is a worker or a client. Every batch
+read from it is validated, applied to `SchedulerState`, and whatever the state put in
+its outbox is sent on the recipients' batched streams. A malformed message drops that
+one connection (logged); the scheduler and every other peer carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable
+
+from ..protocol.comm import BatchedSend, Comm, Listener
+from ..protocol.frames import Limits, Opaque, ProtocolError
+from ..protocol.versions import get_versions
+from .state import SchedulerState
+
+logger = logging.getLogger("hpc_cluster.scheduler")
+
+
+def _keys(value, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+        raise ProtocolError(f"{what} must be a list of strings")
+    return value
+
+
+def _check_task(spec) -> dict:
+    if not isinstance(spec, dict) or not isinstance(spec.get("key"), str):
+        raise ProtocolError("each task needs a string 'key'")
+    if not isinstance(spec.get("func"), Opaque) or not isinstance(spec.get("args"), Opaque):
+        raise ProtocolError(f"task {spec['key']!r} needs opaque 'func' and 'args' payloads")
+    _keys(spec.get("deps", []), "deps")
+    for name in ("priority", "retries"):
+        if not isinstance(spec.get(name, 0), int):
+            raise ProtocolError(f"task {spec['key']!r}: {name} must be an integer")
+    res = spec.get("resources") or {}
+    if not isinstance(res, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                            for k, v in res.items()):
+        raise ProtocolError(f"task {spec['key']!r}: resources must map names to numbers")
+    return spec
+
+
+class Scheduler:
+    def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
+                 allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
+                 limits: Limits | None = None, clock: Callable[[], float] = time.time):
+        self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch)
+        self.secret, self.host, self.port = secret, host, port
+        self.heartbeat_ttl = heartbeat_ttl
+        self.limits = limits or Limits()
+        self.clock = clock
+        self.listener: Listener | None = None
+        self.address: str | None = None
+        self.streams: dict[str, BatchedSend] = {}    # worker address / client id -> stream
+        self.comms: dict[str, Comm] = {}
+        self._client_ids = itertools.count(1)
+        self.exit_reports: list[dict] = []
+        self._ttl_task: asyncio.Task | None = None
+        self.closed = asyncio.Event()
+
+    async def start(self) -> str:
+        info = {"role": "scheduler", "versions": get_versions()}
+        self.listener = Listener(self._serve, self.secret, info, self.limits, name="scheduler")
+        self.address = self.listener.start_listening(self.host, self.port)
+        self._ttl_task = asyncio.create_task(self._watch_heartbeats())
+        logger.info("scheduler listening at %s", self.address)
+        return self.address
+
+    async def close(self) -> None:
+        if self._ttl_task:
+            self._ttl_task.cancel()
+        for addr in list(self.state.workers):
+            self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
+        for stream in list(self.streams.values()):
+            await stream.drain()
+        for comm in list(self.comms.values()):
+            comm.close()
+        if self.listener:
+            self.listener.stop()
+        self.closed.set()
+
+    # -- plumbing --------------------------------------------------------------
+    def _flush(self) -> None:
+        for to, msgs in self.state.take_outbox().items():
+            stream = self.streams.get(to)
+            if stream is not None:
+                stream.extend(msgs)
+
+    def _send_now(self, to: str, msg: dict) -> None:
+        stream = self.streams.get(to)
+        if stream is not None:
+            stream.send(msg)
+
+    async def _serve(self, comm: Comm) -> None:
+        role = comm.peer_info.get("role")
+        if role == "worker":
+            await self._serve_worker(comm)
+        elif role == "client":
+            await self._serve_client(comm)
+        elif role == "nanny":
+            await self._serve_nanny(comm)
+        else:
+            raise ProtocolError(f"unknown role {role!r} in handshake")
+
+    async def _watch_heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.heartbeat_ttl / 5))
+            for addr in self.state.silent_workers(self.clock(), self.heartbeat_ttl):
+                logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
+                self._remove_worker(addr, {"cause": "heartbeat-lost", "blame": False,
+                                           "text": f"no heartbeat for more than {self.heartbeat_ttl:g}s"})
+                comm = self.comms.pop(addr, None)
+                if comm is not None:
+                    comm.close()
+
+    def _remove_worker(self, addr: str, death: dict) -> None:
+        self.streams.pop(addr, None)
+        record = self.state.remove_worker(addr, self.clock(), death)
+        if record is not None:
+            logger.info("worker %s removed: %s (executing %d, processing %d)", addr, record["cause"],
+                        len(record["executing"]), len(record["processing"]))
+        self._flush()
+
+    # -- workers ---------------------------------------------------------------
+    async def _serve_worker(self, comm: Comm) -> None:
+        first = (await comm.read())[0]
+        if first.get("op") != "register-worker" or not isinstance(first.get("address"), str):
+            raise ProtocolError("a worker must register first")
+        addr = first["address"]
+        nthreads = first.get("nthreads", 1)
+        if not isinstance(nthreads, int) or nthreads < 1:
+            raise ProtocolError("nthreads must be a positive integer")
+        self.streams[addr] = BatchedSend(comm)
+        self.comms[addr] = comm
+        info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
+                "nanny": first.get("nanny"), "job_id": first.get("job_id")}
+        self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
+                              name=str(first.get("name") or addr), resources=first.get("resources") or {},
+                              info=info)
+        self._send_now(addr, {"op": "registered", "address": addr})
+        self._flush()
+        logger.info("worker %s registered (%d threads)", addr, nthreads)
+        death = {"cause": "connection-lost", "blame": False, "text": "the connection closed"}
+        try:
+            while True:
+                msgs = await comm.read()
+                now = self.clock()
+                self.state.heartbeat(addr, now)
+                for msg in msgs:
+                    if self._worker_message(addr, msg, now) == "goodbye":
+                        death = {"cause": "retired", "blame": False, "text": msg.get("reason", "")}
+                self._flush()
+        finally:
+            if self.comms.get(addr) is comm:
+                del self.comms[addr]
+                self._remove_worker(addr, death)
+
+    def _worker_message(self, addr: str, msg: dict, now: float):
+        op, st = msg["op"], self.state
+        try:
+            if op == "task-finished":
+                st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0))
+            elif op == "task-started":
+                st.task_started(addr, msg["key"])
+            elif op == "task-erred":
+                st.task_erred(addr, msg["key"], {"exception": msg.get("exception"),
+                                                  "traceback": msg.get("traceback"),
+                                                  "text": str(msg.get("text", ""))})
+            elif op == "missing-data":
+                st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
+            elif op == "heartbeat":
+                pass
+            elif op == "goodbye":
+                return "goodbye"
+            else:
+                raise ProtocolError(f"unknown op {op!r} from worker")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed {op!r} message from worker: {type(exc).__name__}: {exc}") from None
+        return None
+
+    # -- nannies ---------------------------------------------------------------
+    async def _serve_nanny(self, comm: Comm) -> None:
+        while True:
+            for msg in await comm.read():
+                if msg["op"] == "register-nanny":
+                    pass
+                elif msg["op"] == "exit-report" and isinstance(msg.get("report"), dict):
+                    self.exit_reports.append(msg["report"])
+                else:
+                    raise ProtocolError(f"unknown op {msg['op']!r} from nanny")
+
+    # -- clients ---------------------------------------------------------------
+    async def _serve_client(self, comm: Comm) -> None:
+        cid = f"client-{next(self._client_ids)}"
+        self.streams[cid] = BatchedSend(comm)
+        self.comms[cid] = comm
+        self.state.add_client(cid)
+        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions()})
+        try:
+            while True:
+                msgs = await comm.read()
+                for msg in msgs:
+                    self._client_message(cid, msg)
+                self._flush()
+        finally:
+            self.streams.pop(cid, None)
+            self.comms.pop(cid, None)
+            self.state.remove_client(cid)
+            self._flush()
+
+    def _reply(self, cid: str, msg: dict, result) -> None:
+        self._send_now(cid, {"op": "reply", "rid": msg.get("rid"), "result": result})
+
+    def _client_message(self, cid: str, msg: dict) -> None:
+        op, st = msg["op"], self.state
+        try:
+            if op == "update-graph":
+                tasks = [_check_task(t) for t in msg.get("tasks", [])]
+                st.update_graph(cid, tasks, _keys(msg.get("keys", []), "keys"))
+            elif op == "release-keys":
+                st.client_releases(cid, _keys(msg["keys"], "keys"))
+            elif op == "cancel":
+                st.cancel(_keys(msg["keys"], "keys"), str(msg.get("reason") or "cancelled by the client"))
+            elif op == "scatter":
+                who_has = msg["who_has"]
+                if not isinstance(who_has, dict):
+                    raise ProtocolError("who_has must be a map")
+                st.scatter(cid, {k: _keys(v, "holders") for k, v in who_has.items()}, msg.get("nbytes") or {})
+            elif op == "who-has":
+                self._reply(cid, msg, st.who_has(_keys(msg["keys"], "keys")))
+            elif op == "workers":
+                self._reply(cid, msg, self.worker_table())
+            elif op == "deaths":
+                self._reply(cid, msg, list(st.deaths))
+            elif op == "counts":
+                self._reply(cid, msg, st.counts())
+            elif op == "heartbeat":
+                pass
+            else:
+                raise ProtocolError(f"unknown op {op!r} from client")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"malformed {op!r} message from client: {type(exc).__name__}: {exc}") from None
+
+    def worker_table(self) -> list[dict]:
+        return [{"address": ws.address, "name": ws.name, "nthreads": ws.nthreads,
+                 "memory_limit": ws.memory_limit, "resources": ws.resources,
+                 "processing": len(ws.processing), "executing": len(ws.executing),
+                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info}
+                for ws in self.state.workers.values()]

@@ -1,0 +1,535 @@
+"""The scheduler's state machine. Pure: events in, messages out.
+
+No sockets, no clocks (time arrives with each event), no pickles (payloads are `Opaque`
+and are only passed along). `server.py` turns wire messages into calls here and sends
+what accumulates in `outbox`.
+
+Task states
+    waiting     needed, some inputs are not in memory yet
+    queued      ready; waits *here* until a worker has a free slot
+    processing  sent to a worker (which may be running it, or holding it as prefetch)
+    memory      a result exists on one or more workers
+    erred       failed; the error is kept for every future and dependent
+    released    not needed now; kept (with its run_spec) while dependents may need
+                it to be recomputed from lineage
+
+A task leaves the graph (forgotten) once nobody wants it and no dependent remains.
+Workers get at most `nthreads + prefetch` tasks, so a worker's death touches only what it
+was really running, and only tasks it reported as *executing* are charged for it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+ACTIVE = ("waiting", "queued", "processing")
+
+
+@dataclass(eq=False)
+class TaskState:
+    key: str
+    func: object = None                     # Opaque, None for scattered data
+    args: object = None                     # Opaque
+    priority: tuple = (0, 0)
+    retries: int = 0
+    resources: dict | None = None
+    state: str = "released"
+    dependencies: set = field(default_factory=set)
+    dependents: set = field(default_factory=set)
+    waiting_on: set = field(default_factory=set)
+    waiters: set = field(default_factory=set)        # active dependents needing our result
+    who_wants: set = field(default_factory=set)      # client ids
+    who_has: set = field(default_factory=set)        # WorkerStates
+    processing_on: "WorkerState | None" = None
+    executing: bool = False
+    nbytes: int = 0
+    error: dict | None = None
+    attempts: list = field(default_factory=list)     # worker deaths while it ran
+    replicas: int = 1                                # copies to keep (replicate)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+
+@dataclass(eq=False)
+class WorkerState:
+    address: str
+    nthreads: int = 1
+    memory_limit: int = 0
+    name: str = ""
+    resources: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    processing: set = field(default_factory=set)
+    executing: set = field(default_factory=set)
+    has_what: set = field(default_factory=set)
+    used_resources: dict = field(default_factory=dict)
+    joined: float = 0.0
+    last_seen: float = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
+
+
+class SchedulerState:
+    def __init__(self, allowed_failures: int = 3, prefetch: int = 2):
+        self.tasks: dict[str, TaskState] = {}
+        self.workers: dict[str, WorkerState] = {}
+        self.clients: set[str] = set()
+        self.allowed_failures = allowed_failures
+        self.prefetch = prefetch
+        self.outbox: dict[str, list[dict]] = {}
+        self.deaths: list[dict] = []
+        self._ready: list = []                       # heap of (priority, key)
+        self._seq = itertools.count()
+        self._free: set[WorkerState] = set()         # workers with a free slot
+
+    # -- helpers ---------------------------------------------------------------
+    def _send(self, to: str, msg: dict) -> None:
+        box = self.outbox.get(to)
+        if box is None:
+            self.outbox[to] = [msg]
+        else:
+            box.append(msg)
+
+    def take_outbox(self) -> dict[str, list[dict]]:
+        out, self.outbox = self.outbox, {}
+        return out
+
+    def _tell_clients(self, ts: TaskState, msg: dict) -> None:
+        for cid in ts.who_wants:
+            self._send(cid, msg)
+
+    def _capacity(self, ws: WorkerState) -> int:
+        return ws.nthreads + self.prefetch
+
+    def _update_free(self, ws: WorkerState) -> None:
+        if ws.address in self.workers and len(ws.processing) < self._capacity(ws):
+            self._free.add(ws)
+        else:
+            self._free.discard(ws)
+
+    # -- clients ---------------------------------------------------------------
+    def add_client(self, cid: str) -> None:
+        self.clients.add(cid)
+
+    def remove_client(self, cid: str) -> None:
+        self.clients.discard(cid)
+        self.client_releases(cid, [k for k, ts in self.tasks.items() if cid in ts.who_wants])
+        self.outbox.pop(cid, None)
+
+    def update_graph(self, cid: str, tasks: list[dict], wanted: list[str]) -> None:
+        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources."""
+        new: list[TaskState] = []
+        for spec in tasks:
+            key = spec["key"]
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state != "released":
+                continue                              # same key already known: share it
+            if ts is None:
+                ts = self.tasks[key] = TaskState(key)
+            ts.func, ts.args = spec["func"], spec["args"]
+            ts.priority = (-int(spec.get("priority", 0)), next(self._seq))
+            ts.retries = int(spec.get("retries", 0))
+            ts.resources = spec.get("resources") or None
+            new.append(ts)
+        specs = {s["key"]: s for s in tasks}
+        for ts in new:
+            for dkey in specs[ts.key].get("deps", ()):
+                dep = self.tasks.get(dkey)
+                if dep is None:
+                    ts.error = {"kind": "missing", "text": f"input {dkey!r} of {ts.key!r} was released "
+                                "before the task was submitted; keep a future to it"}
+                    continue
+                ts.dependencies.add(dep)
+                dep.dependents.add(ts)
+        for key in wanted:
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.who_wants.add(cid)
+            if ts.state == "memory":
+                self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+            elif ts.state == "erred":
+                self._send(cid, {"op": "task-erred", "key": key, "error": ts.error})
+        for ts in new:
+            if ts.error is not None:
+                self._err(ts, ts.error)
+            elif ts.who_wants or ts.dependents:
+                self._activate(ts)
+            else:
+                self._maybe_forget(ts)               # nobody holds a future to it
+        self._schedule()
+
+    def client_releases(self, cid: str, keys) -> None:
+        touched = []
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None and cid in ts.who_wants:
+                ts.who_wants.discard(cid)
+                touched.append(ts)
+        for ts in touched:
+            self._maybe_release(ts)
+        self._schedule()
+
+    def cancel(self, keys, reason: str) -> None:
+        """Cancel tasks (and what depends on them) for every client."""
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is None or ts.state in ("memory", "erred"):
+                continue
+            self._err(ts, {"kind": "cancelled", "text": reason})
+        self._schedule()
+
+    def scatter(self, cid: str, who_has: dict[str, list[str]], nbytes: dict[str, int]) -> None:
+        for key, addrs in who_has.items():
+            holders = [self.workers[a] for a in addrs if a in self.workers]
+            ts = self.tasks.get(key) or self.tasks.setdefault(key, TaskState(key))
+            ts.who_wants.add(cid)
+            ts.nbytes = int(nbytes.get(key, 0))
+            if not holders:
+                self._err(ts, {"kind": "lost-data", "text": f"scattered data {key!r} reached no live worker"})
+                continue
+            ts.state, ts.error = "memory", None
+            for ws in holders:
+                ts.who_has.add(ws)
+                ws.has_what.add(ts)
+            self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+        self._schedule()
+
+    def who_has(self, keys) -> dict[str, list[str]]:
+        out = {}
+        for key in keys:
+            ts = self.tasks.get(key)
+            out[key] = [ws.address for ws in ts.who_has] if ts is not None else []
+        return out
+
+    # -- workers ---------------------------------------------------------------
+    def add_worker(self, address: str, nthreads: int, now: float, memory_limit: int = 0,
+                   name: str = "", resources: dict | None = None, info: dict | None = None) -> None:
+        if address in self.workers:
+            self.remove_worker(address, now, {"cause": "connection-lost", "blame": False,
+                                              "text": "the worker registered again"})
+        ws = WorkerState(address, max(1, int(nthreads)), int(memory_limit or 0), name or address,
+                         dict(resources or {}), dict(info or {}), joined=now, last_seen=now)
+        self.workers[address] = ws
+        self._update_free(ws)
+        self._schedule()
+
+    def heartbeat(self, address: str, now: float) -> None:
+        ws = self.workers.get(address)
+        if ws is not None:
+            ws.last_seen = now
+
+    def silent_workers(self, now: float, ttl: float) -> list[str]:
+        return [a for a, ws in self.workers.items() if now - ws.last_seen > ttl]
+
+    def remove_worker(self, address: str, now: float, death: dict) -> dict | None:
+        """A worker is gone. `death` has 'cause', 'blame' (charge executing tasks) and 'text'."""
+        ws = self.workers.pop(address, None)
+        if ws is None:
+            return None
+        self._free.discard(ws)
+        self.outbox.pop(address, None)
+        record = {"id": len(self.deaths), "worker": address, "name": ws.name, "time": now,
+                  "cause": death.get("cause", "unknown"),
+                  "blame": bool(death.get("blame")), "text": death.get("text", ""),
+                  "executing": sorted(ts.key for ts in ws.executing),
+                  "processing": sorted(ts.key for ts in ws.processing)}
+        self.deaths.append(record)
+        lost = []
+        for ts in ws.has_what:
+            ts.who_has.discard(ws)
+            if not ts.who_has and ts.state == "memory":
+                lost.append(ts)
+        ws.has_what.clear()
+        for ts in lost:
+            self._data_lost(ts)
+        for ts in sorted(ws.processing, key=lambda t: t.priority):
+            was_executing = ts in ws.executing
+            ts.processing_on, ts.executing = None, False
+            if was_executing:
+                ts.attempts.append(record)         # shared: a later verdict updates it in place
+            if was_executing and self._charged(ts) > self.allowed_failures:
+                self._killed(ts)
+            else:
+                ts.state = "released"
+                self._activate(ts)
+        ws.processing.clear()
+        ws.executing.clear()
+        self._schedule()
+        return record
+
+    def refine_death(self, death_id: int, cause: str, blame: bool, text: str) -> None:
+        """Later evidence (nanny report, batch accounting) changes a death's verdict."""
+        if not 0 <= death_id < len(self.deaths):
+            return
+        record = self.deaths[death_id]
+        record.update(cause=cause, blame=bool(blame), text=text)
+        for key in record["executing"]:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state in ACTIVE and self._charged(ts) > self.allowed_failures:
+                self._killed(ts)
+        self._schedule()
+
+    @staticmethod
+    def _charged(ts: TaskState) -> int:
+        return sum(1 for a in ts.attempts if a["blame"])
+
+    def _killed(self, ts: TaskState) -> None:
+        attempts = [{k: a[k] for k in ("worker", "name", "time", "cause", "blame", "text")}
+                    for a in ts.attempts]
+        self._err(ts, {"kind": "killed-worker", "attempts": attempts,
+                       "allowed_failures": self.allowed_failures})
+
+    def _data_lost(self, ts: TaskState) -> None:
+        """The last copy of a result is gone: recompute it if anyone needs it."""
+        ts.state = "released"
+        for dep in ts.dependents:
+            if dep.state == "queued":
+                dep.state = "waiting"
+                dep.waiting_on.add(ts)
+            elif dep.state == "waiting":
+                dep.waiting_on.add(ts)
+        if ts.who_wants or ts.waiters:
+            if ts.func is None:
+                self._err(ts, {"kind": "lost-data", "text": f"the only worker holding scattered data "
+                               f"{ts.key!r} died; use client.replicate() to keep copies"})
+            else:
+                self._activate(ts)
+
+    # -- worker reports ----------------------------------------------------------
+    def task_started(self, address: str, key: str) -> None:
+        ts = self.tasks.get(key)
+        ws = self.workers.get(address)
+        if ts is not None and ws is not None and ts.processing_on is ws:
+            ts.executing = True
+            ws.executing.add(ts)
+
+    def task_finished(self, address: str, key: str, nbytes: int) -> None:
+        ws = self.workers.get(address)
+        ts = self.tasks.get(key)
+        if ws is None:
+            return
+        if ts is None or ts.state in ("released", "erred") and ts.processing_on is not ws:
+            self._send(address, {"op": "free-keys", "keys": [key]})
+            return
+        if ts.processing_on is ws:
+            self._unassign(ts)
+        ts.who_has.add(ws)
+        ws.has_what.add(ts)
+        if ts.state == "memory":                     # a duplicate result: one more copy
+            return
+        ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
+        for dep in ts.dependencies:
+            dep.waiters.discard(ts)
+        for dts in ts.dependents:
+            if dts.state == "waiting" and ts in dts.waiting_on:
+                dts.waiting_on.discard(ts)
+                if not dts.waiting_on:
+                    self._queue(dts)
+        self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+        for dep in list(ts.dependencies):
+            self._maybe_release(dep)
+        self._maybe_release(ts)
+        self._schedule()
+
+    def task_erred(self, address: str, key: str, error: dict) -> None:
+        ws = self.workers.get(address)
+        ts = self.tasks.get(key)
+        if ws is None or ts is None or ts.processing_on is not ws:
+            return
+        self._unassign(ts)
+        if ts.retries > 0:
+            ts.retries -= 1
+            ts.state = "released"
+            self._activate(ts)
+        else:
+            self._err(ts, dict(error, kind="exception", worker=address))
+        self._schedule()
+
+    def missing_data(self, address: str, key: str, dep: str, holders: list[str]) -> None:
+        """A worker could not fetch input `dep` from `holders`: believe it and retry."""
+        dts = self.tasks.get(dep)
+        if dts is not None:
+            for h in holders:
+                hws = self.workers.get(h)
+                if hws is not None and hws in dts.who_has:
+                    dts.who_has.discard(hws)
+                    hws.has_what.discard(dts)
+            if not dts.who_has and dts.state == "memory":
+                self._data_lost(dts)
+        ts = self.tasks.get(key)
+        ws = self.workers.get(address)
+        if ts is not None and ws is not None and ts.processing_on is ws:
+            self._unassign(ts)
+            ts.state = "released"
+            self._activate(ts)
+        self._schedule()
+
+    # -- transitions -------------------------------------------------------------
+    def _activate(self, root: TaskState) -> None:
+        """Make `root` (and, from lineage, any released inputs) compute again."""
+        stack = [root]
+        while stack:
+            ts = stack.pop()
+            if ts.state != "released":
+                continue
+            if ts.func is None:
+                self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
+                continue
+            ts.state = "waiting"
+            ts.waiting_on = set()
+            failed = None
+            for dep in ts.dependencies:
+                dep.waiters.add(ts)
+                if dep.state == "memory":
+                    continue
+                if dep.state == "erred":
+                    failed = dep
+                    break
+                ts.waiting_on.add(dep)
+                if dep.state == "released":
+                    stack.append(dep)
+            if failed is not None:
+                self._err(ts, _dependency_error(failed))
+            elif not ts.waiting_on:
+                self._queue(ts)
+
+    def _queue(self, ts: TaskState) -> None:
+        ts.state = "queued"
+        heapq.heappush(self._ready, (ts.priority, ts.key))
+
+    def _unassign(self, ts: TaskState) -> None:
+        ws = ts.processing_on
+        ts.processing_on, ts.executing = None, False
+        if ws is not None:
+            ws.processing.discard(ts)
+            ws.executing.discard(ts)
+            for r, n in (ts.resources or {}).items():
+                ws.used_resources[r] = ws.used_resources.get(r, 0) - n
+            self._update_free(ws)
+
+    def _err(self, root: TaskState, error: dict) -> None:
+        """Fail `root` and every active task that depends on it."""
+        stack = [(root, error)]
+        while stack:
+            ts, err = stack.pop()
+            if ts.state == "erred":
+                continue
+            if ts.state == "processing":
+                ws = ts.processing_on
+                self._unassign(ts)
+                if ws is not None:
+                    self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+            ts.state, ts.error = "erred", err
+            ts.waiting_on = set()
+            for dep in ts.dependencies:
+                dep.waiters.discard(ts)
+            self._tell_clients(ts, {"op": "task-erred", "key": ts.key, "error": err})
+            child_err = _dependency_error(ts)
+            for dts in ts.dependents:
+                if dts.state in ACTIVE:
+                    stack.append((dts, child_err))
+            for dep in list(ts.dependencies):
+                self._maybe_release(dep)
+
+    def _maybe_release(self, ts: TaskState) -> None:
+        """Drop what nobody needs: free its data, stop computing it, forget it if we can."""
+        if ts.who_wants or ts.waiters:
+            return
+        if ts.state == "memory":
+            for ws in ts.who_has:
+                ws.has_what.discard(ts)
+                self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+            ts.who_has.clear()
+            ts.state = "released"
+        elif ts.state in ACTIVE:
+            if ts.state == "processing":
+                ws = ts.processing_on
+                self._unassign(ts)
+                self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+            ts.state = "released"
+            ts.waiting_on = set()
+            for dep in list(ts.dependencies):
+                dep.waiters.discard(ts)
+                self._maybe_release(dep)
+        self._maybe_forget(ts)
+
+    def _maybe_forget(self, root: TaskState) -> None:
+        stack = [root]
+        while stack:
+            ts = stack.pop()
+            if (ts.who_wants or ts.dependents or ts.state not in ("released", "erred")
+                    or self.tasks.get(ts.key) is not ts):
+                continue
+            del self.tasks[ts.key]
+            for dep in ts.dependencies:
+                dep.dependents.discard(ts)
+                dep.waiters.discard(ts)
+                if not dep.who_wants and not dep.waiters and dep.state == "memory" and not dep.dependents:
+                    self._maybe_release(dep)
+                else:
+                    stack.append(dep)
+            ts.dependencies = set()
+
+    # -- placement ---------------------------------------------------------------
+    def _fits(self, ts: TaskState, ws: WorkerState) -> bool:
+        for r, n in (ts.resources or {}).items():
+            if ws.resources.get(r, 0) - ws.used_resources.get(r, 0) < n:
+                return False
+        return True
+
+    def _pick_worker(self, ts: TaskState) -> WorkerState | None:
+        """Among workers with a free slot, prefer the one holding most input bytes."""
+        candidates = self._free if not ts.resources else [w for w in self._free if self._fits(ts, w)]
+        best, best_score = None, None
+        for ws in candidates:
+            local = 0
+            for dep in ts.dependencies:
+                if ws in dep.who_has:
+                    local += dep.nbytes or 1
+            score = (local, -len(ws.processing) / ws.nthreads)
+            if best_score is None or score > best_score:
+                best, best_score = ws, score
+        return best
+
+    def _schedule(self) -> None:
+        deferred = []
+        while self._ready and self._free:
+            prio, key = heapq.heappop(self._ready)
+            ts = self.tasks.get(key)
+            if ts is None or ts.state != "queued" or ts.priority != prio:
+                continue
+            ws = self._pick_worker(ts)
+            if ws is None:
+                deferred.append((prio, key))
+                continue
+            self._assign(ts, ws)
+        for item in deferred:
+            heapq.heappush(self._ready, item)
+
+    def _assign(self, ts: TaskState, ws: WorkerState) -> None:
+        ts.state, ts.processing_on = "processing", ws
+        ws.processing.add(ts)
+        for r, n in (ts.resources or {}).items():
+            ws.used_resources[r] = ws.used_resources.get(r, 0) + n
+        self._update_free(ws)
+        deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
+        self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
+                                "deps": deps, "priority": list(ts.priority)})
+
+    # -- inspection --------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ts in self.tasks.values():
+            out[ts.state] = out.get(ts.state, 0) + 1
+        return out
+
+
+def _dependency_error(failed: TaskState) -> dict:
+    err = failed.error or {"kind": "exception"}
+    if err.get("kind") == "dependency":
+        return err
+    return {"kind": "dependency", "origin": failed.key, "cause": err}

@@ -1,0 +1,75 @@
+"""`python -m hpc_cluster.worker`: the command a job script (or LocalCluster) runs.
+
+With a nanny (the default) this process is the nanny and the worker runs as its child;
+with --no-nanny it is the worker itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ..adapters.units import parse_memory
+from ..protocol.secret import read_cluster_file, secret_from_env
+
+
+def parse_resources(text: str | None) -> dict:
+    out = {}
+    for item in filter(None, (text or "").replace(",", " ").split()):
+        name, _, value = item.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--resources {text!r}: use NAME=NUMBER pairs, e.g. 'GPU=2 MEM=10e9'") from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hpc_cluster.worker")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--scheduler", help="scheduler address (secret from $HPC_CLUSTER_SECRET)")
+    where.add_argument("--cluster-file", help="cluster file with the address and the secret")
+    p.add_argument("--nthreads", type=int, default=1)
+    p.add_argument("--memory-limit", default="0", help="e.g. 4GB; 0 for no limit")
+    p.add_argument("--name", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on for peers")
+    p.add_argument("--resources", default=None, help="abstract resources, e.g. 'GPU=2'")
+    p.add_argument("--nanny", dest="nanny", action="store_true", default=True)
+    p.add_argument("--no-nanny", dest="nanny", action="store_false")
+    p.add_argument("--nanny-id", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--heartbeat-interval", type=float, default=0.5)
+    p.add_argument("--memory-terminate-fraction", type=float, default=0.95)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.cluster_file:
+        info = read_cluster_file(args.cluster_file)
+        address, secret = info["address"], info["secret"]
+    else:
+        address, secret = args.scheduler, secret_from_env()
+        if secret is None:
+            print("hpc-cluster worker: set $HPC_CLUSTER_SECRET or use --cluster-file", file=sys.stderr)
+            return 2
+    memory_limit = parse_memory(args.memory_limit) if args.memory_limit not in ("0", "", "none") else 0
+    if args.nanny:
+        from .nanny import run_nanny
+        child = [a for a in argv if a != "--nanny"] + ["--no-nanny"]
+        return run_nanny(address, secret, child, memory_limit=memory_limit,
+                         terminate_fraction=args.memory_terminate_fraction, name=args.name)
+    from .worker import run_worker
+    extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID"), "nanny_id": args.nanny_id}
+    return run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
+                      host=args.host, resources=parse_resources(args.resources),
+                      heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The nanny: starts the worker process, watches it, and reports how it ended.
+
+It samples the worker's memory (RSS of the process tree) ten times a second, stops it
+at a fraction of its memory limit, restarts it after an unexpected exit, keeps the tail
+of its log, and for every exit builds a report: exit code or signal, peak RSS, the last
+seconds of samples, whether the nanny killed it, and whether the kernel's OOM killer
+fired in its memory cgroup. The report is what `scheduler/diagnosis.py` reads first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+logger = logging.getLogger("hpc_cluster.nanny")
+
+SAMPLE_INTERVAL = 0.1
+SAMPLE_SECONDS = 10
+LOG_LINES = 200
+
+
+def cgroup_memory_dir(pid: int) -> Path | None:
+    """The memory cgroup directory of `pid` (v1 `memory` controller, or the v2 unified one)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if d.is_dir():
+                return d
+    for line in lines:
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                d = root / path.lstrip("/")
+                if (d / "memory.events").is_file():
+                    return d
+    return None
+
+
+def oom_kills(cgroup: Path | None) -> int | None:
+    """The kernel's count of OOM kills in this cgroup (v1 memory.oom_control, v2 memory.events)."""
+    if cgroup is None:
+        return None
+    for name in ("memory.oom_control", "memory.events"):
+        try:
+            text = (cgroup / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "oom_kill":
+                return int(parts[1])
+    return None
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        total = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return total
+
+
+class Nanny:
+    def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
+                 name: str | None = None, max_quick_restarts: int = 5):
+        self.child_argv = child_argv
+        self.memory_limit = memory_limit
+        self.terminate_fraction = terminate_fraction
+        self.name = name
+        self.id = uuid.uuid4().hex[:12]
+        self.max_quick_restarts = max_quick_restarts
+        self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
+        self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
+        self.reports: list[dict] = []
+        self.stopping = False
+        self.proc: asyncio.subprocess.Process | None = None
+        self.on_report = None                       # set by whoever forwards reports to the scheduler
+
+    async def _pump_log(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            line = await stream.readline()
+            if not line:
+                return
+            text = line.decode(errors="replace")
+            self.log_tail.append(text.rstrip("\n"))
+            sys.stderr.write(text)                  # still reaches the job's log file
+            sys.stderr.flush()
+
+    async def run_once(self) -> dict:
+        """Start the worker, watch it until it exits, return the exit report."""
+        argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id]
+        self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
+                                                         start_new_session=False)
+        pid = self.proc.pid
+        cgroup = cgroup_memory_dir(pid)
+        oom_before = oom_kills(cgroup)
+        pump = asyncio.create_task(self._pump_log(self.proc.stderr))
+        started, peak, killed_by_nanny = time.time(), 0, False
+        self.samples.clear()
+        try:
+            ps = psutil.Process(pid)
+        except psutil.Error:
+            ps = None
+        budget = int(self.memory_limit * self.terminate_fraction) if self.memory_limit else 0
+        while self.proc.returncode is None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), SAMPLE_INTERVAL)
+                break
+            except asyncio.TimeoutError:
+                pass
+            rss = tree_rss(ps) if ps is not None else 0
+            peak = max(peak, rss)
+            self.samples.append((round(time.time(), 2), rss))
+            if budget and rss > budget and not killed_by_nanny:
+                pct = round(self.terminate_fraction * 100)
+                logger.warning("Worker exceeded %d%% memory budget. Restarting", pct)
+                self.log_tail.append(f"nanny: Worker exceeded {pct}% memory budget ({rss} of "
+                                     f"{self.memory_limit} bytes). Restarting")
+                killed_by_nanny = True
+                self._kill_tree(ps)
+        code = await self.proc.wait()
+        await asyncio.wait_for(pump, 5)
+        oom_after = oom_kills(cgroup)
+        report = {
+            "nanny_id": self.id, "pid": pid, "name": self.name, "started": started, "ended": time.time(),
+            "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
+            "peak_rss": peak, "memory_limit": self.memory_limit, "samples": list(self.samples),
+            "killed_by_nanny": killed_by_nanny, "memory_budget": budget,
+            "cgroup_oom": (oom_after - oom_before) > 0 if None not in (oom_before, oom_after) else None,
+            "cgroup": str(cgroup) if cgroup else None, "stopping": self.stopping,
+            "log_tail": list(self.log_tail)[-40:],
+        }
+        self.reports.append(report)
+        return report
+
+    @staticmethod
+    def _kill_tree(ps: psutil.Process | None) -> None:
+        if ps is None:
+            return
+        try:
+            procs = [ps, *ps.children(recursive=True)]
+        except psutil.Error:
+            procs = [ps]
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+    async def run(self) -> int:
+        quick = collections.deque(maxlen=self.max_quick_restarts)
+        while True:
+            report = await self.run_once()
+            if self.on_report is not None:
+                await self.on_report(report)
+            why = _describe(report)
+            if self.stopping or report["exit_code"] in (0, 3):
+                # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
+                logger.info("worker ended (%s); nanny exits", why)
+                return report["exit_code"] or 0
+            quick.append(time.time())
+            if len(quick) == quick.maxlen and quick[-1] - quick[0] < 60:
+                logger.error("worker died %d times within a minute (last: %s); giving up",
+                             len(quick), why)
+                return 1
+            logger.warning("worker ended unexpectedly (%s); restarting", why)
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            asyncio.get_running_loop().call_later(10, self._force_kill)
+
+    def _force_kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
+
+def _describe(report: dict) -> str:
+    if report["signal"]:
+        try:
+            name = signal.Signals(report["signal"]).name
+        except ValueError:
+            name = f"signal {report['signal']}"
+        return f"killed by {name}"
+    return f"exit code {report['exit_code']}"
+
+
+class SchedulerLink:
+    """The nanny's own connection to the scheduler: exit reports go up, restarts come down."""
+
+    def __init__(self, address: str, secret: bytes, nanny: Nanny):
+        self.address, self.secret, self.nanny = address, secret, nanny
+        self.comm = None
+
+    async def start(self) -> None:
+        from ..protocol.comm import connect
+        from ..protocol.versions import get_versions
+        try:
+            self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()})
+            await self.comm.write({"op": "register-nanny", "nanny_id": self.nanny.id, "pid": os.getpid(),
+                                   "name": self.nanny.name})
+        except (OSError, ConnectionError) as exc:
+            logger.warning("nanny could not reach the scheduler at %s: %s", self.address, exc)
+            self.comm = None
+
+    async def send_report(self, report: dict) -> None:
+        if self.comm is None or self.comm.closed:
+            await self.start()
+        if self.comm is not None:
+            try:
+                await self.comm.write({"op": "exit-report", "report": report})
+            except ConnectionError:
+                pass
+
+    async def close(self) -> None:
+        if self.comm is not None:
+            self.comm.close()
+
+
+def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
+              terminate_fraction: float = 0.95, name: str | None = None) -> int:
+    async def main() -> int:
+        nanny = Nanny(child_argv, memory_limit, terminate_fraction, name)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, nanny.stop)
+        link = SchedulerLink(address, secret, nanny)
+        nanny.on_report = link.send_report
+        await link.start()
+        try:
+            return await nanny.run()
+        finally:
+            await link.close()
+
+    return asyncio.run(main())

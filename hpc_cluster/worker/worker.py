@@ -1,0 +1,360 @@
+"""The worker: runs tasks in a thread pool, holds results, serves them to peers.
+
+It executes at most `nthreads` tasks at a time and tells the scheduler when each one
+*starts*, so that a death is charged only to what was really running. Inputs held by
+other workers are fetched directly from them; such borrowed copies are dropped once the
+local tasks that needed them are done (the scheduler never counts them as replicas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import logging
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import traceback as tb_module
+from concurrent.futures import ThreadPoolExecutor
+
+from ..protocol import serialize
+from ..protocol.comm import BatchedSend, Comm, CommClosedError, Listener, connect
+from ..protocol.frames import Limits, Opaque, ProtocolError
+from ..protocol.versions import get_versions
+from .sizeof import sizeof
+
+logger = logging.getLogger("hpc_cluster.worker")
+
+
+class _Task:
+    __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing")
+
+    def __init__(self, key, func, args, deps, priority):
+        self.key, self.func, self.args, self.deps, self.priority = key, func, args, deps, priority
+        self.state = "fetching"
+        self.missing: set[str] = set()
+
+
+class Worker:
+    def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
+                 name: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 resources: dict | None = None, heartbeat_interval: float = 0.5,
+                 limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None):
+        self.scheduler_address, self.secret = scheduler, secret
+        self.nthreads, self.memory_limit = max(1, int(nthreads)), int(memory_limit or 0)
+        self.name = name
+        self.host, self.port = host, port
+        self.resources = resources or {}
+        self.heartbeat_interval = heartbeat_interval
+        self.limits = limits or Limits()
+        self.nanny = nanny
+        self.extra_info = extra_info or {}
+        self.data: dict[str, object] = {}
+        self.nbytes: dict[str, int] = {}
+        self.borrowed: collections.Counter = collections.Counter()
+        self.tasks: dict[str, _Task] = {}
+        self.ready: list = []
+        self.executing: set[str] = set()
+        self.functions = serialize.FunctionCache()
+        self._func_lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="hpc-task")
+        self._done: collections.deque = collections.deque()
+        self._done_scheduled = False
+        self._fetching: dict[str, asyncio.Future] = {}
+        self._peers: dict[str, list[Comm]] = {}
+        self.address: str | None = None
+        self.scheduler: BatchedSend | None = None
+        self.closed = asyncio.Event()
+        self.close_reason = ""
+
+    @property
+    def info(self) -> dict:
+        return {"role": "worker", "versions": get_versions()}
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.listener = Listener(self._serve_peer, self.secret, self.info, self.limits, name="worker")
+        self.address = self.listener.start_listening(self.host, self.port)
+        self.name = self.name or self.address
+        comm = await connect(self.scheduler_address, self.secret, self.info, self.limits)
+        self.scheduler_comm = comm
+        self.scheduler = BatchedSend(comm)
+        await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
+                          "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
+                          "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
+                          **self.extra_info})
+        reply = (await comm.read())[0]
+        if reply.get("op") != "registered":
+            raise ConnectionError(f"scheduler refused registration: {reply}")
+        self._reader = asyncio.create_task(self._read_scheduler())
+        self._beat = asyncio.create_task(self._heartbeat())
+        logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
+                    self.nthreads)
+
+    async def close(self, reason: str = "closing", report: bool = True) -> None:
+        if self.closed.is_set():
+            return
+        self.close_reason = reason
+        if report and self.scheduler is not None and not self.scheduler_comm.closed:
+            self.scheduler.send({"op": "goodbye", "reason": reason})
+            await self.scheduler.drain()
+        for t in (getattr(self, "_beat", None), getattr(self, "_reader", None)):
+            if t is not None and t is not asyncio.current_task():
+                t.cancel()
+        self.listener.stop()
+        for comms in self._peers.values():
+            for c in comms:
+                c.close()
+        if self.scheduler is not None:
+            self.scheduler_comm.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.closed.set()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            self.scheduler.send({"op": "heartbeat"})
+
+    # -- scheduler stream ----------------------------------------------------------
+    async def _read_scheduler(self) -> None:
+        try:
+            while True:
+                for msg in await self.scheduler_comm.read():
+                    op = msg["op"]
+                    if op == "compute":
+                        self._add_task(msg)
+                    elif op == "free-keys":
+                        self._free(msg["keys"])
+                    elif op == "close":
+                        await self.close(msg.get("reason", "asked by the scheduler"), report=False)
+                        return
+                    elif op == "registered":
+                        pass
+                    else:
+                        logger.warning("unknown op %r from scheduler", op)
+                self._run_ready()
+        except (CommClosedError, ProtocolError) as exc:
+            logger.warning("lost the scheduler connection: %s", exc)
+            await self.close("lost the scheduler", report=False)
+
+    def _add_task(self, msg: dict) -> None:
+        key = msg["key"]
+        if key in self.tasks:
+            return
+        if key in self.nbytes:                   # we already hold it: say so again
+            self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})
+            return
+        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()))
+        self.tasks[key] = ts
+        for dep in ts.deps:
+            self.borrowed[dep] += 1
+            if dep not in self.data:
+                ts.missing.add(dep)
+        if ts.missing:
+            self._fetch_for(ts)
+        else:
+            self._make_ready(ts)
+
+    def _make_ready(self, ts: _Task) -> None:
+        ts.state = "ready"
+        heapq.heappush(self.ready, (ts.priority, ts.key))
+
+    def _free(self, keys) -> None:
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state != "executing":
+                self._forget_task(ts)
+            elif ts is not None:
+                ts.state = "cancelled"           # drop the result when the thread returns
+            self.nbytes.pop(key, None)           # no longer ours; a local task may still borrow it
+            if key not in self.borrowed:
+                self.data.pop(key, None)
+
+    def _forget_task(self, ts: _Task) -> None:
+        self.tasks.pop(ts.key, None)
+        for dep in ts.deps:
+            self.borrowed[dep] -= 1
+            if self.borrowed[dep] <= 0:
+                del self.borrowed[dep]
+                if dep not in self.nbytes:       # a borrowed copy, not ours to keep
+                    self.data.pop(dep, None)
+
+    # -- fetching inputs from peers -------------------------------------------------
+    def _fetch_for(self, ts: _Task) -> None:
+        by_holder: dict[str, list[str]] = collections.defaultdict(list)
+        for dep in ts.missing:
+            if dep in self._fetching:
+                continue
+            holders = [h for h in ts.deps[dep] if h != self.address]
+            if not holders:
+                self._missing(ts, dep, ts.deps[dep])
+                return
+            by_holder[random.choice(holders)].append(dep)
+        for holder, keys in by_holder.items():
+            fut = self.loop.create_future()
+            fut.holder = holder
+            for k in keys:
+                self._fetching[k] = fut
+            asyncio.create_task(self._fetch(holder, keys, fut))
+        asyncio.create_task(self._await_inputs(ts))
+
+    async def _fetch(self, holder: str, keys: list[str], fut: asyncio.Future) -> None:
+        try:
+            reply = await self.request(holder, {"op": "get-data", "keys": keys})
+            for k, blob in reply["data"].items():
+                self.data[k] = serialize.loads(blob.data)
+            fut.set_result(reply.get("missing") or [])
+        except Exception as exc:
+            logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
+            fut.set_result(list(keys))
+        finally:
+            for k in keys:
+                if self._fetching.get(k) is fut:
+                    del self._fetching[k]
+
+    async def _await_inputs(self, ts: _Task) -> None:
+        while ts.missing:
+            dep = next(iter(ts.missing))
+            fut = self._fetching.get(dep)
+            if fut is not None:
+                await fut
+            if self.tasks.get(ts.key) is not ts:
+                return
+            if dep in self.data:
+                ts.missing.discard(dep)
+            elif dep not in self._fetching:
+                self._missing(ts, dep, [getattr(fut, "holder", None) or h for h in ts.deps[dep]][:1])
+                return
+        if self.tasks.get(ts.key) is ts and ts.state == "fetching":
+            self._make_ready(ts)
+            self._run_ready()
+
+    def _missing(self, ts: _Task, dep: str, holders: list[str]) -> None:
+        self._forget_task(ts)
+        self.scheduler.send({"op": "missing-data", "key": ts.key, "dep": dep, "holders": holders})
+
+    # -- execution -------------------------------------------------------------------
+    def _run_ready(self) -> None:
+        while self.ready and len(self.executing) < self.nthreads:
+            _, key = heapq.heappop(self.ready)
+            ts = self.tasks.get(key)
+            if ts is None or ts.state != "ready":
+                continue
+            ts.state = "executing"
+            self.executing.add(key)
+            self.scheduler.send({"op": "task-started", "key": key})
+            self.executor.submit(self._execute, ts)
+
+    def _execute(self, ts: _Task) -> None:
+        """Runs in a pool thread. Hands the outcome back to the event loop."""
+        start = time.time()
+        try:
+            with self._func_lock:
+                func = self.functions.get(ts.func)
+            args, kwargs = serialize.loads_args(ts.args, self.data.__getitem__)
+            result = func(*args, **kwargs)
+            outcome = ("ok", result, sizeof(result))
+        except BaseException as exc:  # the user's exception, whatever it is, goes to the client
+            outcome = ("error", exc, tb_module.format_exc())
+        self._done.append((ts, outcome, time.time() - start))
+        if not self._done_scheduled:
+            self._done_scheduled = True
+            self.loop.call_soon_threadsafe(self._drain_done)
+
+    def _drain_done(self) -> None:
+        self._done_scheduled = False
+        while self._done:
+            ts, outcome, duration = self._done.popleft()
+            self.executing.discard(ts.key)
+            cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
+            self._forget_task(ts)
+            if cancelled:
+                continue
+            if outcome[0] == "ok":
+                self.data[ts.key] = outcome[1]
+                self.nbytes[ts.key] = outcome[2]
+                self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
+                                     "duration": duration})
+            else:
+                exc, text = outcome[1], outcome[2]
+                self.scheduler.send({"op": "task-erred", "key": ts.key, "duration": duration,
+                                     "exception": Opaque(_pickle_exception(exc)),
+                                     "traceback": Opaque(serialize.dumps(text)),
+                                     "text": f"{type(exc).__name__}: {exc}"[:2000]})
+        self._run_ready()
+
+    # -- peers and clients -------------------------------------------------------------
+    async def request(self, address: str, msg: dict) -> dict:
+        """One request/response with a peer worker over a pooled connection."""
+        pool = self._peers.setdefault(address, [])
+        comm = pool.pop() if pool else await connect(address, self.secret, self.info, self.limits)
+        try:
+            await comm.write(msg)
+            reply = (await comm.read())[0]
+        except BaseException:
+            comm.close()
+            raise
+        pool.append(comm)
+        return reply
+
+    async def _serve_peer(self, comm: Comm) -> None:
+        while True:
+            for msg in await comm.read():
+                op = msg["op"]
+                if op == "get-data":
+                    keys = msg.get("keys")
+                    if not isinstance(keys, list):
+                        raise ProtocolError("get-data needs a list of keys")
+                    data, missing = {}, []
+                    for k in keys:
+                        if k in self.data:
+                            data[k] = Opaque(serialize.dumps(self.data[k]))
+                        else:
+                            missing.append(k)
+                    await comm.write({"op": "data", "data": data, "missing": missing})
+                elif op == "put-data":
+                    items = msg.get("data")
+                    if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
+                        raise ProtocolError("put-data needs a map of keys to payloads")
+                    for k, blob in items.items():
+                        value = serialize.loads(blob.data)
+                        self.data[k] = value
+                        self.nbytes[k] = sizeof(value)
+                    await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
+                elif op == "ping":
+                    await comm.write({"op": "pong", "address": self.address})
+                else:
+                    raise ProtocolError(f"unknown op {op!r} on the worker's port")
+
+
+def _pickle_exception(exc: BaseException) -> bytes:
+    try:
+        return serialize.dumps(exc)
+    except Exception:
+        # Some exceptions hold unpicklable state; the client still gets type, text and traceback.
+        return serialize.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+
+
+def run_worker(scheduler: str, secret: bytes, **kwargs) -> int:
+    """Run a worker until the scheduler closes it or it is signalled. Returns an exit code."""
+    import signal
+
+    async def main() -> int:
+        worker = Worker(scheduler, secret, **kwargs)
+        await worker.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(
+                worker.close(f"received {signal.Signals(s).name}")))
+        await worker.closed.wait()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except ConnectionError as exc:
+        print(f"hpc-cluster worker: {exc}", file=sys.stderr)
+        return 3
