@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
+import sys
+import sysconfig
+import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -56,8 +60,41 @@ def loads(data) -> Any:
     return pickle.loads(data)
 
 
+_INSTALLED = tuple(os.path.realpath(p) + os.sep for p in {
+    sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
+_scan_lock = threading.Lock()
+_scanned: set[str] = set()
+
+
+def _is_local(name: str, module) -> bool:
+    """A module from the user's own files rather than an installed package."""
+    path = getattr(module, "__file__", None)
+    if path is None or name == "__main__" or name.split(".")[0] == "hpc_cluster":
+        return False
+    return not os.path.realpath(path).startswith(_INSTALLED)
+
+
+def pickle_local_modules_by_value() -> None:
+    """Make functions and classes of the user's own modules travel by value.
+
+    Workers on other nodes, or started from another directory, cannot import a script's
+    helper module (or a test file), so we treat them like code defined in __main__.
+    Only modules imported since the last call are examined, so this is cheap per task.
+    """
+    if len(_scanned) >= len(sys.modules):
+        return
+    with _scan_lock:
+        for name, module in list(sys.modules.items()):
+            if name in _scanned:
+                continue
+            _scanned.add(name)
+            if module is not None and _is_local(name, module):
+                cloudpickle.register_pickle_by_value(module)
+
+
 def dumps_function(func: Callable) -> bytes:
     try:
+        pickle_local_modules_by_value()
         return dumps(func)
     except Exception as exc:
         name = getattr(func, "__qualname__", None) or repr(func)
@@ -69,6 +106,7 @@ def dumps_function(func: Callable) -> bytes:
 def dumps_args(args: tuple, kwargs: dict) -> tuple[bytes, set[str]]:
     """Pickle (args, kwargs); return the blob and the keys of the task results it refers to."""
     refs: set[str] = set()
+    pickle_local_modules_by_value()
     buf = io.BytesIO()
     try:
         _RefPickler(buf, refs).dump((args, kwargs))

@@ -293,6 +293,7 @@ class SchedulerState:
             elif dep.state == "waiting":
                 dep.waiting_on.add(ts)
         if ts.who_wants or ts.waiters:
+            self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
             if ts.func is None:
                 self._err(ts, {"kind": "lost-data", "text": f"the only worker holding scattered data "
                                f"{ts.key!r} died; use client.replicate() to keep copies"})

@@ -1,0 +1,212 @@
+"""The user-facing API on a real LocalCluster (scheduler and worker processes)."""
+
+from __future__ import annotations
+
+import operator
+import threading
+
+import pytest
+
+from hpc_cluster import CancelledError, Client, Future, TimeoutError, as_completed, wait
+from hpc_cluster.protocol.serialize import SerializationError
+from waiting import wait_until
+
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b):
+    return a + b
+
+
+def slow_inc(x, delay=0.2):
+    import time
+    time.sleep(delay)
+    return x + 1
+
+
+def boom(x):
+    raise ZeroDivisionError(f"bad input {x}")
+
+
+def total(items):
+    return sum(items)
+
+
+def test_submit_result_and_status(client):
+    f = client.submit(inc, 1)
+    assert isinstance(f, Future) and f.key.startswith("inc-")
+    assert f.result(timeout=10) == 2
+    assert f.status == "finished" and f.done() and f.exception() is None
+
+
+def test_pure_keys_are_shared_and_impure_are_not(client):
+    assert client.submit(inc, 5).key == client.submit(inc, 5).key
+    assert client.submit(inc, 5, pure=False).key != client.submit(inc, 5, pure=False).key
+    assert client.submit(inc, 5, key="mine").key == "mine"
+
+
+def test_map_and_gather_many(client):
+    futures = client.map(inc, range(1000))
+    assert client.gather(futures) == list(range(1, 1001))
+    assert client.gather(client.map(add, range(10), range(10))) == [2 * i for i in range(10)]
+
+
+def test_gather_keeps_structure(client):
+    a, b = client.submit(inc, 1), client.submit(inc, 2)
+    assert client.gather({"x": a, "y": [b, 7]}) == {"x": 2, "y": [3, 7]}
+
+
+def test_futures_nested_in_arguments_are_replaced_by_values(client):
+    fs = client.map(inc, range(5))
+    assert client.submit(total, fs).result(10) == 15
+    d = client.submit(lambda m: m["a"][1] + m["b"], {"a": (0, fs[2]), "b": fs[4]})
+    assert d.result(10) == 3 + 5
+    assert client.submit(add, a=fs[0], b=fs[1]).result(10) == 3
+
+
+def test_exception_is_reraised_with_remote_traceback_for_future_and_dependents(client):
+    bad = client.submit(boom, 3)
+    dependent = client.submit(inc, bad)
+    with pytest.raises(ZeroDivisionError, match="bad input 3") as info:
+        bad.result(10)
+    assert "boom" in info.value.remote_traceback
+    with pytest.raises(ZeroDivisionError, match="bad input 3"):
+        dependent.result(10)
+    assert isinstance(bad.exception(), ZeroDivisionError) and bad.status == "error"
+    assert client.submit(inc, 41).result(10) == 42          # the cluster carries on
+
+
+def test_gather_errors_skip(client):
+    fs = [client.submit(inc, 1), client.submit(boom, 1), client.submit(inc, 2)]
+    assert client.gather(fs, errors="skip") == [2, 3]
+    with pytest.raises(ZeroDivisionError):
+        client.gather(fs)
+
+
+def test_retries(client, tmp_path):
+    marker = tmp_path / "attempts"
+
+    def flaky(path):
+        import os
+        n = len(open(path).read()) if os.path.exists(path) else 0
+        open(path, "a").write("x")
+        if n < 2:
+            raise RuntimeError(f"attempt {n}")
+        return n
+
+    assert client.submit(flaky, str(marker), retries=2, pure=False).result(10) == 2
+
+
+def test_result_timeout(client):
+    f = client.submit(slow_inc, 1, 2.0, pure=False)
+    with pytest.raises(TimeoutError):
+        f.result(timeout=0.1)
+    assert f.result(timeout=10) == 2
+
+
+def test_cancel(client):
+    f = client.submit(slow_inc, 1, 30, pure=False)
+    g = client.submit(inc, f)
+    f.cancel()
+    with pytest.raises(CancelledError):
+        f.result(10)
+    with pytest.raises(CancelledError):
+        g.result(10)
+    assert f.cancelled()
+
+
+def test_priority_runs_urgent_work_first(cluster):
+    with Client(cluster) as c:
+        blockers = [c.submit(slow_inc, i, 0.3, pure=False) for i in range(8)]
+        order = []
+        lock = threading.Lock()
+
+        def record(f):
+            with lock:
+                order.append(f.key)
+
+        low = [c.submit(inc, i, key=f"low-{i}") for i in range(6)]
+        high = c.submit(inc, 100, key="high", priority=10)
+        for f in [*low, high]:
+            f.add_done_callback(record)
+        wait([*blockers, *low, high], timeout=30)
+        wait_until(lambda: len(order) == 7, what="all callbacks")
+        assert order.index("high") < order.index("low-5")
+
+
+def test_add_done_callback_and_as_completed(client):
+    seen = []
+    event = threading.Event()
+    f = client.submit(inc, 10)
+    f.add_done_callback(lambda fut: (seen.append(fut.key), event.set()))
+    assert event.wait(10) and seen == [f.key]
+    fs = client.map(slow_inc, [3, 1, 2], [0.6, 0.0, 0.3], pure=False)
+    done = list(as_completed(fs, timeout=20))
+    assert sorted(x.key for x in done) == sorted(x.key for x in fs)
+    assert [r for _, r in as_completed(client.map(inc, [1, 2]), with_results=True)].count(2) == 1
+
+
+def test_wait_first_completed(client):
+    fast, slow = client.submit(inc, 1), client.submit(slow_inc, 1, 3, pure=False)
+    done, not_done = wait([fast, slow], timeout=10, return_when="FIRST_COMPLETED")
+    assert fast in done and slow in not_done
+
+
+def test_scatter_and_broadcast(client):
+    [a, b] = client.scatter([10, 20])
+    assert client.submit(add, a, b).result(10) == 30
+    data = client.scatter({"x": 1, "y": 2})
+    assert set(data) == {"x", "y"} and data["x"].result(10) == 1
+    big = client.scatter(list(range(1000)) and "payload", broadcast=True)
+    assert big.result(10) == "payload"
+
+
+def test_results_are_released_when_no_future_refers_to_them(cluster):
+    with Client(cluster) as c:
+        f = c.submit(inc, 123456)
+        f.result(10)
+        key = f.key
+        assert c._lt.run(c._request({"op": "who-has", "keys": [key]}))[key]
+        del f
+        wait_until(lambda: not c._lt.run(c._request({"op": "who-has", "keys": [key]}))[key],
+                   what="the result to be released")
+
+
+def test_unpicklable_argument_fails_at_submit_naming_it(client):
+    lock = threading.Lock()
+    with pytest.raises(SerializationError, match=r"argument 1 \(lock"):
+        client.submit(add, 1, lock)
+    with pytest.raises(SerializationError, match=r"keyword argument 'b'"):
+        client.submit(add, 1, b=lock)
+    with pytest.raises(SerializationError, match="could not pickle the function"):
+        client.submit(lambda: lock.acquire())
+
+
+def test_dask_collections_run_on_our_cluster(client):
+    da = pytest.importorskip("dask.array")
+    import dask
+    import numpy as np
+
+    x = da.arange(10_000, chunks=1000).reshape(100, 100)
+    y = (x + x.T).sum(axis=0)
+    (ours,) = dask.compute(y, scheduler=client.get)
+    np.testing.assert_array_equal(ours, dask.compute(y, scheduler="sync")[0])
+    db = pytest.importorskip("dask.bag")
+    b = db.from_sequence(range(100), npartitions=7).map(inc).filter(lambda v: v % 2 == 0)
+    assert b.compute(scheduler=client.get) == [v for v in range(1, 101) if v % 2 == 0]
+
+
+def test_client_from_address_needs_the_secret(cluster):
+    with pytest.raises(ValueError, match="no secret"):
+        Client(cluster.scheduler_address)
+    with Client(cluster.scheduler_address, secret=cluster.secret.hex()) as c:
+        assert c.submit(operator.mul, 6, 7).result(10) == 42
+
+
+def test_scheduler_info_lists_workers(client, cluster):
+    info = client.scheduler_info()
+    assert len(info["workers"]) == 2
+    assert all(w["nthreads"] == 2 for w in info["workers"].values())
+    assert sum(client.nthreads().values()) == 4

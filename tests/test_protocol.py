@@ -1,0 +1,166 @@
+"""Frames, the handshake, and bad input on the scheduler's and a worker's port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import msgpack
+import pytest
+
+from hpc_cluster import Client
+from hpc_cluster.protocol.comm import MAGIC, AuthenticationError, CommClosedError, connect, parse_address
+from hpc_cluster.protocol.frames import Limits, Opaque, ProtocolError, check_count, check_lengths, dumps, loads
+from waiting import wait_until
+
+
+def inc(x):
+    return x + 1
+
+
+# -- frames (pure) ---------------------------------------------------------------------
+def _split(wire):
+    prefix, *frames = wire
+    return frames
+
+
+def test_frames_round_trip_with_opaque_payloads():
+    msgs = [{"op": "compute", "key": "k", "func": Opaque(b"\x80\x05f"), "args": Opaque(b"a" * 100_000),
+             "deps": {"x": ["tcp://h:1"]}}]
+    wire = dumps(msgs)
+    count = struct.unpack("<I", wire[0][:4])[0]
+    assert count == 3                                   # header + two payload frames
+    back = loads(_split(wire))
+    assert back[0]["func"] == Opaque(b"\x80\x05f") and len(back[0]["args"]) == 100_000
+    assert back[0]["deps"] == {"x": ["tcp://h:1"]}
+
+
+def test_limits_refuse_before_allocating():
+    limits = Limits(max_frames=4, max_frame_bytes=1000, max_message_bytes=1500, max_header_bytes=100)
+    with pytest.raises(ProtocolError, match="frame count"):
+        check_count(5, limits)
+    with pytest.raises(ProtocolError, match="header of 200 bytes"):
+        check_lengths([200], limits)
+    with pytest.raises(ProtocolError, match="frame of 2000 bytes"):
+        check_lengths([10, 2000], limits)
+    with pytest.raises(ProtocolError, match="message of 1600 bytes"):
+        check_lengths([50, 800, 750], limits)
+
+
+def test_malformed_msgpack_and_bad_references_are_protocol_errors():
+    with pytest.raises(ProtocolError, match="malformed msgpack"):
+        loads([b"\xc1\xff\x00"])
+    bad_ref = msgpack.packb([{"op": "x", "p": msgpack.ExtType(1, struct.pack("<Q", 7))}])
+    with pytest.raises(ProtocolError, match="payload reference"):
+        loads([bad_ref])
+    with pytest.raises(ProtocolError, match="extension type 9"):
+        loads([msgpack.packb(msgpack.ExtType(9, b"x"))])
+
+
+def test_unknown_types_are_refused_on_send():
+    with pytest.raises(TypeError, match="cannot put object on the wire"):
+        dumps([{"op": "x", "v": object()}])
+
+
+# -- live connections ----------------------------------------------------------------------
+def _raw(address: str, payload: bytes) -> bytes:
+    """Send raw bytes to a port; return what comes back before it closes (b'' if nothing)."""
+    host, port = parse_address(address)
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(payload)
+        chunks = []
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        except (ConnectionResetError, socket.timeout):
+            pass
+    return b"".join(chunks)
+
+
+async def _authenticated_then(address: str, secret: bytes, raw: bytes, role: str = "client") -> bool:
+    """Complete the handshake, send `raw`, and report whether the peer then closed on us."""
+    comm = await connect(address, secret, {"role": role, "versions": {}})
+    comm.stream.write(raw)
+    try:
+        while True:
+            await asyncio.wait_for(comm.read(), 10)
+    except (CommClosedError, ProtocolError):
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        comm.close()
+
+
+def _log(cluster, name: str) -> str:
+    return cluster.logs().get(name, "")
+
+
+def _garbage_cases():
+    huge_header = struct.pack("<I", 1) + struct.pack("<Q", 2**40)
+    too_many_frames = struct.pack("<I", 10**9)
+    bad_msgpack = struct.pack("<I", 1) + struct.pack("<Q", 3) + b"\xc1\xc1\xc1"
+    unknown_op = dumps([{"op": "format-disk"}])
+    not_a_map = dumps([1, 2, 3])
+    return {
+        "oversized frame": (huge_header, "exceeds the limit"),
+        "too many frames": (too_many_frames, "frame count"),
+        "malformed msgpack": (bad_msgpack, "malformed msgpack"),
+        "unknown op": (b"".join(unknown_op), "unknown op 'format-disk'"),
+        "not a message": (b"".join(not_a_map), "must be a map"),
+    }
+
+
+def test_garbage_before_handshake_is_dropped_and_others_carry_on(cluster):
+    with Client(cluster) as c:
+        before = c.submit(inc, 1)
+        assert before.result(10) == 2
+        assert _raw(cluster.scheduler_address, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == b""
+        assert _raw(cluster.scheduler_address, MAGIC + b"\xff" * 64) == b""
+        wait_until(lambda: "not an hpc-cluster peer" in _log(cluster, "scheduler"), what="logged reason")
+        assert c.submit(inc, 2).result(10) == 3           # same client, same connection
+
+
+def test_wrong_secret_is_refused_both_ways(cluster):
+    with pytest.raises(AuthenticationError, match="did not prove the cluster secret"):
+        Client(cluster.scheduler_address, secret=b"\x00" * 32, timeout=10)
+    wait_until(lambda: "failed to prove" in _log(cluster, "scheduler") or
+               "dropped connection" in _log(cluster, "scheduler"), what="logged reason")
+    with Client(cluster) as c:
+        assert c.submit(inc, 5).result(10) == 6
+
+
+@pytest.mark.parametrize("case", list(_garbage_cases()))
+def test_bad_messages_after_handshake_drop_only_that_connection(cluster, case):
+    raw, reason = _garbage_cases()[case]
+    with Client(cluster) as c:
+        fut = c.submit(inc, 10)
+        assert fut.result(10) == 11
+        assert asyncio.run(_authenticated_then(cluster.scheduler_address, cluster.secret, raw))
+        wait_until(lambda: reason in _log(cluster, "scheduler"), what=f"scheduler to log {reason!r}")
+        assert c.submit(inc, 20).result(10) == 21
+        assert len(c.scheduler_info()["workers"]) == 2    # no worker was disturbed
+
+
+@pytest.mark.parametrize("case", ["oversized frame", "malformed msgpack", "unknown op"])
+def test_bad_messages_on_a_worker_port(cluster, case):
+    raw, reason = _garbage_cases()[case]
+    with Client(cluster) as c:
+        worker = sorted(c.scheduler_info()["workers"])[0]
+        assert _raw(worker, b"\x00" * 100) == b""         # garbage before the handshake
+        assert asyncio.run(_authenticated_then(worker, cluster.secret, raw))
+        logs = lambda: "\n".join(v for k, v in cluster.logs().items() if k.startswith("worker"))  # noqa: E731
+        wait_until(lambda: reason in logs(), what=f"worker to log {reason!r}")
+        assert c.gather(c.map(inc, range(50))) == list(range(1, 51))
+        assert worker in c.scheduler_info()["workers"]
+
+
+def test_handshake_exchanges_versions(cluster):
+    with Client(cluster) as c:
+        v = c.scheduler_versions
+        assert v["python"] and v["hpc-cluster"] == __import__("hpc_cluster").__version__
+        assert {"cloudpickle", "msgpack", "tornado"} <= set(v)

@@ -1,0 +1,231 @@
+"""The scheduler's state machine, driven directly: no sockets, no clocks."""
+
+from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.state import SchedulerState
+
+F, A = Opaque(b"f"), Opaque(b"a")
+
+
+def task(key, deps=(), priority=0, retries=0, resources=None):
+    return {"key": key, "func": F, "args": A, "deps": list(deps), "priority": priority,
+            "retries": retries, "resources": resources or {}}
+
+
+def computes(out, worker):
+    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute"]
+
+
+def ops(out, to, op):
+    return [m for m in out.get(to, []) if m["op"] == op]
+
+
+def test_tasks_wait_at_the_scheduler_not_on_a_worker():
+    s = SchedulerState(prefetch=1)
+    s.add_worker("w1", nthreads=2, now=0)
+    s.update_graph("c", [task(f"t{i}") for i in range(10)], [f"t{i}" for i in range(10)])
+    out = s.take_outbox()
+    assert computes(out, "w1") == ["t0", "t1", "t2"]          # nthreads + prefetch, in order
+    assert s.counts() == {"processing": 3, "queued": 7}
+    s.task_finished("w1", "t0", nbytes=8)
+    out = s.take_outbox()
+    assert computes(out, "w1") == ["t3"]
+    assert ops(out, "c", "key-in-memory")[0]["key"] == "t0"
+
+
+def test_priority_then_submission_order():
+    s = SchedulerState(prefetch=0)
+    s.update_graph("c", [task("low"), task("high", priority=10), task("low2")], ["low", "high", "low2"])
+    s.add_worker("w1", nthreads=1, now=0)
+    assert computes(s.take_outbox(), "w1") == ["high"]
+    s.task_finished("w1", "high", 1)
+    assert computes(s.take_outbox(), "w1") == ["low"]
+
+
+def test_placement_prefers_worker_holding_inputs():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.update_graph("c", [task("x")], ["x"])
+    out = s.take_outbox()
+    holder = "w1" if computes(out, "w1") else "w2"
+    s.task_finished(holder, "x", nbytes=10_000)
+    s.update_graph("c", [task("y", deps=["x"])], ["y"])
+    out = s.take_outbox()
+    assert computes(out, holder) == ["y"]
+    assert out[holder][-1]["deps"] == {"x": [holder]}
+
+
+def test_dependencies_and_release_of_intermediates():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b", deps=["a"])], ["b"])
+    assert computes(s.take_outbox(), "w") == ["a"]
+    s.task_finished("w", "a", 1)
+    out = s.take_outbox()
+    assert computes(out, "w") == ["b"]
+    assert not ops(out, "c", "key-in-memory")                   # nobody wants 'a'
+    s.task_finished("w", "b", 1)
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["a"]} in out["w"]       # intermediate freed
+    assert s.tasks["a"].state == "released"                     # but kept for lineage
+    s.client_releases("c", ["b"])
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["b"]} in out["w"]
+    assert s.tasks == {}                                         # everything forgotten
+
+
+def test_error_propagates_to_dependents_and_keeps_exception():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b", deps=["a"]), task("c2", deps=["b"])], ["a", "c2"])
+    s.take_outbox()
+    s.task_erred("w", "a", {"exception": Opaque(b"E"), "traceback": Opaque(b"T"), "text": "ZeroDivisionError"})
+    out = s.take_outbox()
+    erred = {m["key"]: m["error"] for m in ops(out, "c", "task-erred")}
+    assert erred["a"]["kind"] == "exception" and erred["a"]["exception"] == Opaque(b"E")
+    assert erred["c2"]["kind"] == "dependency" and erred["c2"]["origin"] == "a"
+    assert s.tasks["b"].state == "erred"
+
+
+def test_retries_rerun_before_failing():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a", retries=1)], ["a"])
+    s.take_outbox()
+    s.task_erred("w", "a", {"text": "boom"})
+    out = s.take_outbox()
+    assert computes(out, "w") == ["a"] and not ops(out, "c", "task-erred")
+    s.task_erred("w", "a", {"text": "boom"})
+    assert ops(s.take_outbox(), "c", "task-erred")
+
+
+def test_worker_death_charges_only_executing_tasks():
+    s = SchedulerState(prefetch=2, allowed_failures=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task("run"), task("queued1"), task("queued2")], ["run", "queued1", "queued2"])
+    s.take_outbox()
+    s.task_started("w1", "run")
+    record = s.remove_worker("w1", now=5, death={"cause": "crash", "blame": True, "text": "SIGSEGV"})
+    assert record["executing"] == ["run"] and sorted(record["processing"]) == ["queued1", "queued2", "run"]
+    out = s.take_outbox()
+    killed = ops(out, "c", "task-erred")
+    assert [m["key"] for m in killed] == ["run"]
+    assert killed[0]["error"]["kind"] == "killed-worker"
+    assert killed[0]["error"]["attempts"][0]["cause"] == "crash"
+    assert s.tasks["queued1"].state == "queued" and s.tasks["queued1"].attempts == []
+
+
+def test_innocent_deaths_are_not_charged_and_verdict_can_be_refined():
+    s = SchedulerState(prefetch=0, allowed_failures=1)
+    for i in range(3):
+        s.add_worker(f"w{i}", nthreads=1, now=i)
+        s.update_graph("c", [task("t")], ["t"]) if i == 0 else None
+        s.take_outbox()
+        s.task_started(f"w{i}", "t")
+        s.remove_worker(f"w{i}", now=i + 0.5, death={"cause": "connection-lost", "blame": False})
+    assert s.tasks["t"].state == "queued"
+    assert len(s.tasks["t"].attempts) == 3
+    # Later evidence says two of those deaths were the task's fault: now it fails.
+    s.refine_death(0, "memory-nanny", True, "over budget")
+    assert s.tasks["t"].state == "queued"
+    s.refine_death(1, "crash", True, "SIGSEGV")
+    assert s.tasks["t"].state == "erred"
+    err = s.tasks["t"].error
+    assert err["kind"] == "killed-worker" and [a["cause"] for a in err["attempts"]] == [
+        "memory-nanny", "crash", "connection-lost"]
+
+
+def test_lost_result_is_recomputed_from_lineage():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b", deps=["a"])], ["b"])
+    s.take_outbox()
+    s.task_finished("w1", "a", 1)
+    s.task_finished("w1", "b", 1)
+    s.take_outbox()
+    assert s.tasks["a"].state == "released"
+    s.add_worker("w2", nthreads=1, now=1)
+    s.remove_worker("w1", now=2, death={"cause": "connection-lost", "blame": False})
+    out = s.take_outbox()
+    assert computes(out, "w2") == ["a"]                         # recompute the input first
+    assert ops(out, "c", "key-recomputing")[0]["key"] == "b"
+    s.task_finished("w2", "a", 1)
+    assert computes(s.take_outbox(), "w2") == ["b"]
+    s.task_finished("w2", "b", 1)
+    assert ops(s.take_outbox(), "c", "key-in-memory")[0]["key"] == "b"
+
+
+def test_scattered_data_lost_with_its_only_holder():
+    s = SchedulerState()
+    s.add_worker("w1", nthreads=1, now=0)
+    s.scatter("c", {"d": ["w1"]}, {"d": 10})
+    s.update_graph("c", [task("use", deps=["d"])], ["use"])
+    s.take_outbox()
+    s.remove_worker("w1", now=1, death={"cause": "connection-lost", "blame": False})
+    out = s.take_outbox()
+    errs = {m["key"]: m["error"] for m in ops(out, "c", "task-erred")}
+    assert errs["d"]["kind"] == "lost-data" and "replicate" in errs["d"]["text"]
+    assert errs["use"]["kind"] == "dependency" and errs["use"]["origin"] == "d"
+
+
+def test_resources_restrict_placement():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("cpu", nthreads=2, now=0)
+    s.add_worker("gpu", nthreads=2, now=0, resources={"GPU": 1})
+    s.update_graph("c", [task("g1", resources={"GPU": 1}), task("g2", resources={"GPU": 1})], ["g1", "g2"])
+    out = s.take_outbox()
+    assert computes(out, "gpu") == ["g1"] and computes(out, "cpu") == []
+    s.task_finished("gpu", "g1", 1)
+    assert computes(s.take_outbox(), "gpu") == ["g2"]
+
+
+def test_missing_input_reported_by_worker_is_refetched_or_recomputed():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.update_graph("c", [task("a")], ["a"])
+    out = s.take_outbox()
+    holder = "w1" if computes(out, "w1") else "w2"
+    other = "w2" if holder == "w1" else "w1"
+    s.task_finished(holder, "a", 1)
+    s.take_outbox()
+    s.remove_worker(holder, 1, {"cause": "connection-lost", "blame": False})
+    s.take_outbox()
+    s.task_finished(other, "a", 1)
+    s.update_graph("c", [task("b", deps=["a"])], ["b"])
+    s.take_outbox()
+    s.missing_data(other, "b", "a", [other])                   # its own copy vanished
+    out = s.take_outbox()
+    assert computes(out, other) == ["a"]
+
+
+def test_cancel_marks_task_and_dependents():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b", deps=["a"])], ["a", "b"])
+    s.take_outbox()
+    s.cancel(["a"], "cancelled by the user")
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["a"]} in out["w"]
+    kinds = {m["key"]: m["error"]["kind"] for m in ops(out, "c", "task-erred")}
+    assert kinds == {"a": "cancelled", "b": "dependency"}
+
+
+def test_heartbeat_silence_is_detected_by_time_passed_in():
+    s = SchedulerState()
+    s.add_worker("w", nthreads=1, now=100.0)
+    assert s.silent_workers(now=102.0, ttl=5) == []
+    s.heartbeat("w", now=104.0)
+    assert s.silent_workers(now=108.0, ttl=5) == []
+    assert s.silent_workers(now=109.5, ttl=5) == ["w"]
+
+
+def test_client_disconnect_releases_its_work():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b")], ["a", "b"])
+    s.take_outbox()
+    s.remove_client("c")
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["a"]} in out["w"]
+    assert s.tasks == {}
