@@ -1,0 +1,416 @@
+"""SLURM: sbatch, scancel, squeue, sacct (scontrol when accounting is off).
+
+The parsers at module level are pure (text in, records out) and are tested on outputs
+captured from a real SLURM (tests/adapters/fixtures/slurm/). The adapter batches: one
+command per call whatever the number of jobs, because schedulers rate-limit RPCs and
+admins notice clients that poll per job.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Iterable, Sequence
+
+from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, StepRecord
+from .units import format_walltime
+
+COMMAND_TIMEOUT = 60.0
+
+# SLURM's long state names -> our closed set (base.JOB_STATES). Names not here map to
+# "unknown" rather than raising: a newer SLURM adding a state must not break polling.
+STATE_MAP = {
+    "COMPLETED": "completed",
+    "FAILED": "failed",
+    "SPECIAL_EXIT": "failed",
+    "TIMEOUT": "timeout",
+    "OUT_OF_MEMORY": "out-of-memory",
+    "CANCELLED": "cancelled",
+    "REVOKED": "cancelled",
+    "PREEMPTED": "preempted",
+    "NODE_FAIL": "node-fail",
+    "BOOT_FAIL": "boot-fail",
+    "DEADLINE": "deadline",
+    "PENDING": "pending",
+    "REQUEUED": "pending",
+    "REQUEUE_FED": "pending",
+    "REQUEUE_HOLD": "pending",
+    "RESV_DEL_HOLD": "pending",
+    "CONFIGURING": "pending",
+    "RUNNING": "running",
+    "COMPLETING": "running",
+    "SIGNALING": "running",
+    "STAGE_OUT": "running",
+    "RESIZING": "running",
+    "SUSPENDED": "running",
+    "STOPPED": "running",
+}
+# squeue's and scontrol's compact codes, for outputs formatted with %t.
+SHORT_STATES = {
+    "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
+    "CG": "COMPLETING", "DL": "DEADLINE", "F": "FAILED", "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY", "OO": "OUT_OF_MEMORY", "PD": "PENDING", "PR": "PREEMPTED",
+    "R": "RUNNING", "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED", "RH": "REQUEUE_HOLD",
+    "RQ": "REQUEUED", "RS": "RESIZING", "RV": "REVOKED", "SI": "SIGNALING",
+    "SE": "SPECIAL_EXIT", "SO": "STAGE_OUT", "ST": "STOPPED", "S": "SUSPENDED",
+    "TO": "TIMEOUT",
+}
+
+SQUEUE_FIELDS = ("JOBID", "STATE", "NODELIST", "REASON", "TIME", "TIME_LIMIT")
+SQUEUE_FORMAT = "%i|%T|%N|%r|%M|%l"
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ReqMem", "AllocCPUS", "MaxRSS",
+                "Elapsed", "Timelimit", "NodeList", "Start", "End")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# sacct's and scontrol's binary units; ReqMem's trailing n/c is the old per-node/per-CPU form.
+_SIZE_RE = re.compile(r"^([0-9]*\.?[0-9]+)([KMGTP]?)([nc]?)$")
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+# -- small pure helpers -------------------------------------------------------------
+def map_state(raw: str) -> tuple[str, str | None]:
+    """('CANCELLED by 1000') -> ('cancelled', '1000'). Also takes squeue's short codes."""
+    raw = raw.strip()
+    cancelled_by = None
+    m = re.match(r"^CANCELLED by (\S+)$", raw)
+    if m:
+        return "cancelled", m.group(1)
+    name = raw.split()[0].rstrip("+") if raw else ""
+    name = SHORT_STATES.get(name, name)
+    return STATE_MAP.get(name, "unknown"), cancelled_by
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """'3:0' -> (3, None); '0:15' -> (0, 15); '0:125' -> (0, 125), SLURM's OOM marker."""
+    text = (text or "").strip()
+    if not text:
+        return None, None
+    code, _, sig = text.partition(":")
+    try:
+        exit_code = int(code)
+        signal = int(sig) if sig else 0
+    except ValueError:
+        return None, None
+    return exit_code, (signal or None)
+
+
+def parse_slurm_memory(text: str, cpus: int | None = None) -> int | None:
+    """'300M', '1G', '1023456K', '0' -> bytes; old '4000Mc' is per CPU (times `cpus`).
+
+    SLURM's units are binary. Unreadable values (sacct prints '16?' for some pending
+    jobs) give None: a missing number is better than a crash in the middle of a poll.
+    """
+    text = (text or "").strip()
+    m = _SIZE_RE.match(text)
+    if not m:
+        return None
+    number, unit, per = m.groups()
+    # A bare number is MB in ReqMem/MinMemoryNode but bytes in MaxRSS; sacct always
+    # writes a unit on ReqMem, so the bare case here is MaxRSS (or --noconvert).
+    value = float(number) * _SIZE_UNITS[unit]
+    if per == "c":
+        if cpus is None:
+            return None
+        value *= cpus
+    return int(value)
+
+
+def parse_slurm_duration(text: str) -> int | None:
+    """'00:01:13', '1-00:00:00', '5:00' (MM:SS), '30' (minutes) -> seconds; 'UNLIMITED' -> None."""
+    text = (text or "").strip()
+    if not text or not text[0].isdigit():
+        return None  # UNLIMITED, INVALID, Partition_Limit, NOT_SET, ''
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    if days:
+        # After a day count SLURM writes hours first: D-HH, D-HH:MM, D-HH:MM:SS.
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    elif len(parts) == 3:
+        h, m, s = parts
+    elif len(parts) == 2:
+        h, m, s = 0, parts[0], parts[1]
+    elif len(parts) == 1:
+        h, m, s = 0, parts[0], 0  # a bare number is minutes in SLURM
+    else:
+        return None
+    return int(days * 86400 + h * 3600 + m * 60 + s)
+
+
+def _none_if_unset(text: str) -> str | None:
+    text = (text or "").strip()
+    return None if text in ("", "None", "None assigned", "Unknown", "(null)", "N/A") else text
+
+
+# -- parsers ----------------------------------------------------------------------
+def parse_sbatch(text: str) -> str:
+    """Job id from `sbatch --parsable` ('123' or '123;cluster') or plain 'Submitted batch job 123'."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        m = re.search(r"Submitted batch job (\d+)", line)
+        if m:
+            return m.group(1)
+        m = re.fullmatch(r"(\d+)(?:;\S+)?", line)
+        if m:
+            return m.group(1)
+    raise BatchError(f"could not find a job id in sbatch's output: {text.strip()!r}")
+
+
+def _table(text: str, expected: Sequence[str]) -> Iterable[dict[str, str]]:
+    """Rows of a '|'-separated table; the header line, when present, names the columns."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return
+    header = lines[0].split("|")
+    if header[0] == expected[0]:
+        lines = lines[1:]
+    else:
+        header = list(expected)
+    for line in lines:
+        cells = line.split("|")
+        if len(cells) < len(header):
+            raise BatchError(f"unexpected line ({len(cells)} fields, want {len(header)}): {line!r}")
+        if len(cells) > len(header):
+            # Only free text (job names, reasons) can hold '|'; glue the excess back into
+            # the one free-text column we ask for.
+            free = next((i for i, h in enumerate(header) if h in ("JobName", "REASON")), None)
+            if free is None:
+                raise BatchError(f"unexpected line ({len(cells)} fields, want {len(header)}): {line!r}")
+            extra = len(cells) - len(header)
+            cells = cells[:free] + ["|".join(cells[free:free + extra + 1])] + cells[free + extra + 1:]
+        yield dict(zip(header, cells))
+
+
+def parse_squeue(text: str) -> dict[str, JobStatus]:
+    """`squeue -t all --format='%i|%T|%N|%r|%M|%l'` (with or without header) -> {id: JobStatus}."""
+    out = {}
+    for row in _table(text, SQUEUE_FIELDS):
+        raw = row["STATE"].strip()
+        state, _ = map_state(raw)
+        job_id = row["JOBID"].strip()
+        out[job_id] = JobStatus(
+            job_id=job_id, state=state, raw_state=raw,
+            node=_none_if_unset(row.get("NODELIST", "")),
+            reason=_none_if_unset(row.get("REASON", "")),
+            elapsed=parse_slurm_duration(row.get("TIME", "")),
+            time_limit=parse_slurm_duration(row.get("TIME_LIMIT", "")),
+        )
+    return out
+
+
+def parse_sacct(text: str) -> list[AccountingRecord]:
+    """`sacct -P --format=<SACCT_FIELDS>` with steps -> one record per job, steps attached.
+
+    Memory use is only reported on step lines (.batch, .extern, .0), so a job's max_rss
+    is the largest of its steps'. A step line whose job line is missing (sacct can omit
+    it for jobs of other clusters) still gets a record, built from the step.
+    """
+    records: dict[str, AccountingRecord] = {}
+    lines: dict[str, list[str]] = {}
+    for row in _table(text, SACCT_FIELDS):
+        full_id = row["JobID"].strip()
+        job_id, dot, step_id = full_id.partition(".")
+        raw = row.get("State", "").strip()
+        state, cancelled_by = map_state(raw)
+        exit_code, signal = parse_exit_code(row.get("ExitCode", ""))
+        cpus = _int(row.get("AllocCPUS"))
+        line = "|".join(row.values())
+        if dot:
+            step = StepRecord(step_id=step_id, state=state, raw_state=raw, exit_code=exit_code,
+                              signal=signal, max_rss=parse_slurm_memory(row.get("MaxRSS", "")),
+                              elapsed=parse_slurm_duration(row.get("Elapsed", "")))
+            if job_id not in records:
+                records[job_id] = AccountingRecord(job_id=job_id, state="unknown", raw_state="")
+            records[job_id].steps.append(step)
+            lines.setdefault(job_id, []).append(line)
+            continue
+        record = records.get(job_id) or AccountingRecord(job_id=job_id, state=state, raw_state=raw)
+        record.state, record.raw_state, record.cancelled_by = state, raw, cancelled_by
+        record.exit_code, record.signal = exit_code, signal
+        record.elapsed = parse_slurm_duration(row.get("Elapsed", ""))
+        record.time_limit = parse_slurm_duration(row.get("Timelimit", ""))
+        record.requested_memory = parse_slurm_memory(row.get("ReqMem", ""), cpus)
+        record.node = _none_if_unset(row.get("NodeList", ""))
+        record.start = _none_if_unset(row.get("Start", ""))
+        record.end = _none_if_unset(row.get("End", ""))
+        records[job_id] = record
+        lines.setdefault(job_id, []).insert(0, line)
+    for job_id, record in records.items():
+        rss = [s.max_rss for s in record.steps if s.max_rss is not None]
+        record.max_rss = max(rss) if rss else None
+        record.raw = "\n".join(lines.get(job_id, []))
+        if not record.raw_state and record.steps:  # steps only: the batch step speaks for it
+            batch = next((s for s in record.steps if s.step_id == "batch"), record.steps[0])
+            record.state, record.raw_state = batch.state, batch.raw_state
+            record.exit_code, record.signal = batch.exit_code, batch.signal
+    return list(records.values())
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int((text or "").strip())
+    except ValueError:
+        return None
+
+
+def _scontrol_fields(record: str) -> dict[str, str]:
+    # Values never contain spaces except a few free-text fields (Command, Reason text in
+    # some versions); split on ' Key=' boundaries so those stay whole.
+    fields = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:]*=|\s*$)",
+                         record, re.S):
+        fields.setdefault(m.group(1), m.group(2).strip())
+    return fields
+
+
+def parse_scontrol_job(text: str) -> list[AccountingRecord]:
+    """`scontrol show job` (multi-line or -o one-line form) -> records, for when sacct is off.
+
+    scontrol knows only jobs still in the controller's memory (MinJobAge), has no steps
+    and no memory use, and does not say who cancelled; that is why sacct comes first.
+    """
+    chunks = re.split(r"(?m)^(?=JobId=)", text)
+    out = []
+    for chunk in chunks:
+        chunk = chunk.strip()
+        if not chunk.startswith("JobId="):
+            continue
+        f = _scontrol_fields(chunk)
+        raw = f.get("JobState", "")
+        state, _ = map_state(raw)
+        exit_code, signal = parse_exit_code(f.get("ExitCode", ""))
+        memory = parse_slurm_memory(f.get("MinMemoryNode", "")) if "MinMemoryNode" in f else None
+        if memory is None and "MinMemoryCPU" in f:
+            memory = parse_slurm_memory(f["MinMemoryCPU"] + "c", _int(f.get("NumCPUs")))
+        out.append(AccountingRecord(
+            job_id=f["JobId"], state=state, raw_state=raw, exit_code=exit_code, signal=signal,
+            elapsed=parse_slurm_duration(f.get("RunTime", "")),
+            time_limit=parse_slurm_duration(f.get("TimeLimit", "")),
+            requested_memory=memory, node=_none_if_unset(f.get("NodeList", "")),
+            start=_none_if_unset(f.get("StartTime", "")), end=_none_if_unset(f.get("EndTime", "")),
+            raw=chunk,
+        ))
+    return out
+
+
+def status_from_accounting(record: AccountingRecord) -> JobStatus:
+    return JobStatus(job_id=record.job_id, state=record.state, raw_state=record.raw_state,
+                     node=record.node, elapsed=record.elapsed, time_limit=record.time_limit)
+
+
+# -- the adapter --------------------------------------------------------------------
+def _directive(flag: str, value) -> str:
+    value = str(value)
+    # sbatch reads #SBATCH lines with its own quote handling; quote only when needed so
+    # the common case stays readable.
+    return f"#SBATCH {flag}={shlex.quote(value)}" if value != shlex.quote(value) else f"#SBATCH {flag}={value}"
+
+
+class SLURMAdapter(BatchAdapter):
+    name = "slurm"
+    template_name = "slurm.sh.j2"
+    submit_command = "sbatch"
+
+    def template_context(self, spec: JobSpec) -> dict:
+        for key in spec.env:
+            if not _ENV_NAME.match(key):
+                raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
+                                 f"variable name (letters, digits, '_', not starting with a digit)")
+        if spec.cores < 1:
+            raise BatchError(f"cores={spec.cores!r}: a job needs at least one core")
+        # SLURM limits are whole minutes: round up so the job gets at least what was asked.
+        minutes = max(1, math.ceil(spec.walltime / 60))
+        mem_mib = max(1, math.ceil(spec.memory / 2**20))
+        ours = [
+            _directive("--job-name", spec.job_name),
+            "#SBATCH --ntasks=1",
+            f"#SBATCH --cpus-per-task={spec.cores}",
+            f"#SBATCH --mem={mem_mib}M",
+            f"#SBATCH --time={format_walltime(minutes * 60)}",
+        ]
+        if spec.queue:
+            ours.append(_directive("--partition", spec.queue))
+        if spec.account:
+            ours.append(_directive("--account", spec.account))
+        if spec.log_directory:
+            log_dir = spec.log_directory.rstrip("/") or "/"
+            ours += [_directive("--output", f"{log_dir}/%x-%j.out"),
+                     _directive("--error", f"{log_dir}/%x-%j.err")]
+        if spec.working_directory:
+            ours.append(_directive("--chdir", spec.working_directory))
+        extra = [d if d.lstrip().startswith("#SBATCH") else f"#SBATCH {d.strip()}"
+                 for d in spec.extra_directives]
+        directives = [line for line in ours + extra
+                      if not any(skip in line for skip in spec.directives_skip)]
+        return {"directives": directives, "slurm_walltime_seconds": minutes * 60}
+
+    # -- commands ------------------------------------------------------------------
+    def _run(self, argv: list[str], input: str | None = None):
+        return self.runner.run(argv, input=input, timeout=COMMAND_TIMEOUT, check=False)
+
+    def submit(self, script: str) -> str:
+        result = self._run(["sbatch", "--parsable"], input=script)
+        if result.returncode != 0:
+            raise BatchError(f"sbatch refused the job (exit {result.returncode}): "
+                             f"{(result.stderr or result.stdout).strip()}")
+        return parse_sbatch(result.stdout)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        if not job_ids:
+            return
+        result = self._run(["scancel", *job_ids])
+        if result.returncode == 0:
+            return
+        # Jobs that already ended are not an error for us: the goal was that they stop.
+        problems = [line for line in result.stderr.splitlines()
+                    if line.strip() and not re.search(
+                        r"Invalid job id|already completing or completed|Job/step already", line)]
+        if problems:
+            raise BatchError(f"scancel {' '.join(job_ids)} failed (exit {result.returncode}): "
+                             + "; ".join(problems))
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """{id: JobStatus} from one squeue call; jobs squeue forgot come from accounting."""
+        if not job_ids:
+            return {}
+        ids = list(dict.fromkeys(job_ids))
+        result = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
+        if result.returncode == 0:
+            found = parse_squeue(result.stdout)
+        elif "Invalid job id" in result.stderr:
+            found = {}  # every id has left the controller (older SLURMs fail instead of omitting)
+        else:
+            raise BatchError(f"squeue failed (exit {result.returncode}): {result.stderr.strip()}")
+        out = {i: found[i] for i in ids if i in found}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            for job_id, record in self.accounting(missing).items():
+                out[job_id] = status_from_accounting(record)
+        for job_id in ids:
+            out.setdefault(job_id, JobStatus(job_id=job_id, state="unknown", raw_state=""))
+        return out
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:
+        """{id: AccountingRecord} from one sacct call (steps included); scontrol if sacct is off."""
+        if not job_ids:
+            return {}
+        ids = list(dict.fromkeys(job_ids))
+        result = self._run(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
+        if result.returncode == 0:
+            records = parse_sacct(result.stdout)
+        elif re.search(r"accounting storage is disabled", result.stderr, re.I):
+            result = self._run(["scontrol", "-o", "show", "job", *([] if len(ids) > 1 else ids)])
+            if result.returncode != 0 and "Invalid job id" not in result.stderr:
+                raise BatchError(f"scontrol show job failed (exit {result.returncode}): "
+                                 f"{result.stderr.strip()}")
+            records = parse_scontrol_job(result.stdout)
+        else:
+            raise BatchError(f"sacct failed (exit {result.returncode}): {result.stderr.strip()}")
+        return {r.job_id: r for r in records if r.job_id in ids}

@@ -1,0 +1,274 @@
+"""Where batch commands run: here (subprocess) or on a login node (SSH, paramiko).
+
+Both runners return the same `CommandResult` and raise the same `BatchError`, so an
+adapter never knows which one it has. This module imports nothing of ours except
+`adapters.base`: adapters import it lazily, and it must not drag `deploy` in with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from typing import Sequence
+
+from ..adapters.base import BatchError, CommandResult
+
+DEFAULT_TIMEOUT = 60.0
+HOST_KEY_POLICIES = ("reject", "auto-add", "warn")
+
+
+def _describe_failure(result: CommandResult, where: str) -> str:
+    stderr = result.stderr.strip() or "(no stderr)"
+    return (f"`{shlex.join(result.argv)}` failed{where} with exit code {result.returncode}: "
+            f"{stderr[-2000:]}")
+
+
+class LocalRunner:
+    """Runs commands on this machine."""
+
+    where = "locally"
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None):
+        self.timeout = timeout
+        self.env = env
+
+    def run(self, argv: Sequence[str], input: str | None = None,
+            timeout: float | None = None, check: bool = True) -> CommandResult:
+        argv = [str(a) for a in argv]
+        timeout = self.timeout if timeout is None else timeout
+        env = None if self.env is None else {**os.environ, **self.env}
+        try:
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                                  timeout=timeout, env=env)
+        except FileNotFoundError:
+            raise BatchError(f"command {argv[0]!r} not found: it is not on PATH on this machine. "
+                             f"Is this the cluster's login node, or should commands run over SSH "
+                             f"(set the login host)?") from None
+        except PermissionError as e:
+            raise BatchError(f"command {argv[0]!r} cannot be executed here: {e}") from None
+        except subprocess.TimeoutExpired as e:
+            raise BatchError(f"`{shlex.join(argv)}` did not finish within {timeout:g}s "
+                             f"(the batch system may be overloaded or hung); output so far: "
+                             f"{_text(e.stderr) or _text(e.stdout) or '(none)'}") from None
+        result = CommandResult(argv=argv, returncode=proc.returncode,
+                               stdout=proc.stdout, stderr=proc.stderr)
+        if check and result.returncode != 0:
+            raise BatchError(_describe_failure(result, ""))
+        return result
+
+    def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
+        """Write `text` to `path` (created with `mode`, replaced atomically)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+    put_file = write_file
+
+    def close(self) -> None:
+        pass
+
+
+def _text(data) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, bytes):
+        return data.decode(errors="replace").strip()
+    return str(data).strip()
+
+
+class SSHRunner:
+    """Runs commands on `host` over one SSH connection, opened on first use and reused.
+
+    Host keys are checked against `known_hosts` (default ~/.ssh/known_hosts). An unknown
+    host is refused unless `host_key_policy` is "auto-add" (remember it) or "warn"
+    (accept it this once, with a warning): trusting a new host is the user's decision.
+    """
+
+    def __init__(self, host: str, user: str | None = None, key: str | None = None,
+                 port: int = 22, known_hosts: str | None = None,
+                 host_key_policy: str = "reject", timeout: float = DEFAULT_TIMEOUT,
+                 connect_timeout: float = 15.0):
+        if host_key_policy not in HOST_KEY_POLICIES:
+            raise ValueError(f"host_key_policy={host_key_policy!r}; choose one of "
+                             f"{', '.join(HOST_KEY_POLICIES)}")
+        self.host = host
+        self.user = user
+        self.key = os.path.expanduser(key) if key else None
+        self.port = int(port)
+        self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+        self.host_key_policy = host_key_policy
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.where = f"on {self._target()}"
+        self._client = None
+        # One connection shared by threads: connecting twice at once would open two.
+        self._lock = threading.Lock()
+
+    def _target(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.host}:{self.port}"
+
+    # -- connection -----------------------------------------------------------------
+    def _connect(self):
+        import paramiko  # only SSH users pay for importing it
+
+        client = paramiko.SSHClient()
+        if os.path.exists(self.known_hosts):
+            client.load_host_keys(self.known_hosts)
+        client.set_missing_host_key_policy({
+            "reject": paramiko.RejectPolicy,
+            "auto-add": paramiko.AutoAddPolicy,
+            "warn": paramiko.WarningPolicy,
+        }[self.host_key_policy]())
+        try:
+            client.connect(self.host, port=self.port, username=self.user, key_filename=self.key,
+                           timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                           auth_timeout=self.connect_timeout, look_for_keys=self.key is None,
+                           allow_agent=self.key is None)
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise BatchError(f"SSH to {self._target()}: the host key DOES NOT MATCH the one in "
+                             f"{self.known_hosts} ({e}). Someone may be intercepting the "
+                             f"connection, or the host was reinstalled; check with your admins "
+                             f"before removing the old key.") from None
+        except paramiko.SSHException as e:
+            client.close()
+            if "not found in known_hosts" in str(e):
+                raise BatchError(
+                    f"SSH to {self._target()}: host key unknown, refused (not in "
+                    f"{self.known_hosts}). Connect once with `ssh -p {self.port} {self.host}` "
+                    f"to verify and record it, pass known_hosts=<file that lists it>, or set "
+                    f"host_key_policy='auto-add' to trust it on first use.") from None
+            raise BatchError(f"SSH to {self._target()} failed: {e} (key: {self.key or 'default keys'})") from None
+        except (socket.error, OSError) as e:
+            client.close()
+            raise BatchError(f"cannot connect to {self._target()}: {e}") from None
+        if self.host_key_policy == "auto-add":
+            os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+            client.save_host_keys(self.known_hosts)
+        transport = client.get_transport()
+        # Keepalives notice a dead login node before a command hangs on it.
+        transport.set_keepalive(30)
+        return client
+
+    def _connected(self):
+        with self._lock:
+            transport = self._client.get_transport() if self._client else None
+            if transport is None or not transport.is_active():
+                if self._client is not None:
+                    self._client.close()
+                self._client = self._connect()
+            return self._client
+
+    @property
+    def transport(self):
+        """The live paramiko Transport (one per runner), or None before first use."""
+        return self._client.get_transport() if self._client else None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- commands -------------------------------------------------------------------
+    def run(self, argv: Sequence[str], input: str | None = None,
+            timeout: float | None = None, check: bool = True) -> CommandResult:
+        argv = [str(a) for a in argv]
+        timeout = self.timeout if timeout is None else timeout
+        command = shlex.join(argv)
+        try:
+            result = self._exec(command, argv, input, timeout)
+        except BatchError:
+            raise  # cannot connect, or timed out: retrying would not help
+        except Exception:  # noqa: BLE001 - paramiko raises SSHException, EOFError, OSError
+            # A connection dropped between calls shows up only when used: retry once on
+            # a fresh one. Batch queries are idempotent; a submit that died mid-way cannot
+            # have been accepted without us reading its job id, so retrying it is safe too.
+            self.close()
+            try:
+                result = self._exec(command, argv, input, timeout)
+            except BatchError:
+                raise
+            except Exception as e2:  # noqa: BLE001  # noqa: BLE001 - reported with the target
+                raise BatchError(f"SSH {self.where}: running `{command}` failed: {e2}") from None
+        if result.returncode == 127 and check:
+            raise BatchError(f"command {argv[0]!r} not found {self.where}: it is not on PATH "
+                             f"for non-interactive SSH shells there. Is this the right host, or "
+                             f"does the batch system need a module loaded? "
+                             f"({result.stderr.strip() or 'exit code 127'})")
+        if check and result.returncode != 0:
+            raise BatchError(_describe_failure(result, f" {self.where}"))
+        return result
+
+    def _exec(self, command: str, argv: list[str], input: str | None,
+              timeout: float) -> CommandResult:
+        client = self._connected()
+        channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        try:
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            if input is not None:
+                channel.sendall(input.encode())
+            channel.shutdown_write()
+            stdout, stderr = self._collect(channel, command, timeout)
+            returncode = channel.recv_exit_status()
+        finally:
+            channel.close()
+        return CommandResult(argv=argv, returncode=returncode, stdout=stdout, stderr=stderr)
+
+    @staticmethod
+    def _collect(channel, command: str, timeout: float) -> tuple[str, str]:
+        # Read both streams as they come, so a chatty stderr cannot fill its window and
+        # stall the command while we wait on stdout.
+        out, err = [], []
+        deadline = time.monotonic() + timeout
+        while True:
+            got = False
+            while channel.recv_ready():
+                out.append(channel.recv(65536)); got = True
+            while channel.recv_stderr_ready():
+                err.append(channel.recv_stderr(65536)); got = True
+            if channel.exit_status_ready() and not channel.recv_ready() \
+                    and not channel.recv_stderr_ready():
+                break
+            if channel.closed and not got:
+                break
+            if time.monotonic() > deadline:
+                raise _Timeout(f"`{command}` did not finish within {timeout:g}s over SSH "
+                               f"(the batch system may be overloaded or hung)")
+            if not got:
+                time.sleep(0.005)
+        return (b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"))
+
+    def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
+        """Write `text` to `path` on the remote host via SFTP over the same connection."""
+        client = self._connected()
+        sftp = client.open_sftp()
+        try:
+            tmp = f"{path}.tmp{os.getpid()}"
+            with sftp.open(tmp, "w") as f:
+                f.write(text)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
+        finally:
+            sftp.close()
+
+    put_file = write_file
+
+
+class _Timeout(BatchError, OSError):
+    """A command that outlived its timeout: not retried, the first try may still be running."""

@@ -1,0 +1,95 @@
+"""Job scenarios for the SLURM integration tests and the fixture capture script.
+
+Each scenario is a JobSpec whose job ends in one known way. The tests and
+capture_fixtures.py share them, so the committed fixtures are outputs of exactly the
+jobs the tests run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from hpc_cluster.adapters.base import AccountingRecord, JobSpec
+from hpc_cluster.adapters.slurm import SLURMAdapter
+
+HERE = Path(__file__).resolve().parent
+CLUSTER_SH = HERE / "cluster.sh"
+
+# Enough memory held for a few seconds that the 1 s accounting sampler records it.
+HOLD_50MB = "python3 -c 'import time; b = b\"x\" * (50 << 20); time.sleep(3)'"
+# Grows by 4 MiB every 50 ms until the cgroup limit stops it, so MaxRSS is sampled first.
+GROW_PAST_LIMIT = ("python3 -c 'import time\nb = []\nwhile True:\n"
+                   "    b.append(b\"x\" * (4 << 20)); time.sleep(0.05)'")
+SEGFAULT = "python3 -c 'import ctypes; ctypes.string_at(0)'"
+
+
+def scenarios(log_directory: str) -> dict[str, JobSpec]:
+    """Jobs that can run side by side, by the outcome they are made to have."""
+    base = JobSpec(worker_command="true", log_directory=log_directory, memory=200 * 2**20,
+                   walltime=300)
+    return {
+        "completed": base.replace(
+            job_name="t-completed", walltime=90,
+            prologue=['echo "job=$HPC_CLUSTER_JOB_ID walltime=$HPC_CLUSTER_WALLTIME '
+                      'start=$HPC_CLUSTER_JOB_START"'],
+            worker_command=HOLD_50MB),
+        "exit3": base.replace(job_name="t-exit3", worker_command="bash -c 'exit 3'"),
+        "segfault": base.replace(job_name="t-segfault", worker_command=SEGFAULT),
+        "oom": base.replace(job_name="t-oom", memory=100 * 2**20, worker_command=GROW_PAST_LIMIT),
+        "timeout": base.replace(job_name="t-timeout", walltime=60, worker_command="sleep 600"),
+        # Cancelled by the test once running.
+        "cancelled": base.replace(job_name="t-cancelled", worker_command="sleep 600"),
+        # Preempted: 'low' holds 20 GB of the node's 32; 'high' needs 20 GB too.
+        "preempted": base.replace(job_name="t-preempted", queue="low", memory=20_000 * 2**20,
+                                  worker_command="sleep 600"),
+        "preemptor": base.replace(job_name="t-preemptor", queue="high", memory=20_000 * 2**20,
+                                  worker_command="sleep 2"),
+        "node_fail": base.replace(job_name="t-node-fail", worker_command="sleep 600",
+                                  extra_directives=["--no-requeue"]),
+    }
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
+    """Poll `condition` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def settled(record: AccountingRecord | None) -> bool:
+    """Final, and its steps too: sacct writes the job line before the steps' last words."""
+    return bool(record and record.final and record.steps
+                and all(s.state not in ("pending", "running") for s in record.steps))
+
+
+def wait_final(adapter: SLURMAdapter, job_ids: list[str], timeout: float) -> dict[str, AccountingRecord]:
+    """Accounting records of `job_ids` once all have settled (one sacct call per poll)."""
+    latest: dict[str, AccountingRecord] = {}
+
+    def all_settled():
+        latest.update(adapter.accounting(job_ids))
+        return all(settled(latest.get(j)) for j in job_ids)
+
+    try:
+        wait_for(all_settled, timeout, f"jobs {job_ids} to settle in accounting", interval=1.0)
+    except TimeoutError as e:
+        states = {j: (latest[j].raw_state if j in latest else "absent") for j in job_ids}
+        raise TimeoutError(f"{e}; last seen: {states}") from None
+    return latest
+
+
+def wait_running(adapter: SLURMAdapter, job_id: str, timeout: float = 60) -> None:
+    wait_for(lambda: adapter.status([job_id])[job_id].state == "running", timeout,
+             f"job {job_id} to start running")
+
+
+def cluster_is_up() -> bool:
+    return subprocess.run([str(CLUSTER_SH), "status"], capture_output=True).returncode == 0
