@@ -300,6 +300,10 @@ class BatchedSend:
                 self._scheduled = True
                 self._loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write now instead of at the end of this loop turn."""
+        self._flush()
+
     def _flush(self) -> None:
         self._scheduled = False
         if not self.buffer:

@@ -17,6 +17,7 @@ from typing import Callable
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
+from .diagnosis import Evidence, diagnose
 from .state import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.scheduler")
@@ -59,6 +60,9 @@ class Scheduler:
         self.comms: dict[str, Comm] = {}
         self._client_ids = itertools.count(1)
         self.exit_reports: list[dict] = []
+        self.evidence: dict[int, Evidence] = {}          # death id -> what we know
+        self._death_of_nanny: dict[str, int] = {}        # nanny id -> its worker's latest death
+        self._early_reports: dict[str, dict] = {}        # reports that beat the connection close
         self._ttl_task: asyncio.Task | None = None
         self.closed = asyncio.Event()
 
@@ -111,18 +115,46 @@ class Scheduler:
             await asyncio.sleep(max(0.05, self.heartbeat_ttl / 5))
             for addr in self.state.silent_workers(self.clock(), self.heartbeat_ttl):
                 logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
-                self._remove_worker(addr, {"cause": "heartbeat-lost", "blame": False,
-                                           "text": f"no heartbeat for more than {self.heartbeat_ttl:g}s"})
+                self._remove_worker(addr, "heartbeat-lost")
                 comm = self.comms.pop(addr, None)
                 if comm is not None:
                     comm.close()
 
-    def _remove_worker(self, addr: str, death: dict) -> None:
+    def _remove_worker(self, addr: str, connection: str) -> None:
+        """A worker is gone: judge on what we know now; later evidence may refine it."""
         self.streams.pop(addr, None)
-        record = self.state.remove_worker(addr, self.clock(), death)
-        if record is not None:
-            logger.info("worker %s removed: %s (executing %d, processing %d)", addr, record["cause"],
-                        len(record["executing"]), len(record["processing"]))
+        ws = self.state.workers.get(addr)
+        if ws is None:
+            return
+        nanny_id = ws.info.get("nanny_id")
+        ev = Evidence(connection=connection, executing=sorted(t.key for t in ws.executing),
+                      nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None)
+        verdict = diagnose(ev)
+        record = self.state.remove_worker(addr, self.clock(), {"cause": verdict.cause, "blame": verdict.blame,
+                                                               "text": verdict.text})
+        self.evidence[record["id"]] = ev
+        record["evidence"] = verdict.evidence
+        if nanny_id:
+            self._death_of_nanny[nanny_id] = record["id"]
+        logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
+        self._flush()
+
+    def _exit_report(self, report: dict) -> None:
+        """The nanny says how its worker ended: refine that death's verdict."""
+        nanny_id = report.get("nanny_id")
+        death_id = self._death_of_nanny.pop(nanny_id, None)
+        if death_id is None:
+            worker_alive = any(ws.info.get("nanny_id") == nanny_id for ws in self.state.workers.values())
+            if worker_alive:
+                self._early_reports[nanny_id] = report     # its connection close is on its way
+            return
+        ev = self.evidence[death_id]
+        ev.nanny = report
+        verdict = diagnose(ev)
+        self.state.refine_death(death_id, verdict.cause, verdict.blame, verdict.text)
+        self.state.deaths[death_id]["evidence"] = verdict.evidence
+        logger.info("death of %s refined: %s: %s", self.state.deaths[death_id]["worker"], verdict.cause,
+                    verdict.text)
         self._flush()
 
     # -- workers ---------------------------------------------------------------
@@ -134,17 +166,18 @@ class Scheduler:
         nthreads = first.get("nthreads", 1)
         if not isinstance(nthreads, int) or nthreads < 1:
             raise ProtocolError("nthreads must be a positive integer")
+        # Reply before any task can be queued for it, so "registered" travels alone.
+        await comm.write({"op": "registered", "address": addr})
         self.streams[addr] = BatchedSend(comm)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
-                "nanny": first.get("nanny"), "job_id": first.get("job_id")}
+                "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id")}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
                               info=info)
-        self._send_now(addr, {"op": "registered", "address": addr})
         self._flush()
         logger.info("worker %s registered (%d threads)", addr, nthreads)
-        death = {"cause": "connection-lost", "blame": False, "text": "the connection closed"}
+        connection = "closed"
         try:
             while True:
                 msgs = await comm.read()
@@ -152,12 +185,12 @@ class Scheduler:
                 self.state.heartbeat(addr, now)
                 for msg in msgs:
                     if self._worker_message(addr, msg, now) == "goodbye":
-                        death = {"cause": "retired", "blame": False, "text": msg.get("reason", "")}
+                        connection = "goodbye"
                 self._flush()
         finally:
             if self.comms.get(addr) is comm:
                 del self.comms[addr]
-                self._remove_worker(addr, death)
+                self._remove_worker(addr, connection)
 
     def _worker_message(self, addr: str, msg: dict, now: float):
         op, st = msg["op"], self.state
@@ -190,6 +223,7 @@ class Scheduler:
                     pass
                 elif msg["op"] == "exit-report" and isinstance(msg.get("report"), dict):
                     self.exit_reports.append(msg["report"])
+                    self._exit_report(msg["report"])
                 else:
                     raise ProtocolError(f"unknown op {msg['op']!r} from nanny")
 

@@ -239,6 +239,7 @@ class Worker:
 
     # -- execution -------------------------------------------------------------------
     def _run_ready(self) -> None:
+        starting = []
         while self.ready and len(self.executing) < self.nthreads:
             _, key = heapq.heappop(self.ready)
             ts = self.tasks.get(key)
@@ -247,7 +248,13 @@ class Worker:
             ts.state = "executing"
             self.executing.add(key)
             self.scheduler.send({"op": "task-started", "key": key})
-            self.executor.submit(self._execute, ts)
+            starting.append(ts)
+        if starting:
+            # Put "started" on the wire before the task can crash this process: the
+            # scheduler charges a death only to tasks it knows were executing.
+            self.scheduler.flush()
+            for ts in starting:
+                self.executor.submit(self._execute, ts)
 
     def _execute(self, ts: _Task) -> None:
         """Runs in a pool thread. Hands the outcome back to the event loop."""
