@@ -13,7 +13,8 @@ import re
 import shlex
 from typing import Iterable, Sequence
 
-from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, StepRecord
+from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
+                   StepRecord)
 from .units import format_walltime
 
 COMMAND_TIMEOUT = 60.0
@@ -72,13 +73,12 @@ _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 
 def map_state(raw: str) -> tuple[str, str | None]:
     """('CANCELLED by 1000') -> ('cancelled', '1000'). Also takes squeue's short codes."""
     raw = raw.strip()
-    cancelled_by = None
     m = re.match(r"^CANCELLED by (\S+)$", raw)
     if m:
         return "cancelled", m.group(1)
     name = raw.split()[0].rstrip("+") if raw else ""
     name = SHORT_STATES.get(name, name)
-    return STATE_MAP.get(name, "unknown"), cancelled_by
+    return STATE_MAP.get(name, "unknown"), None
 
 
 def parse_exit_code(text: str) -> tuple[int | None, int | None]:
@@ -246,6 +246,10 @@ def parse_sacct(text: str) -> list[AccountingRecord]:
         rss = [s.max_rss for s in record.steps if s.max_rss is not None]
         record.max_rss = max(rss) if rss else None
         record.raw = "\n".join(lines.get(job_id, []))
+        if record.state == "pending" and any(s.state == "running" for s in record.steps):
+            # slurmdbd can hold a job line at PENDING (JobName 'allocation', ReqMem '16?')
+            # after its batch step reported RUNNING: the step is the fresher news.
+            record.state = "running"
         if not record.raw_state and record.steps:  # steps only: the batch step speaks for it
             batch = next((s for s in record.steps if s.step_id == "batch"), record.steps[0])
             record.state, record.raw_state = batch.state, batch.raw_state
@@ -294,7 +298,9 @@ def parse_scontrol_job(text: str) -> list[AccountingRecord]:
             elapsed=parse_slurm_duration(f.get("RunTime", "")),
             time_limit=parse_slurm_duration(f.get("TimeLimit", "")),
             requested_memory=memory, node=_none_if_unset(f.get("NodeList", "")),
-            start=_none_if_unset(f.get("StartTime", "")), end=_none_if_unset(f.get("EndTime", "")),
+            start=_none_if_unset(f.get("StartTime", "")),
+            # A live job's EndTime is only the projected end (start + limit).
+            end=_none_if_unset(f.get("EndTime", "")) if state in FINAL_STATES else None,
             raw=chunk,
         ))
     return out

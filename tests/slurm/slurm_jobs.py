@@ -7,10 +7,14 @@ jobs the tests run.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable
+
+import psutil
 
 from hpc_cluster.adapters.base import AccountingRecord, JobSpec
 from hpc_cluster.adapters.slurm import SLURMAdapter
@@ -93,3 +97,50 @@ def wait_running(adapter: SLURMAdapter, job_id: str, timeout: float = 60) -> Non
 
 def cluster_is_up() -> bool:
     return subprocess.run([str(CLUSTER_SH), "status"], capture_output=True).returncode == 0
+
+
+def job_pids(job_id: str) -> set[int]:
+    """Processes of this job only: its cgroups' members and its slurmstepd."""
+    pids = set()
+    for root in Path("/sys/fs/cgroup/memory").glob(f"slurm*/uid_*/job_{job_id}"):
+        for procs in root.rglob("cgroup.procs"):
+            pids.update(int(p) for p in procs.read_text().split())
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith(f"slurmstepd: [{job_id}."):
+            pids.add(proc.pid)
+    return pids
+
+
+def fail_node(node: str, job_id: str) -> None:
+    """Make `node` die under `job_id`: kill its slurmd and the job's processes, mark it down.
+
+    Only those processes: slurmd by its pid file, the job's by its cgroups. Bring the
+    node back with `cluster.sh up` (restarts slurmd, resumes the node).
+    """
+    wait_for(lambda: job_pids(job_id), 30, f"processes of job {job_id}")
+    os.kill(int(Path("/run/slurm/slurmd.pid").read_text()), signal.SIGKILL)
+    for pid in job_pids(job_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                    "reason=hpc-cluster test: node failure"], check=True)
+
+
+def node_states(node: str) -> set[str]:
+    """The node's state as each partition sees it (sinfo prints one line per partition)."""
+    return set(subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"],
+                              capture_output=True, text=True).stdout.split())
+
+
+def restore_node(node: str) -> None:
+    # cluster.sh up restarts slurmd and resumes an admin-downed node; it is idempotent.
+    subprocess.run([str(CLUSTER_SH), "up"], stdin=subprocess.DEVNULL, capture_output=True,
+                   timeout=300, check=True)
+
+    def in_service():
+        states = node_states(node)
+        return states and states <= {"idle", "mixed", "allocated"}
+    wait_for(in_service, 60, f"node {node} back in service")

@@ -134,3 +134,29 @@ def test_status_while_running(adapter, submitted, tmp_path):
 def test_cancel_of_finished_and_unknown_jobs_is_quiet(adapter, outcomes):
     adapter.cancel([outcomes[0]["completed"].job_id])
     adapter.cancel(["999999999"])
+
+
+def test_accounting_falls_back_to_scontrol_when_accounting_is_off(adapter, submitted, tmp_path):
+    """Some sites run without slurmdbd: sacct says so, and scontrol must answer instead.
+
+    A copy of slurm.conf with accounting_storage/none (via SLURM_CONF) makes sacct say
+    exactly what it says on such a site, while scontrol still reaches our controller.
+    """
+    from pathlib import Path
+
+    from hpc_cluster.adapters.slurm import SLURMAdapter
+    from hpc_cluster.deploy.runner import LocalRunner
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(Path("/etc/slurm/slurm.conf").read_text().replace(
+        "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageType=accounting_storage/none"))
+    no_accounting = SLURMAdapter(LocalRunner(env={"SLURM_CONF": str(conf)}))
+    probe = LocalRunner(env={"SLURM_CONF": str(conf)}).run(["sacct", "-j", "1"], check=False)
+    assert "accounting storage is disabled" in probe.stderr
+
+    job_id = adapter.submit(adapter.render(scenarios(str(tmp_path))["exit3"]))
+    submitted.append(job_id)
+    wait_final(adapter, [job_id], timeout=60)
+    record = no_accounting.accounting([job_id, "999999999"])[job_id]
+    assert (record.state, record.exit_code, record.requested_memory) == ("failed", 3, 200 * MiB)
+    assert record.steps == [] and record.raw.startswith(f"JobId={job_id} ")

@@ -1,0 +1,119 @@
+"""SLURM job scripts: which keyword makes which directive, and that bash can parse them all.
+
+No SLURM needed; tests/slurm/test_scripts.py feeds the same scripts to `sbatch --test-only`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from hpc_cluster.adapters.base import BatchError, JobSpec
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.deploy.runner import LocalRunner
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return SLURMAdapter(LocalRunner())
+
+
+def directives(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def bash_n(script: str) -> None:
+    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{proc.stderr}\n---\n{script}"
+
+
+def test_minimal(adapter):
+    script = adapter.render(JobSpec(worker_command="python3 -m hpc_cluster.worker"))
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert directives(script) == [
+        "#SBATCH --job-name=hpc-cluster", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
+        "#SBATCH --mem=954M",  # 10**9 bytes is 953.7 MiB: rounded up, never below the ask
+        "#SBATCH --time=01:00:00",
+    ]
+    assert "exec python3 -m hpc_cluster.worker\n" in script
+    assert "export HPC_CLUSTER_WALLTIME=3600\n" in script
+    assert 'export HPC_CLUSTER_JOB_ID="$SLURM_JOB_ID"' in script
+    bash_n(script)
+
+
+def test_every_keyword(adapter):
+    spec = JobSpec(worker_command="python3 -m hpc_cluster.worker", job_name="my workers", cores=8,
+                   memory=16 * 2**30, walltime=5401, queue="gpu", account="proj-42",
+                   log_directory="/scratch/me/logs/", working_directory="/scratch/me/run",
+                   extra_directives=["--exclusive", "#SBATCH --qos=long"])
+    assert directives(adapter.render(spec)) == [
+        "#SBATCH --job-name='my workers'", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=16384M", "#SBATCH --time=01:31:00",  # 5401 s -> 91 whole minutes
+        "#SBATCH --partition=gpu", "#SBATCH --account=proj-42",
+        "#SBATCH --output=/scratch/me/logs/%x-%j.out", "#SBATCH --error=/scratch/me/logs/%x-%j.err",
+        "#SBATCH --chdir=/scratch/me/run", "#SBATCH --exclusive", "#SBATCH --qos=long",
+    ]
+    assert "export HPC_CLUSTER_WALLTIME=5460\n" in adapter.render(spec)
+
+
+def test_directives_skip(adapter):
+    spec = JobSpec(worker_command="w", account="x", queue="q", directives_skip=["--account", "--mem"])
+    lines = directives(adapter.render(spec))
+    assert not any("--account" in line or "--mem" in line for line in lines)
+    assert "#SBATCH --partition=q" in lines
+
+
+def test_env_is_quoted(adapter):
+    script = adapter.render(JobSpec(worker_command="w", env={"ODD": "a 'b' $c; rm -rf /"}))
+    bash_n(script)
+    out = subprocess.run(["bash", "-c", script.replace("exec w", 'printf %s "$ODD"')],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout == "a 'b' $c; rm -rf /"
+
+
+def test_bad_env_name_is_refused(adapter):
+    with pytest.raises(BatchError, match="not a valid environment variable name"):
+        adapter.render(JobSpec(worker_command="w", env={"1BAD": "x"}))
+
+
+def test_epilogue_runs_and_keeps_worker_status(adapter, tmp_path):
+    marker = tmp_path / "epilogue-ran"
+    spec = JobSpec(worker_command="bash -c 'exit 7'", prologue=["echo prologue"],
+                   epilogue=[f"touch {marker}"])
+    script = adapter.render(spec)
+    assert "exec " not in script
+    bash_n(script)
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 7 and marker.exists() and "prologue" in proc.stdout
+
+
+def test_failing_prologue_stops_the_job(adapter, tmp_path):
+    marker = tmp_path / "worker-ran"
+    script = adapter.render(JobSpec(worker_command=f"touch {marker}", prologue=["false"]))
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert proc.returncode != 0 and not marker.exists()
+
+
+def test_deadline_variables(adapter):
+    script = adapter.render(JobSpec(worker_command='echo "$HPC_CLUSTER_WALLTIME $HPC_CLUSTER_JOB_START"',
+                                    walltime=61))
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.split()
+    assert out[0] == "120" and int(out[1]) > 1_600_000_000
+
+
+@pytest.mark.parametrize("spec", [
+    JobSpec(worker_command="w", job_name="a'b\"c $x"),
+    JobSpec(worker_command="w", log_directory="/tmp/with space", working_directory="/tmp/a b"),
+    JobSpec(worker_command="w; echo x", epilogue=["echo 'it''s'"], prologue=["module load x || true"]),
+    JobSpec(worker_command="w", walltime=1, memory=1),
+])
+def test_odd_specs_still_parse(adapter, spec):
+    bash_n(adapter.render(spec))
+
+
+def test_site_template(adapter, tmp_path):
+    path = tmp_path / "site.j2"
+    path.write_text("#!/bin/bash\n{% for d in directives %}{{ d }}\n{% endfor %}{{ worker_command }}\n")
+    script = adapter.render(JobSpec(worker_command="w", template=str(path)))
+    assert script.splitlines()[-1] == "w" and "#SBATCH --mem=954M" in script
