@@ -353,9 +353,9 @@ class SLURMAdapter(BatchAdapter):
             ours.append(_directive("--chdir", spec.working_directory))
         extra = [d if d.lstrip().startswith("#SBATCH") else f"#SBATCH {d.strip()}"
                  for d in spec.extra_directives]
-        directives = [line for line in ours + extra
-                      if not any(skip in line for skip in spec.directives_skip)]
-        return {"directives": directives, "slurm_walltime_seconds": minutes * 60}
+        # Skipping applies to our lines only: what the user wrote explicitly, they meant.
+        kept = [line for line in ours if not any(skip in line for skip in spec.directives_skip)]
+        return {"directives": kept + extra, "slurm_walltime_seconds": minutes * 60}
 
     # -- commands ------------------------------------------------------------------
     def _run(self, argv: list[str], input: str | None = None):

@@ -58,10 +58,13 @@ def test_every_keyword(adapter):
 
 
 def test_directives_skip(adapter):
-    spec = JobSpec(worker_command="w", account="x", queue="q", directives_skip=["--account", "--mem"])
+    spec = JobSpec(worker_command="w", account="x", queue="q", directives_skip=["--account", "--mem"],
+                   extra_directives=["--mem-per-cpu=2G"])
     lines = directives(adapter.render(spec))
-    assert not any("--account" in line or "--mem" in line for line in lines)
+    assert not any("--account" in line for line in lines)
     assert "#SBATCH --partition=q" in lines
+    # Built-in lines only: the user's own memory request replaces ours and stays.
+    assert [line for line in lines if "--mem" in line] == ["#SBATCH --mem-per-cpu=2G"]
 
 
 def test_env_is_quoted(adapter):
