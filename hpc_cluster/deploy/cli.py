@@ -7,6 +7,7 @@ import sys
 
 EXAMPLES = """examples:
   hpc-cluster demo                  run work on a LocalCluster and explain a worker's death
+  hpc-cluster config show           the merged site configuration and where each value came from
 """
 
 
@@ -17,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the LocalCluster demo")
     demo.add_argument("-n", "--workers", type=int, default=2)
+    from .cli_config import add_config_commands
+    add_config_commands(sub)
     return p
 
 
@@ -26,6 +29,9 @@ def main(argv=None) -> int:
     if args.command == "demo":
         from .demo import run
         return run(n_workers=args.workers)
+    if args.command == "config":
+        from .cli_config import run_config
+        return run_config(args)
     parser.print_help()
     return 2
 

@@ -1,0 +1,143 @@
+"""`hpc-cluster config check | init | show`: the command-line face of deploy/config.py.
+
+Kept out of cli.py so that file stays a list of commands; cli.py calls
+`add_config_commands(subparsers)` and hands `args` to `run_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import config as cfg
+
+
+def add_config_commands(subparsers) -> None:
+    p = subparsers.add_parser("config", help="check, create or show the site configuration",
+                              description="Config files, HPC_CLUSTER_* variables and keyword "
+                              "arguments: see docs/configuration.md.")
+    sub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    check = sub.add_parser("check", help="validate every config file that would be read")
+    check.add_argument("--config", metavar="PATH", help="check this file (plus the system file)")
+    init = sub.add_parser("init", help="write a commented starter file for this machine")
+    init.add_argument("--path", metavar="P", help="where to write (default: the user config dir)")
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.add_argument("--site", metavar="S", default="mysite", help="name of the site (default: mysite)")
+    show = sub.add_parser("show", help="print the merged settings and where each came from")
+    show.add_argument("--config", metavar="PATH", help="read this file (plus the system file)")
+    show.add_argument("--site", metavar="S", help="the site to show (default: the file's default)")
+
+
+def run_config(args: argparse.Namespace, out=None, err=None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    handler = {"check": _check, "init": _init, "show": _show}[args.config_command]
+    return handler(args, out, err)
+
+
+def _check(args, out, err) -> int:
+    problems: list[str] = []
+    files = []
+    print("config files, highest priority first (earlier wins per key):", file=out)
+    for i, c in enumerate(cfg.candidate_paths(args.config), 1):
+        head = f"  {i}. {c.label:<20} {c.path}"
+        if not c.path.is_file():
+            if c.required:
+                problems.append(f"{c.path}: no such config file (given by {c.label})")
+                print(f"{head}  MISSING", file=out)
+            else:
+                print(f"{head}  (not present)", file=out)
+            continue
+        try:
+            f = cfg.load_config_files([c.path])[0]
+        except cfg.ConfigError as e:
+            problems.extend(e.problems)
+            print(f"{head}  {len(e.problems)} problem(s)", file=out)
+            continue
+        files.append(f)
+        sites = ", ".join(f.sites) or "no sites"
+        default = f" default {f.default.value}," if f.default else ""
+        print(f"{head}  ok:{default} sites: {sites}; settings: {len(f.settings)}", file=out)
+    try:
+        env = cfg.env_overrides()
+        names = ", ".join(e.source.removeprefix("env:") for e in env.values())
+        print(f"environment: {names or 'no HPC_CLUSTER_<KEY> settings'}", file=out)
+    except cfg.ConfigError as e:
+        problems.extend(e.problems)
+    if files and not problems:
+        # The default named in one file must exist in the merged set of sites.
+        try:
+            site, why = cfg.select_site(files, None, os.environ)
+            print(f"site used by default: {site or 'none (defaults only)'} ({why})", file=out)
+        except cfg.ConfigError as e:
+            problems.extend(e.problems)
+    if problems:
+        print(f"\n{len(problems)} problem(s):", file=err)
+        for p in problems:
+            print(f"  {p}", file=err)
+        return 1
+    print("all good" if files else "no config files found: the defaults apply "
+          "(`hpc-cluster config init` writes a starter file)", file=out)
+    return 0
+
+
+def _show(args, out, err) -> int:
+    try:
+        rc = cfg.resolve(site=args.site, config=args.config)
+    except cfg.ConfigError as e:
+        for p in e.problems:
+            print(p, file=err)
+        return 1
+    print(f"site: {rc.site or 'none (defaults only)'}  (chosen by: {rc.site_source})", file=out)
+    print("files, highest priority first: " + (", ".join(rc.files) or "none"), file=out)
+    print("precedence: keyword > env > files > default\n", file=out)
+    print(rc.table(), file=out)
+    return 0
+
+
+def default_partition(timeout: float = 10) -> str | None:
+    """SLURM's default partition (marked '*' by sinfo), or None when sinfo cannot say."""
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in res.stdout.split():
+        if line.endswith("*"):
+            return line.rstrip("*")
+    return None
+
+
+def _init(args, out, err) -> int:
+    path = Path(args.path).expanduser() if args.path else \
+        cfg.user_config_dir(os.environ) / cfg.CONFIG_FILENAME
+    if path.exists() and not args.force:
+        print(f"{path} already exists; not overwriting it. Pass --force to replace it, or "
+              "--path to write elsewhere.", file=err)
+        return 1
+    queue, found = None, []
+    if shutil.which("sbatch"):
+        batch = "slurm"
+        found.append(f"sbatch at {shutil.which('sbatch')}")
+        if shutil.which("sinfo"):
+            queue = default_partition()
+            if queue:
+                found.append(f"default partition '{queue}' from sinfo")
+    elif shutil.which("qsub"):
+        batch = "pbs"
+        found.append(f"qsub at {shutil.which('qsub')}")
+    else:
+        batch = "local"
+        found.append("neither sbatch nor qsub on PATH")
+    note = "batch detected by `config init`: " + "; ".join(found)
+    text = cfg.starter_config(batch=batch, site=args.site, queue=queue, note=note)
+    cfg.parse_config_text(text, str(path))   # what we write must pass our own check
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path} (site '{args.site}', batch: {batch}; {'; '.join(found)})", file=out)
+    print("edit it, then run `hpc-cluster config check`", file=out)
+    return 0

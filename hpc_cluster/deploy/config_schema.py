@@ -1,0 +1,264 @@
+"""The settings table (`OPTIONS`) and the validators behind it.
+
+Every setting's name, kind, validator, default and help text lives here, once: config
+files, HPC_CLUSTER_* variables and keyword arguments are all checked against it, and the
+docs' key table and `hpc-cluster config init`'s starter file are generated from it.
+Validators are pure: (key, value as written) -> parsed value, or ValueError with a message
+that names the key and says what to write instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..adapters.units import UnitError, parse_memory, parse_walltime
+
+class ConfigError(ValueError):
+    """One or more problems in config files, environment variables or keyword arguments."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class _LineError(ValueError):
+    """A bad value inside a nested map (ssh) that knows its own, more precise, line."""
+
+    def __init__(self, message: str, line: int | None):
+        super().__init__(message)
+        self.line = line
+
+
+def did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+# ---------------------------------------------------------------------------- validators
+# Each takes (key, value as written) and returns the parsed value or raises ValueError
+# with a message that names the key, the value and what to write instead.
+
+def _int(minimum: int) -> Callable[[str, Any], int]:
+    def check(key, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            bound = "greater than 0" if minimum == 1 else f">= {minimum}"
+            raise ValueError(f"{key}={v!r} must be a whole number {bound}")
+        return v
+    return check
+
+
+def _seconds(allow_zero: bool) -> Callable[[str, Any], float]:
+    def check(key, v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if v < 0 or (v == 0 and not allow_zero):
+                raise ValueError(f"{key}={v!r} must be a number of seconds "
+                                 f"{'>= 0' if allow_zero else 'greater than 0'}")
+            return float(v)
+        if allow_zero and str(v).strip() == "0":
+            return 0.0
+        try:
+            return float(parse_walltime(v, what=key))
+        except UnitError as e:
+            raise ValueError(f"{e} (here: a number of seconds)") from None
+    return check
+
+
+def _fraction(key, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError(f"{key}={v!r} must be a fraction with 0 < x <= 1, e.g. 0.95")
+    return float(v)
+
+
+def _bool(key, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{key}={v!r} must be true or false")
+    return v
+
+
+def _str(key, v):
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{key}={v!r} must be a non-empty string (quote it in YAML)")
+    return v
+
+
+def _path(key, v):
+    return os.path.expanduser(_str(key, v))
+
+
+def _str_list(key, v):
+    if isinstance(v, str):
+        raise ValueError(f"{key}={v!r} must be a list of strings; write [{v!r}]")
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{key}={v!r} must be a list of strings, e.g. ['first', 'second']")
+    return list(v)
+
+
+def _env_map(key, v):
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{key}={v!r} must be a map of variable names to values, e.g. {{OMP_NUM_THREADS: '1'}}")
+    out = {}
+    for name, value in v.items():
+        # Numbers are common (OMP_NUM_THREADS: 1) and unambiguous; booleans are not
+        # (true -> "True"?), nor are lists, so those must be quoted.
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"{key}: {name!r}={value!r} must be a name and a string; quote the value")
+        out[name] = str(value)
+    return out
+
+
+def _size(key, v):
+    try:
+        return parse_memory(v, what=key)
+    except UnitError as e:
+        raise ValueError(str(e)) from None
+
+
+def _walltime(key, v):
+    try:
+        return parse_walltime(v, what=key)
+    except UnitError as e:
+        raise ValueError(str(e)) from None
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def check(key, v):
+        if v not in choices:
+            raise ValueError(f"{key}={v!r} must be one of {', '.join(choices)}"
+                             + did_you_mean(str(v), choices))
+        return v
+    return check
+
+
+def _port(key, v):
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+        raise ValueError(f"{key}={v!r} must be a port number, 1-65535")
+    return v
+
+
+SSH_FIELDS: dict[str, Callable[[str, Any], Any]] = {
+    "host": _str, "user": _str, "key": _path, "port": _port, "known_hosts": _path,
+    "host_key_policy": _choice("reject", "auto-add", "warn"),
+}
+
+
+def _ssh(key, v):
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{key}={v!r} must be a map, e.g. {{host: login.cluster.org, user: alice}}")
+    lines = getattr(v, "lines", {})
+    out = {}
+    for sub, value in v.items():
+        if sub not in SSH_FIELDS:
+            raise _LineError(f"unknown key '{sub}' in {key}" + did_you_mean(str(sub), SSH_FIELDS)
+                             + f" (allowed: {', '.join(SSH_FIELDS)})", lines.get(sub))
+        try:
+            out[sub] = SSH_FIELDS[sub](f"{key}.{sub}", value)
+        except ValueError as e:
+            raise _LineError(str(e), lines.get(sub)) from None
+    if "host" not in out:
+        raise ValueError(f"{key} needs a host, e.g. {{host: login.cluster.org}}")
+    return out
+
+
+# ---------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str                 # for docs and for parsing env values: int, seconds, size, ...
+    check: Callable[[str, Any], Any]
+    default: Any              # as a user would write it; parsed through `check` when used
+    help: str
+    scope: str = "site"       # "site": only in a site; "both": also in top-level settings
+    example: Any = None       # shown (commented) by `config init` when the default is None
+    aliases: tuple[str, ...] = ()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("batch", "slurm|pbs|local", _choice("slurm", "pbs", "local"), None,
+           "batch system that runs the workers; unset: the cluster class decides", example="slurm"),
+    Option("cores", "int > 0", _int(1), 1, "cores per job, shared by its worker processes"),
+    Option("memory", "size", _size, "1GB", "memory per job: the batch request and the workers' total budget"),
+    Option("processes", "int > 0", _int(1), 1, "worker processes per job"),
+    Option("walltime", "duration", _walltime, "01:00:00", "time limit per job"),
+    Option("queue", "str", _str, None, "SLURM partition or PBS queue", example="normal"),
+    Option("account", "str", _str, None, "account (project) the jobs are charged to", example="lab123"),
+    Option("job_extra_directives", "list of str", _str_list, [], "extra batch directives, e.g. ['--gres=gpu:1']"),
+    Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of these strings"),
+    Option("job_script_prologue", "list of str", _str_list, [], "shell lines run before the worker starts (module load, venv)"),
+    Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
+    Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
+    Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
+    Option("python", "str", _str, "python3", "Python executable that starts the worker on the compute node"),
+    Option("local_directory", "path", _path, None, "node-local scratch directory for worker files", example="/tmp"),
+    Option("worker_extra_args", "list of str", _str_list, [], "extra arguments to the worker command"),
+    Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
+    Option("death_timeout", "seconds", _seconds(False), 60, "seconds a worker waits for an unreachable scheduler before exiting"),
+    Option("name", "str", _str, "hpc-cluster", "job name"),
+    Option("n_workers", "int >= 0", _int(0), 0, "jobs submitted when the cluster starts"),
+    Option("template", "path", _path, None, "the site's own jinja2 job-script template (relative: to the config file)",
+           example="job.sh.j2"),
+    Option("env", "map str->str", _env_map, {}, "environment variables exported in the job before the prologue"),
+    Option("working_directory", "path", _path, None, "directory the job starts in", example="~/work"),
+    Option("ssh", "map", _ssh, None, "submit through a login node: host (required), user, key, port, "
+           "known_hosts, host_key_policy (reject|auto-add|warn)",
+           example={"host": "login.cluster.org", "user": "alice"}),
+    Option("max_jobs_in_queue", "int > 0", _int(1), None, "at most this many of our jobs queued or running", example=50),
+    # Scheduler and nanny knobs: valid in a site and in top-level `settings`.
+    Option("allowed_failures", "int >= 0", _int(0), 3, "worker deaths a task may cause before it is failed", "both"),
+    Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),
+    Option("heartbeat_ttl", "seconds", _seconds(False), 5, "a worker silent this long is declared lost", "both"),
+    Option("memory_terminate_fraction", "0 < x <= 1", _fraction, 0.95,
+           "the nanny stops a worker above this fraction of its memory budget", "both"),
+    Option("memory_limit", "size", _size, None, "memory budget per worker; unset: memory / processes", "both",
+           example="4GB"),
+    Option("versions", "warn|strict", _choice("warn", "strict"), "warn",
+           "on a version mismatch between client, scheduler and workers: warn, or refuse", "both"),
+    Option("max_message_bytes", "size", _size, "2GiB", "largest message a connection accepts", "both"),
+    Option("max_frame_bytes", "size", _size, "1GiB", "largest single frame a connection accepts", "both"),
+    Option("walltime_margin", "seconds", _seconds(True), 60,
+           "workers stop taking tasks and drain this many seconds before walltime ends", "both",
+           aliases=("drain_margin",)),
+    Option("startup_failures", "int >= 0", _int(0), 3,
+           "jobs ending before their worker registers, in a row, before resubmission stops", "both"),
+)
+OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+ALIASES: dict[str, str] = {a: o.name for o in OPTIONS for a in o.aliases}
+SETTINGS_NAMES = [o.name for o in OPTIONS if o.scope == "both"]
+TOP_LEVEL_KEYS = ("default", "sites", "settings")
+
+
+def canonical_key(key: str) -> str | None:
+    """The option a key names, or None. Hyphens are accepted (dask-jobqueue's YAML uses them)."""
+    k = key.replace("-", "_")
+    k = ALIASES.get(k, k)
+    return k if k in OPTION_BY_NAME else None
+
+
+def parse_value(key: str, value: Any) -> Any:
+    """Validate one setting and return it parsed (sizes in bytes, durations in seconds)."""
+    return OPTION_BY_NAME[key].check(key, value)
+
+
+def default_values() -> dict[str, Any]:
+    return {o.name: (None if o.default is None else o.check(o.name, o.default)) for o in OPTIONS}
+
+
+def options_markdown() -> str:
+    """The key table of docs/configuration.md (a test keeps the two identical).
+
+    Regenerate: python -c "from hpc_cluster.deploy.config import options_markdown as m; print(m())"
+    """
+    def cell(v: Any) -> str:
+        if v is None:
+            return "unset"
+        return f"`{str(v).lower()}`" if isinstance(v, bool) else f"`{v}`"
+    rows = ["| key | type | default | where | meaning |", "|---|---|---|---|---|"]
+    for o in OPTIONS:
+        where = "site or settings" if o.scope == "both" else "site"
+        alias = f" (alias: {', '.join(f'`{a}`' for a in o.aliases)})" if o.aliases else ""
+        rows.append(f"| `{o.name}`{alias} | {o.kind.replace('|', ' or ')} | {cell(o.default)} | "
+                    f"{where} | {o.help.replace('|', ' or ')} |")
+    return "\n".join(rows)
