@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
-from .client import Client, Future, as_completed, wait
+from .client import Client
+from .futures import Future, as_completed, wait
 from .deploy.local import LocalCluster
 from .exceptions import CancelledError, HPCClusterError, KilledWorker, LostDataError, TimeoutError
 

@@ -16,14 +16,16 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterable
+import warnings
+from typing import Any
 
-from .exceptions import CancelledError, TimeoutError, error_from_record
+from .exceptions import TimeoutError, error_from_record
+from .futures import Future, _flatten, _FutureState, _rebuild, wait
 from .protocol import serialize
 from .protocol.comm import BatchedSend, Comm, CommClosedError, connect
 from .protocol.frames import Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
-from .protocol.versions import get_versions
+from .protocol.versions import format_table, get_versions, mismatches
 
 logger = logging.getLogger("hpc_cluster.client")
 
@@ -56,90 +58,6 @@ class _LoopThread:
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise TimeoutError(f"no answer within {timeout} s") from None
-
-
-class _FutureState:
-    __slots__ = ("status", "error", "event", "callbacks")
-
-    def __init__(self):
-        self.status = "pending"
-        self.error: dict | None = None
-        self.event = threading.Event()
-        self.callbacks: list = []
-
-
-class Future:
-    """A task's result, somewhere on the cluster."""
-
-    __slots__ = ("key", "_hpc_key", "client", "__weakref__")
-
-    def __init__(self, key: str, client: "Client"):
-        self.key = key
-        self._hpc_key = key                 # recognised by the pickler as a task reference
-        self.client = client
-        client._inc_ref(key)
-
-    @property
-    def _state(self) -> _FutureState:
-        return self.client._state(self.key)
-
-    @property
-    def status(self) -> str:
-        return self._state.status
-
-    def done(self) -> bool:
-        return self._state.event.is_set()
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.client.gather(self, timeout=timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        st = self._state
-        if not st.event.wait(timeout):
-            raise TimeoutError(f"{self.key!r} not done within {timeout} s")
-        return self.client._error(self.key) if st.status in ("error", "cancelled") else None
-
-    def cancel(self, reason: str = "cancelled by the user") -> None:
-        self.client.cancel([self], reason=reason)
-
-    def cancelled(self) -> bool:
-        return self._state.status == "cancelled"
-
-    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
-        self.client._add_callback(self, fn)
-
-    def release(self) -> None:
-        pass                                 # kept for dask compatibility; `del` releases
-
-    def __del__(self):
-        try:
-            self.client._dec_ref(self.key)
-        except Exception:  # interpreter shutdown
-            pass
-
-    def __repr__(self) -> str:
-        return f"<Future {self.key!r} {self.status}>"
-
-
-def _flatten(obj, out: list) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif isinstance(obj, (list, tuple, set)):
-        for o in obj:
-            _flatten(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            _flatten(o, out)
-
-
-def _rebuild(obj, values: dict):
-    if isinstance(obj, Future):
-        return values[obj.key]
-    if isinstance(obj, (list, tuple, set)):
-        return type(obj)(_rebuild(o, values) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items()}
-    return obj
 
 
 def _funcname(func) -> str:
@@ -530,7 +448,93 @@ class Client:
             delay = min(delay * 1.5, 1.0)
 
     def deaths(self) -> list[dict]:
+        """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail."""
         return self._lt.run(self._request({"op": "deaths"}), self.timeout)
+
+    def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:
+        """Keep `n` copies of these results on different workers, restored when a holder dies."""
+        flat: list[Future] = []
+        _flatten(futures, flat)
+        keys = [f.key for f in flat]
+        wait(flat, timeout=timeout)
+        self._send({"op": "replicate", "keys": keys, "n": int(n)})
+        workers = len(self.scheduler_info()["workers"])
+        want = min(int(n), workers)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            who_has = self._lt.run(self._request({"op": "who-has", "keys": keys}), self.timeout)
+            if all(len(who_has.get(k) or []) >= want for k in keys):
+                return
+            if time.monotonic() > deadline:
+                short = [k for k in keys if len(who_has.get(k) or []) < want]
+                raise TimeoutError(f"{len(short)} keys have fewer than {want} copies after "
+                                   f"{timeout or self.timeout} s, e.g. {short[0]!r}")
+            time.sleep(0.02)
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Restart every worker through its nanny and forget all work.
+
+        Outstanding futures are cancelled with a message saying so. Workers running
+        without a nanny cannot be restarted; they drop their data and a warning names them.
+        """
+        reply = self._lt.run(self._request({"op": "restart", "timeout": timeout}, timeout + 10), timeout + 10)
+        if reply["not_restarted"]:
+            warnings.warn(f"{len(reply['not_restarted'])} workers run without a nanny and cannot be "
+                          f"restarted (their data was dropped): {', '.join(reply['not_restarted'])}; "
+                          "start them with a nanny (nanny=True) to make restart() complete",
+                          RuntimeWarning, stacklevel=2)
+        if reply["missing"]:
+            raise TimeoutError(f"{len(reply['missing'])} workers did not come back within {timeout} s "
+                               f"after restart: {', '.join(reply['missing'])}")
+
+    def get_versions(self, check: bool = False) -> dict:
+        """Package versions of this client, the scheduler and every worker."""
+        out = self._lt.run(self._request({"op": "versions"}), self.timeout)
+        out["client"] = get_versions()
+        if check:
+            rows = []
+            for name, vers in [("scheduler", out["scheduler"]), *out["workers"].items()]:
+                rows += [(f"{pkg} ({name})", a, b) for pkg, a, b in mismatches(out["client"], vers or {})]
+            if rows:
+                raise RuntimeError("package versions differ across the cluster:\n"
+                                   + format_table(rows, "client", "other"))
+        return out
+
+    def get_worker_logs(self, n: int = 200, include_dead: bool = True) -> dict[str, list[str]]:
+        """Recent log lines of each worker; with include_dead, the last lines of dead ones too."""
+        async def collect():
+            workers = await self._request({"op": "workers"})
+            replies = await asyncio.gather(*(self._worker_request(w["address"], {"op": "get-logs", "n": n})
+                                             for w in workers), return_exceptions=True)
+            return {w["address"]: (r["lines"] if isinstance(r, dict) else [f"(unreachable: {r})"])
+                    for w, r in zip(workers, replies)}
+        logs = self._lt.run(collect(), self.timeout)
+        if include_dead:
+            for d in self.deaths():
+                if d.get("log_tail"):
+                    logs[f"{d['worker']} (died: {d['cause']})"] = d["log_tail"][-n:]
+        return logs
+
+    def recreate_error_locally(self, future: Future):
+        """Run the failed task (or the task its error came from) here, with its real inputs.
+
+        The exception is raised in this process, so `pdb.pm()` or a debugger can inspect it.
+        """
+        st = self._state(future.key)
+        st.event.wait(self.timeout)
+        if st.status != "error":
+            raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")
+        key, err = future.key, st.error or {}
+        while err.get("kind") == "dependency":
+            key, err = err.get("origin"), err.get("cause") or {}
+        spec = self._lt.run(self._request({"op": "task-spec", "key": key}), self.timeout)
+        if spec is None:
+            raise ValueError(f"the task {key!r} behind this error is no longer known to the scheduler")
+        deps = [Future(k, self) for k in spec["deps"]]
+        values = dict(zip(spec["deps"], self.gather(deps))) if deps else {}
+        func = serialize.loads(spec["func"].data)
+        args, kwargs = serialize.loads_args(spec["args"].data, values.__getitem__)
+        return func(*args, **kwargs)
 
     def close(self) -> None:
         if self.status in ("closed", "closing"):
@@ -579,60 +583,3 @@ def _rebuild_keys(keys, values: dict):
     if isinstance(keys, list):
         return [_rebuild_keys(k, values) for k in keys]
     return values[keys]
-
-
-class _Waited(collections.namedtuple("_Waited", "done not_done")):
-    pass
-
-
-def wait(futures, timeout: float | None = None, return_when: str = "ALL_COMPLETED") -> _Waited:
-    """Block until all (or, with FIRST_COMPLETED, any) futures are done."""
-    flat: list[Future] = []
-    _flatten(futures, flat)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    if return_when == "FIRST_COMPLETED":
-        queue = as_completed(flat, timeout=timeout)
-        next(iter(queue), None)
-    elif return_when == "ALL_COMPLETED":
-        for f in flat:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not f._state.event.wait(left):
-                raise TimeoutError(f"futures not done within {timeout} s")
-    else:
-        raise ValueError("return_when must be 'ALL_COMPLETED' or 'FIRST_COMPLETED'")
-    done = {f for f in flat if f.done()}
-    return _Waited(done, set(flat) - done)
-
-
-class as_completed:
-    """Iterate over futures in the order they finish (optionally with their results)."""
-
-    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
-                 timeout: float | None = None):
-        import queue
-        self._queue: queue.Queue = queue.Queue()
-        self.with_results = with_results
-        self.timeout = timeout
-        self._count = 0
-        for f in futures:
-            self.add(f)
-
-    def add(self, future: Future) -> None:
-        self._count += 1
-        future.add_done_callback(self._queue.put)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._count == 0:
-            raise StopIteration
-        import queue
-        try:
-            f = self._queue.get(timeout=self.timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no future finished within {self.timeout} s") from None
-        self._count -= 1
-        if self.with_results:
-            return f, f.client.gather(f, errors="raise") if f.status == "finished" else f.exception()
-        return f

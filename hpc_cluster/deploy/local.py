@@ -52,6 +52,7 @@ class LocalCluster:
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
                  memory_limit: int | str | None = "auto", nanny: bool = True, host: str = "127.0.0.1",
                  heartbeat_ttl: float = 5.0, allowed_failures: int = 3, resources: dict | None = None,
+                 versions: str = "warn",
                  log_directory: str | None = None, timeout: float = 30.0):
         cpus = os.cpu_count() or 1
         self.n_workers = cpus if n_workers is None else int(n_workers)
@@ -71,7 +72,7 @@ class LocalCluster:
         self.workers: dict[str, subprocess.Popen] = {}
         self._counter = 0
         self.status = "starting"
-        self._scheduler = self._start_scheduler(heartbeat_ttl, allowed_failures)
+        self._scheduler = self._start_scheduler(heartbeat_ttl, allowed_failures, versions)
         _live.add(self)
         try:
             self.scale(self.n_workers)
@@ -82,13 +83,13 @@ class LocalCluster:
             raise
         self.status = "running"
 
-    def _start_scheduler(self, heartbeat_ttl: float, allowed_failures: int) -> subprocess.Popen:
+    def _start_scheduler(self, heartbeat_ttl: float, allowed_failures: int, versions: str) -> subprocess.Popen:
         address_file = self.log_directory / "scheduler.address"
         log = open(self.log_directory / "scheduler.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
              "--address-file", str(address_file), "--heartbeat-ttl", str(heartbeat_ttl),
-             "--allowed-failures", str(allowed_failures)],
+             "--allowed-failures", str(allowed_failures), "--versions", versions],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 

@@ -1,25 +1,47 @@
-"""Package versions each peer announces in its handshake."""
+"""Package versions each peer announces in its handshake, and how to compare them."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from functools import lru_cache
+from importlib import metadata
 
-PACKAGES = ("hpc_cluster", "cloudpickle", "msgpack", "tornado", "numpy", "pandas")
+# Distribution names; numpy and pandas are compared only where both sides have them.
+PACKAGES = ("hpc-cluster", "cloudpickle", "msgpack", "tornado", "numpy", "pandas")
+OPTIONAL = ("numpy", "pandas")
 
 
 @lru_cache(maxsize=1)
 def get_versions() -> dict[str, str | None]:
+    """Versions of the packages that must agree across the cluster (read, not imported)."""
     out: dict[str, str | None] = {"python": ".".join(map(str, sys.version_info[:3]))}
     for name in PACKAGES:
-        mod = sys.modules.get(name)
-        if mod is None and name in ("numpy", "pandas"):
-            out[name] = None        # don't import heavy optional packages just to report them
-            continue
         try:
-            mod = mod or importlib.import_module(name)
-            out[name.replace("_", "-")] = str(getattr(mod, "__version__", None) or getattr(mod, "version", None))
-        except Exception:
-            out[name.replace("_", "-")] = None
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
     return out
+
+
+def mismatches(ours: dict, theirs: dict) -> list[tuple[str, str | None, str | None]]:
+    """(package, our version, their version) for every disagreement that matters."""
+    rows = []
+    for name in ("python", *PACKAGES):
+        a, b = ours.get(name), theirs.get(name)
+        if name in OPTIONAL and (a is None or b is None):
+            continue
+        if name == "python" and a and b:
+            same = a.split(".")[:2] == b.split(".")[:2]    # bytecode and pickles follow minor versions
+        else:
+            same = a == b
+        if not same:
+            rows.append((name, a, b))
+    return rows
+
+
+def format_table(rows, ours: str = "here", theirs: str = "peer") -> str:
+    width = max([len("package"), *(len(r[0]) for r in rows)])
+    lines = [f"  {'package':<{width}}  {ours:<12}  {theirs:<12}"]
+    for name, a, b in rows:
+        lines.append(f"  {name:<{width}}  {a or '-':<12}  {b or '-':<12}")
+    return "\n".join(lines)

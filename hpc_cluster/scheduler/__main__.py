@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
 from .server import Scheduler
 
@@ -25,6 +26,10 @@ def main(argv=None) -> int:
     p.add_argument("--address-file", help="write the listening address here once up")
     p.add_argument("--allowed-failures", type=int, default=3)
     p.add_argument("--heartbeat-ttl", type=float, default=5.0)
+    p.add_argument("--versions", choices=["warn", "strict"], default="warn",
+                   help="what to do when a peer's package versions differ")
+    p.add_argument("--max-message-bytes", type=int, default=2**31)
+    p.add_argument("--max-frame-bytes", type=int, default=2**30)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -41,7 +46,9 @@ def main(argv=None) -> int:
 
     async def run() -> None:
         sched = Scheduler(secret, host=args.host, port=args.port, allowed_failures=args.allowed_failures,
-                          heartbeat_ttl=args.heartbeat_ttl)
+                          heartbeat_ttl=args.heartbeat_ttl, versions=args.versions,
+                          limits=Limits(max_frame_bytes=args.max_frame_bytes,
+                                        max_message_bytes=args.max_message_bytes))
         address = await sched.start()
         if args.cluster_file:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))

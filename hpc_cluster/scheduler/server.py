@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
-from ..protocol.versions import get_versions
+from ..protocol.versions import format_table, get_versions, mismatches
 from .diagnosis import Evidence, diagnose
 from .state import SchedulerState
 
@@ -48,7 +48,11 @@ def _check_task(spec) -> dict:
 class Scheduler:
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
-                 limits: Limits | None = None, clock: Callable[[], float] = time.time):
+                 limits: Limits | None = None, versions: str = "warn",
+                 clock: Callable[[], float] = time.time):
+        if versions not in ("warn", "strict"):
+            raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
+        self.versions_policy = versions
         self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch)
         self.secret, self.host, self.port = secret, host, port
         self.heartbeat_ttl = heartbeat_ttl
@@ -63,12 +67,15 @@ class Scheduler:
         self.evidence: dict[int, Evidence] = {}          # death id -> what we know
         self._death_of_nanny: dict[str, int] = {}        # nanny id -> its worker's latest death
         self._early_reports: dict[str, dict] = {}        # reports that beat the connection close
+        self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
+        self._intents: dict[str, str] = {}                 # worker address -> why we end it
         self._ttl_task: asyncio.Task | None = None
         self.closed = asyncio.Event()
 
     async def start(self) -> str:
         info = {"role": "scheduler", "versions": get_versions()}
-        self.listener = Listener(self._serve, self.secret, info, self.limits, name="scheduler")
+        self.listener = Listener(self._serve, self.secret, info, self.limits, name="scheduler",
+                                 check=self._check_versions)
         self.address = self.listener.start_listening(self.host, self.port)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
         logger.info("scheduler listening at %s", self.address)
@@ -86,6 +93,18 @@ class Scheduler:
         if self.listener:
             self.listener.stop()
         self.closed.set()
+
+    def _check_versions(self, peer: dict) -> str | None:
+        """Handshake hook: warn about (or, when strict, refuse) mismatched packages."""
+        rows = mismatches(get_versions(), peer.get("versions") or {})
+        if not rows:
+            return None
+        table = format_table(rows, "scheduler", peer.get("role", "peer"))
+        if self.versions_policy == "strict":
+            return f"package versions differ from the scheduler's (versions='strict'):\n{table}"
+        logger.warning("a %s connected with package versions that differ from the scheduler's:\n%s",
+                       peer.get("role", "peer"), table)
+        return None
 
     # -- plumbing --------------------------------------------------------------
     def _flush(self) -> None:
@@ -127,7 +146,8 @@ class Scheduler:
         if ws is None:
             return
         nanny_id = ws.info.get("nanny_id")
-        ev = Evidence(connection=connection, executing=sorted(t.key for t in ws.executing),
+        ev = Evidence(connection=connection, intent=self._intents.pop(addr, None),
+                      executing=sorted(t.key for t in ws.executing),
                       nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None)
         verdict = diagnose(ev)
         record = self.state.remove_worker(addr, self.clock(), {"cause": verdict.cause, "blame": verdict.blame,
@@ -153,6 +173,7 @@ class Scheduler:
         verdict = diagnose(ev)
         self.state.refine_death(death_id, verdict.cause, verdict.blame, verdict.text)
         self.state.deaths[death_id]["evidence"] = verdict.evidence
+        self.state.deaths[death_id]["log_tail"] = report.get("log_tail") or []
         logger.info("death of %s refined: %s: %s", self.state.deaths[death_id]["worker"], verdict.cause,
                     verdict.text)
         self._flush()
@@ -205,6 +226,10 @@ class Scheduler:
                                                   "text": str(msg.get("text", ""))})
             elif op == "missing-data":
                 st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
+            elif op == "add-replica":
+                st.add_replica(addr, msg["key"], int(msg.get("nbytes") or 0))
+            elif op == "replica-failed":
+                st.replica_failed(addr, msg["key"])
             elif op == "heartbeat":
                 pass
             elif op == "goodbye":
@@ -217,15 +242,27 @@ class Scheduler:
 
     # -- nannies ---------------------------------------------------------------
     async def _serve_nanny(self, comm: Comm) -> None:
-        while True:
-            for msg in await comm.read():
-                if msg["op"] == "register-nanny":
-                    pass
-                elif msg["op"] == "exit-report" and isinstance(msg.get("report"), dict):
-                    self.exit_reports.append(msg["report"])
-                    self._exit_report(msg["report"])
-                else:
-                    raise ProtocolError(f"unknown op {msg['op']!r} from nanny")
+        nanny_id = None
+        try:
+            while True:
+                for msg in await comm.read():
+                    self._nanny_message(comm, msg)
+                    nanny_id = msg.get("nanny_id") if msg["op"] == "register-nanny" else nanny_id
+        finally:
+            if nanny_id and self.nannies.get(nanny_id) is not None and self.nannies[nanny_id].comm is comm:
+                del self.nannies[nanny_id]
+
+    def _nanny_message(self, comm: Comm, msg: dict) -> None:
+        op = msg["op"]
+        if op == "register-nanny":
+            if not isinstance(msg.get("nanny_id"), str):
+                raise ProtocolError("register-nanny needs a string nanny_id")
+            self.nannies[msg["nanny_id"]] = BatchedSend(comm)
+        elif op == "exit-report" and isinstance(msg.get("report"), dict):
+            self.exit_reports.append(msg["report"])
+            self._exit_report(msg["report"])
+        else:
+            raise ProtocolError(f"unknown op {op!r} from nanny")
 
     # -- clients ---------------------------------------------------------------
     async def _serve_client(self, comm: Comm) -> None:
@@ -270,6 +307,17 @@ class Scheduler:
                 self._reply(cid, msg, self.worker_table())
             elif op == "deaths":
                 self._reply(cid, msg, list(st.deaths))
+            elif op == "replicate":
+                st.replicate(_keys(msg["keys"], "keys"), int(msg.get("n", 2)))
+            elif op == "task-spec":
+                ts = st.tasks.get(msg["key"])
+                self._reply(cid, msg, None if ts is None or ts.func is None else {
+                    "func": ts.func, "args": ts.args, "deps": sorted(d.key for d in ts.dependencies)})
+            elif op == "versions":
+                self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
+                    a: ws.info.get("versions") for a, ws in st.workers.items()}})
+            elif op == "restart":
+                asyncio.create_task(self._restart(cid, msg))
             elif op == "counts":
                 self._reply(cid, msg, st.counts())
             elif op == "heartbeat":
@@ -278,6 +326,32 @@ class Scheduler:
                 raise ProtocolError(f"unknown op {op!r} from client")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed {op!r} message from client: {type(exc).__name__}: {exc}") from None
+
+    async def _restart(self, cid: str, msg: dict) -> None:
+        """client.restart(): forget all work, restart every worker through its nanny."""
+        reason = "the cluster was restarted by client.restart(); submit the work again"
+        self.state.clear(reason)
+        by_nanny, without = {}, []
+        for addr, ws in self.state.workers.items():
+            nid = ws.info.get("nanny_id")
+            if nid and nid in self.nannies:
+                by_nanny[nid] = addr
+                self._intents[addr] = "restart"
+                self.nannies[nid].send({"op": "restart"})
+            else:
+                without.append(addr)
+                self._send_now(addr, {"op": "free-all"})
+        self._flush()
+        deadline = time.monotonic() + float(msg.get("timeout") or 60)
+        while time.monotonic() < deadline:
+            current = {ws.info.get("nanny_id"): a for a, ws in self.state.workers.items()}
+            if all(nid in current and current[nid] != old for nid, old in by_nanny.items()):
+                break
+            await asyncio.sleep(0.05)
+        current = {ws.info.get("nanny_id"): a for a, ws in self.state.workers.items()}
+        self._reply(cid, msg, {"restarted": [current[n] for n in by_nanny if n in current and current[n] != by_nanny[n]],
+                               "not_restarted": without,
+                               "missing": [by_nanny[n] for n in by_nanny if current.get(n) in (None, by_nanny[n])]})
 
     def worker_table(self) -> list[dict]:
         return [{"address": ws.address, "name": ws.name, "nthreads": ws.nthreads,

@@ -47,7 +47,8 @@ class TaskState:
     nbytes: int = 0
     error: dict | None = None
     attempts: list = field(default_factory=list)     # worker deaths while it ran
-    replicas: int = 1                                # copies to keep (replicate)
+    replicas: int = 1                                # copies to keep (replicate); pinned
+    copying: set = field(default_factory=set)        # workers fetching a replica now
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
@@ -198,6 +199,64 @@ class SchedulerState:
             self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         self._schedule()
 
+    def replicate(self, keys, n: int) -> None:
+        """Keep `n` copies of each result (pinned: never trimmed), restored after deaths."""
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None:
+                ts.replicas = max(1, int(n))
+                self._ensure_replicas(ts)
+
+    def _ensure_replicas(self, ts: TaskState) -> None:
+        if ts.state != "memory" or not ts.who_has:
+            return
+        missing = ts.replicas - len(ts.who_has) - len(ts.copying)
+        if missing <= 0:
+            return
+        busy = {ws.address for ws in ts.who_has} | ts.copying
+        spare = sorted((ws for a, ws in self.workers.items() if a not in busy),
+                       key=lambda ws: (len(ws.has_what), ws.address))
+        holders = [ws.address for ws in ts.who_has]
+        for ws in spare[:missing]:
+            ts.copying.add(ws.address)
+            self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
+
+    def add_replica(self, address: str, key: str, nbytes: int) -> None:
+        ws, ts = self.workers.get(address), self.tasks.get(key)
+        if ts is not None:
+            ts.copying.discard(address)
+        if ws is None:
+            return
+        if ts is None or ts.state != "memory":
+            self._send(address, {"op": "free-keys", "keys": [key]})
+            return
+        ts.who_has.add(ws)
+        ws.has_what.add(ts)
+
+    def replica_failed(self, address: str, key: str) -> None:
+        ts = self.tasks.get(key)
+        if ts is not None:
+            ts.copying.discard(address)
+
+    def clear(self, reason: str) -> list[str]:
+        """Forget every task (client.restart()); tell clients their futures were cancelled.
+
+        Returns the workers that still hold data, so the caller can have them drop it.
+        """
+        for ts in self.tasks.values():
+            self._tell_clients(ts, {"op": "task-erred", "key": ts.key,
+                                    "error": {"kind": "cancelled", "text": reason}})
+        holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
+        self.tasks.clear()
+        self._ready.clear()
+        for ws in self.workers.values():
+            ws.processing.clear()
+            ws.executing.clear()
+            ws.has_what.clear()
+            ws.used_resources.clear()
+            self._update_free(ws)
+        return holders
+
     def who_has(self, keys) -> dict[str, list[str]]:
         out = {}
         for key in keys:
@@ -243,9 +302,15 @@ class SchedulerState:
             ts.who_has.discard(ws)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
+        short = [ts for ts in ws.has_what if ts.replicas > 1 and ts.who_has]
         ws.has_what.clear()
         for ts in lost:
             self._data_lost(ts)
+        for ts in self.tasks.values():       # copies it was fetching will never arrive
+            if ts.copying:
+                ts.copying.discard(address)
+        for ts in short:
+            self._ensure_replicas(ts)
         for ts in sorted(ws.processing, key=lambda t: t.priority):
             was_executing = ts in ws.executing
             ts.processing_on, ts.executing = None, False

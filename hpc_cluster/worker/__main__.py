@@ -66,9 +66,14 @@ def main(argv=None) -> int:
                          terminate_fraction=args.memory_terminate_fraction, name=args.name)
     from .worker import run_worker
     extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID"), "nanny_id": args.nanny_id}
-    return run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
+    code = run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
                       host=args.host, resources=parse_resources(args.resources),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra)
+    # A task thread may still be running user code; it must not keep a closed worker alive.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ class Nanny:
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
         self.reports: list[dict] = []
         self.stopping = False
+        self.restarting = False
         self.proc: asyncio.subprocess.Process | None = None
         self.on_report = None                       # set by whoever forwards reports to the scheduler
 
@@ -174,6 +175,10 @@ class Nanny:
             if self.on_report is not None:
                 await self.on_report(report)
             why = _describe(report)
+            if self.restarting:
+                self.restarting = False
+                logger.info("worker restarted on the scheduler's request")
+                continue
             if self.stopping or report["exit_code"] in (0, 3):
                 # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
                 logger.info("worker ended (%s); nanny exits", why)
@@ -187,16 +192,30 @@ class Nanny:
 
     def stop(self) -> None:
         self.stopping = True
-        if self.proc is not None and self.proc.returncode is None:
+        self._terminate()
+
+    def restart(self) -> None:
+        """Stop the worker; run() starts a fresh one (client.restart())."""
+        self.restarting = True
+        self._terminate()
+
+    def _terminate(self, grace: float = 10.0) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
             try:
-                self.proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            asyncio.get_running_loop().call_later(10, self._force_kill)
+            # Bound to this process: by then self.proc may be its successor.
+            asyncio.get_running_loop().call_later(grace, self._force_kill, proc)
 
-    def _force_kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
+    @staticmethod
+    def _force_kill(proc) -> None:
+        if proc.returncode is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
 
 
 def _describe(report: dict) -> str:
@@ -223,9 +242,19 @@ class SchedulerLink:
             self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()})
             await self.comm.write({"op": "register-nanny", "nanny_id": self.nanny.id, "pid": os.getpid(),
                                    "name": self.nanny.name})
+            self._reader = asyncio.create_task(self._read(self.comm))
         except (OSError, ConnectionError) as exc:
             logger.warning("nanny could not reach the scheduler at %s: %s", self.address, exc)
             self.comm = None
+
+    async def _read(self, comm) -> None:
+        try:
+            while True:
+                for msg in await comm.read():
+                    if msg.get("op") == "restart":
+                        self.nanny.restart()
+        except Exception as exc:  # the connection is gone; reports reconnect
+            logger.debug("nanny link closed: %s", exc)
 
     async def send_report(self, report: dict) -> None:
         if self.comm is None or self.comm.closed:

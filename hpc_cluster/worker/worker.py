@@ -70,6 +70,8 @@ class Worker:
         self.scheduler: BatchedSend | None = None
         self.closed = asyncio.Event()
         self.close_reason = ""
+        self.exit_code = 0
+        self.logs = _LogBuffer.install()
 
     @property
     def info(self) -> dict:
@@ -129,6 +131,10 @@ class Worker:
                         self._add_task(msg)
                     elif op == "free-keys":
                         self._free(msg["keys"])
+                    elif op == "fetch-replica":
+                        asyncio.create_task(self._fetch_replica(msg["key"], msg["holders"]))
+                    elif op == "free-all":
+                        self._free(list(self.tasks) + list(self.data))
                     elif op == "close":
                         await self.close(msg.get("reason", "asked by the scheduler"), report=False)
                         return
@@ -139,6 +145,7 @@ class Worker:
                 self._run_ready()
         except (CommClosedError, ProtocolError) as exc:
             logger.warning("lost the scheduler connection: %s", exc)
+            self.exit_code = EXIT_LOST_SCHEDULER
             await self.close("lost the scheduler", report=False)
 
     def _add_task(self, msg: dict) -> None:
@@ -232,6 +239,22 @@ class Worker:
         if self.tasks.get(ts.key) is ts and ts.state == "fetching":
             self._make_ready(ts)
             self._run_ready()
+
+    async def _fetch_replica(self, key: str, holders: list[str]) -> None:
+        """Keep a copy the scheduler asked for (client.replicate)."""
+        for holder in random.sample(holders, len(holders)):
+            try:
+                reply = await self.request(holder, {"op": "get-data", "keys": [key]})
+            except Exception as exc:
+                logger.warning("could not copy %r from %s: %s", key, holder, exc)
+                continue
+            if key in reply["data"]:
+                value = serialize.loads(reply["data"][key].data)
+                self.data[key] = value
+                self.nbytes[key] = sizeof(value)
+                self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
+                return
+        self.scheduler.send({"op": "replica-failed", "key": key})
 
     def _missing(self, ts: _Task, dep: str, holders: list[str]) -> None:
         self._forget_task(ts)
@@ -334,8 +357,45 @@ class Worker:
                     await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
                 elif op == "ping":
                     await comm.write({"op": "pong", "address": self.address})
+                elif op == "get-logs":
+                    n = msg.get("n", 200)
+                    lines = list(self.logs)[-int(n):] if isinstance(n, int) and n > 0 else []
+                    await comm.write({"op": "logs", "lines": lines})
                 else:
                     raise ProtocolError(f"unknown op {op!r} on the worker's port")
+
+
+EXIT_LOST_SCHEDULER = 4        # the nanny restarts on this one; 0 and 3 end it
+
+
+class _LogBuffer(logging.Handler):
+    """Keeps the worker's recent log lines for client.get_worker_logs()."""
+
+    _instance: "_LogBuffer | None" = None
+
+    def __init__(self, size: int = 1000):
+        super().__init__(logging.INFO)
+        self.lines: collections.deque = collections.deque(maxlen=size)
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:
+            pass
+
+    def __iter__(self):
+        return iter(self.lines)
+
+    @classmethod
+    def install(cls) -> "_LogBuffer":
+        if cls._instance is None:
+            cls._instance = cls()
+            root = logging.getLogger()
+            root.addHandler(cls._instance)
+            if root.level > logging.INFO or root.level == logging.NOTSET:
+                root.setLevel(logging.INFO)
+        return cls._instance
 
 
 def _pickle_exception(exc: BaseException) -> bytes:
@@ -358,7 +418,7 @@ def run_worker(scheduler: str, secret: bytes, **kwargs) -> int:
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(
                 worker.close(f"received {signal.Signals(s).name}")))
         await worker.closed.wait()
-        return 0
+        return worker.exit_code
 
     try:
         return asyncio.run(main())

@@ -1,0 +1,157 @@
+"""Futures and waiting on them: `Future`, `wait`, `as_completed`.
+
+A Future is a reference to a task's result on the cluster. Its state lives in the
+client (set from the client's event-loop thread); users block on a threading event.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from .exceptions import TimeoutError
+
+if TYPE_CHECKING:
+    from .client import Client
+
+
+class _FutureState:
+    __slots__ = ("status", "error", "event", "callbacks")
+
+    def __init__(self):
+        self.status = "pending"
+        self.error: dict | None = None
+        self.event = threading.Event()
+        self.callbacks: list = []
+
+
+class Future:
+    """A task's result, somewhere on the cluster."""
+
+    __slots__ = ("key", "_hpc_key", "client", "__weakref__")
+
+    def __init__(self, key: str, client: "Client"):
+        self.key = key
+        self._hpc_key = key                 # recognised by the pickler as a task reference
+        self.client = client
+        client._inc_ref(key)
+
+    @property
+    def _state(self) -> _FutureState:
+        return self.client._state(self.key)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.event.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.client.gather(self, timeout=timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        st = self._state
+        if not st.event.wait(timeout):
+            raise TimeoutError(f"{self.key!r} not done within {timeout} s")
+        return self.client._error(self.key) if st.status in ("error", "cancelled") else None
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        self.client.cancel([self], reason=reason)
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
+        self.client._add_callback(self, fn)
+
+    def release(self) -> None:
+        pass                                 # kept for dask compatibility; `del` releases
+
+    def __del__(self):
+        try:
+            self.client._dec_ref(self.key)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Future {self.key!r} {self.status}>"
+
+
+def _flatten(obj, out: list) -> None:
+    if isinstance(obj, Future):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple, set)):
+        for o in obj:
+            _flatten(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _flatten(o, out)
+
+
+def _rebuild(obj, values: dict):
+    if isinstance(obj, Future):
+        return values[obj.key]
+    if isinstance(obj, (list, tuple, set)):
+        return type(obj)(_rebuild(o, values) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, values) for k, v in obj.items()}
+    return obj
+
+
+class _Waited(collections.namedtuple("_Waited", "done not_done")):
+    pass
+
+
+def wait(futures, timeout: float | None = None, return_when: str = "ALL_COMPLETED") -> _Waited:
+    """Block until all (or, with FIRST_COMPLETED, any) futures are done."""
+    flat: list[Future] = []
+    _flatten(futures, flat)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == "FIRST_COMPLETED":
+        queue = as_completed(flat, timeout=timeout)
+        next(iter(queue), None)
+    elif return_when == "ALL_COMPLETED":
+        for f in flat:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not f._state.event.wait(left):
+                raise TimeoutError(f"futures not done within {timeout} s")
+    else:
+        raise ValueError("return_when must be 'ALL_COMPLETED' or 'FIRST_COMPLETED'")
+    done = {f for f in flat if f.done()}
+    return _Waited(done, set(flat) - done)
+
+
+class as_completed:
+    """Iterate over futures in the order they finish (optionally with their results)."""
+
+    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
+                 timeout: float | None = None):
+        self._queue: queue.Queue = queue.Queue()
+        self.with_results = with_results
+        self.timeout = timeout
+        self._count = 0
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        self._count += 1
+        future.add_done_callback(self._queue.put)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._count == 0:
+            raise StopIteration
+        try:
+            f = self._queue.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no future finished within {self.timeout} s") from None
+        self._count -= 1
+        if self.with_results:
+            return f, f.client.gather(f, errors="raise") if f.status == "finished" else f.exception()
+        return f

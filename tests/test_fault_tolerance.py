@@ -1,0 +1,236 @@
+"""Worker deaths with real processes and real signals: what is noticed, charged and recomputed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from hpc_cluster import CancelledError, Client, KilledWorker, LocalCluster, LostDataError
+from waiting import wait_until
+
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b):
+    return a + b
+
+
+def slow(x, delay=1.0):
+    time.sleep(delay)
+    return x
+
+
+def segfault(x):
+    import ctypes
+    ctypes.string_at(0)
+
+
+def exit_one(x):
+    os._exit(1)
+
+
+def hog(nbytes):
+    block = bytearray(nbytes)           # touched pages: real RSS
+    for i in range(0, nbytes, 4096):
+        block[i] = 1
+    time.sleep(30)
+    return len(block)
+
+
+def worker_pids(client) -> dict[str, int]:
+    return {a: w["pid"] for a, w in client.scheduler_info()["workers"].items()}
+
+
+def holder_of(client, future) -> str:
+    return client._lt.run(client._request({"op": "who-has", "keys": [future.key]}))[future.key][0]
+
+
+def test_segfault_is_a_crash_charged_to_the_task_only(tmp_path):
+    with LocalCluster(n_workers=2, threads_per_worker=1, allowed_failures=1) as cluster, Client(cluster) as c:
+        others = c.map(slow, range(6), [0.2] * 6)
+        bad = c.submit(segfault, 1)
+        with pytest.raises(KilledWorker) as info:
+            bad.result(60)
+        exc = info.value
+        assert exc.cause == "crash" and len(exc.attempts) == 2
+        assert "SIGSEGV" in str(exc) and bad.key in str(exc)
+        assert c.gather(others) == list(range(6))          # innocent tasks finished
+        deaths = [d for d in c.deaths() if d["cause"] == "crash"]
+        assert len(deaths) == 2 and all(d["executing"] == [bad.key] and d["blame"] for d in deaths)
+        assert any("signal 11 (SIGSEGV)" in fact for fact in deaths[0]["evidence"])
+
+
+def test_nonzero_exit_while_running_is_a_crash():
+    with LocalCluster(n_workers=1, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
+        with pytest.raises(KilledWorker, match="exited with code 1") as info:
+            c.submit(exit_one, 1).result(60)
+        assert info.value.cause == "crash"
+        assert c.submit(inc, 1).result(30) == 2           # the nanny started a fresh worker
+
+
+def test_nanny_memory_kill_is_reported_and_blamed():
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB",
+                      allowed_failures=0) as cluster, Client(cluster) as c:
+        with pytest.raises(KilledWorker) as info:
+            c.submit(hog, 600 * 2**20).result(60)
+        assert info.value.cause == "memory-nanny"
+        assert "over its budget" in str(info.value)
+        wait_until(lambda: "Worker exceeded 95% memory budget. Restarting" in cluster.logs()["worker-0"],
+                   what="the nanny's log line")
+        death = c.deaths()[0]
+        assert death["cause"] == "memory-nanny" and death["blame"]
+        assert any("killed by the nanny over its memory budget" in f for f in death["evidence"])
+        assert c.submit(inc, 1).result(30) == 2
+
+
+def test_sigkill_from_outside_is_noticed_at_once_and_not_charged():
+    with LocalCluster(n_workers=2, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
+        long = c.submit(slow, 42, 3.0, pure=False)
+        wait_until(lambda: any(w["executing"] for w in c.scheduler_info()["workers"].values()),
+                   what="the task to start")
+        victim = next(a for a, w in c.scheduler_info()["workers"].items() if w["executing"])
+        killed_at = time.time()
+        os.kill(worker_pids(c)[victim], signal.SIGKILL)
+        assert long.result(60) == 42                      # rerun elsewhere, not failed
+        death = wait_until(lambda: [d for d in c.deaths() if d["worker"] == victim], what="the death")[0]
+        assert death["time"] - killed_at < 4.0            # the connection closed; no TTL (5 s) needed
+        wait_until(lambda: c.deaths()[0]["cause"] == "unknown", what="the nanny's report")
+        assert not c.deaths()[0]["blame"] and "SIGKILL" in c.deaths()[0]["text"]
+
+
+def test_sigstopped_worker_is_lost_after_heartbeat_ttl():
+    with LocalCluster(n_workers=2, threads_per_worker=1, heartbeat_ttl=2.0, nanny=False) as cluster, \
+            Client(cluster) as c:
+        long = c.submit(slow, 7, 2.0, pure=False)
+        wait_until(lambda: any(w["executing"] for w in c.scheduler_info()["workers"].values()),
+                   what="the task to start")
+        victim = next(a for a, w in c.scheduler_info()["workers"].items() if w["executing"])
+        pid = worker_pids(c)[victim]
+        stopped_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert long.result(30) == 7
+            death = wait_until(lambda: [d for d in c.deaths() if d["worker"] == victim], what="the death")[0]
+            assert death["cause"] == "heartbeat-lost" and not death["blame"]
+            # The TTL runs from the last heartbeat (sent every 0.5 s), not from the SIGSTOP.
+            assert 1.5 <= death["time"] - stopped_at < 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_results_lost_with_a_worker_are_recomputed_from_lineage():
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as c:
+        xs = c.map(inc, range(20))
+        ys = [c.submit(add, x, 100) for x in xs]
+        c.gather(ys)
+        victim = holder_of(c, ys[0])
+        os.kill(worker_pids(c)[victim], signal.SIGKILL)
+        wait_until(lambda: victim not in c.scheduler_info()["workers"], what="the worker's removal")
+        total = c.submit(sum, ys)
+        assert total.result(60) == sum(i + 1 + 100 for i in range(20))
+        assert c.gather(ys) == [i + 1 + 100 for i in range(20)]
+
+
+def test_only_executing_tasks_are_charged_not_queued_ones():
+    with LocalCluster(n_workers=1, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
+        bad = c.submit(segfault, 0)
+        queued = [c.submit(slow, i, 0.05, pure=False) for i in range(4)]
+        with pytest.raises(KilledWorker):
+            bad.result(60)
+        assert c.gather(queued) == list(range(4))
+        death = c.deaths()[0]
+        assert death["executing"] == [bad.key]
+        assert set(death["processing"]) > {bad.key}       # others were there, queued
+
+
+def test_scattered_data_lost_with_its_only_holder_raises_lost_data():
+    with LocalCluster(n_workers=2, threads_per_worker=1, nanny=False) as cluster, Client(cluster) as c:
+        data = c.scatter([1, 2, 3, 4])
+        target = data[0]
+        dependent = c.submit(add, target, 1)
+        assert dependent.result(10) == 2
+        victim = holder_of(c, target)
+        os.kill(worker_pids(c)[victim], signal.SIGKILL)
+        with pytest.raises(LostDataError, match="replicate"):
+            wait_until(lambda: target.status == "error", what="the loss to be reported")
+            target.result(10)
+        with pytest.raises(LostDataError):
+            c.submit(add, target, 2).result(10)
+
+
+def test_replicate_keeps_copies_and_restores_them():
+    with LocalCluster(n_workers=3, threads_per_worker=1, nanny=False) as cluster, Client(cluster) as c:
+        [d] = c.scatter(["precious"])
+        c.replicate([d], n=2)
+        holders = c._lt.run(c._request({"op": "who-has", "keys": [d.key]}))[d.key]
+        assert len(holders) == 2
+        os.kill(worker_pids(c)[holders[0]], signal.SIGKILL)
+        wait_until(lambda: holders[0] not in c.scheduler_info()["workers"], what="the removal")
+        assert d.result(10) == "precious"
+        wait_until(lambda: len(c._lt.run(c._request({"op": "who-has", "keys": [d.key]}))[d.key]) == 2,
+                   what="the second copy to be restored")
+
+
+def test_restart_restarts_workers_and_cancels_futures():
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as c:
+        before = worker_pids(c)
+        pending = c.submit(slow, 1, 30, pure=False)
+        done = c.submit(inc, 1)
+        done.result(10)
+        c.restart(timeout=60)
+        after = worker_pids(c)
+        assert len(after) == 2 and not set(after.values()) & set(before.values())
+        with pytest.raises(CancelledError, match="restarted"):
+            pending.result(10)
+        assert c.submit(inc, 10).result(10) == 11
+        assert all(d["cause"] == "retired" for d in c.deaths())
+
+
+def test_restart_without_nanny_says_it_cannot():
+    with LocalCluster(n_workers=1, threads_per_worker=1, nanny=False) as cluster, Client(cluster) as c:
+        c.submit(inc, 1).result(10)
+        with pytest.warns(RuntimeWarning, match="without a nanny and cannot be restarted"):
+            c.restart(timeout=10)
+        assert c.submit(inc, 2).result(10) == 3
+
+
+def test_worker_logs_including_a_dead_workers_last_lines():
+    with LocalCluster(n_workers=1, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
+        logs = c.get_worker_logs()
+        assert any("connected to" in line for lines in logs.values() for line in lines)
+        with pytest.raises(KilledWorker):
+            c.submit(segfault, 3).result(60)
+        wait_until(lambda: any("died: crash" in k for k in c.get_worker_logs()), what="the dead worker's tail")
+
+
+def test_recreate_error_locally_reruns_with_real_inputs(client):
+    x = client.submit(inc, 0)
+    bad = client.submit(lambda v: 1 / (v - 1), x)
+    dependent = client.submit(inc, bad)
+    with pytest.raises(ZeroDivisionError):
+        dependent.result(10)
+    with pytest.raises(ZeroDivisionError) as info:
+        client.recreate_error_locally(dependent)
+    assert info.tb.tb_next is not None                 # raised here, in this process
+
+
+def test_versions_are_reported_and_strict_refuses_a_mismatch(cluster):
+    import asyncio
+
+    from hpc_cluster.protocol.comm import AuthenticationError, connect
+    from hpc_cluster.protocol.versions import get_versions
+
+    with Client(cluster) as c:
+        v = c.get_versions(check=True)
+        assert set(v) == {"scheduler", "workers", "client"} and len(v["workers"]) == 2
+    with LocalCluster(n_workers=0, versions="strict") as strict:
+        fake = dict(get_versions(), tornado="1.0")
+        with pytest.raises(AuthenticationError, match=r"(?s)versions differ.*tornado\s+\S+\s+1\.0"):
+            asyncio.run(connect(strict.scheduler_address, strict.secret, {"role": "client", "versions": fake}))
+        with Client(strict) as ok:                        # matching versions are let in
+            assert ok.scheduler_info()["workers"] == {}
