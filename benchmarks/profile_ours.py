@@ -116,13 +116,11 @@ def phase(args, out: Path | None, tag: str) -> dict:
         names = ["scheduler"] + [f"worker{i}" for i in range(args.workers)]
         before = {n: cpu(p.pid) for n, p in zip(names, procs)}
         before["client"] = cpu(os.getpid())
-        profs = []
         if out:
             main_prof, loop_prof = cProfile.Profile(), cProfile.Profile()
             client._loop.call_soon_threadsafe(loop_prof.enable)   # profiles the loop thread
             time.sleep(0.1)
             main_prof.enable()
-            profs = [main_prof, loop_prof]
         walls = run_maps(client, args.tasks, args.repeat, 0)
         if out:
             main_prof.disable()
