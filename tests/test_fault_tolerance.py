@@ -234,3 +234,16 @@ def test_versions_are_reported_and_strict_refuses_a_mismatch(cluster):
             asyncio.run(connect(strict.scheduler_address, strict.secret, {"role": "client", "versions": fake}))
         with Client(strict) as ok:                        # matching versions are let in
             assert ok.scheduler_info()["workers"] == {}
+
+
+def test_knobs_come_from_environment_and_config_file(monkeypatch, tmp_path):
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text("settings:\n  heartbeat_ttl: 7\n  allowed_failures: 2\n")
+    monkeypatch.setenv("HPC_CLUSTER_ALLOWED_FAILURES", "0")          # env beats the file
+    with LocalCluster(n_workers=1, threads_per_worker=1, config=str(cfg)) as cluster, Client(cluster) as c:
+        assert cluster.settings["heartbeat_ttl"] == 7 and cluster.settings["allowed_failures"] == 0
+        with pytest.raises(KilledWorker) as info:
+            c.submit(segfault, 9).result(60)
+        assert len(info.value.attempts) == 1
+    with pytest.raises(TypeError, match="did you mean 'allowed_failures'"):
+        LocalCluster(n_workers=0, config=str(cfg), **{"allowed_failure": 1})

@@ -48,12 +48,46 @@ def _wait_for(condition, timeout: float, what: str, check=None):
         delay = min(delay * 1.5, 0.2)
 
 
+KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_terminate_fraction",
+         "versions", "max_message_bytes", "max_frame_bytes")
+
+
+def cluster_settings(config=None, **given) -> dict:
+    """The scheduler/nanny knobs: keywords > $HPC_CLUSTER_* > config files' settings > defaults."""
+    from .config import check_keywords, env_overrides, find_config_files, load_config_files, merge
+    keywords = check_keywords({k: v for k, v in given.items() if v is not None})
+    files = load_config_files(find_config_files(config))
+    merged = merge(files, None, env_overrides(), keywords)
+    return {k: merged[k].value for k in KNOBS}
+
+
 class LocalCluster:
+    """Scheduler and workers on this machine.
+
+    The fault-tolerance knobs (`allowed_failures`, `heartbeat_ttl`, `heartbeat_interval`,
+    `memory_terminate_fraction`, `versions`, `max_message_bytes`, `max_frame_bytes`) left
+    as None come from $HPC_CLUSTER_<KNOB> or the config files' `settings` (docs/configuration.md).
+    """
+
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
                  memory_limit: int | str | None = "auto", nanny: bool = True, host: str = "127.0.0.1",
-                 heartbeat_ttl: float = 5.0, allowed_failures: int = 3, resources: dict | None = None,
-                 versions: str = "warn",
-                 log_directory: str | None = None, timeout: float = 30.0):
+                 resources: dict | None = None, log_directory: str | None = None, timeout: float = 30.0,
+                 config: str | None = None, allowed_failures: int | None = None,
+                 heartbeat_ttl: float | None = None, heartbeat_interval: float | None = None,
+                 memory_terminate_fraction: float | None = None, versions: str | None = None,
+                 max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
+                 **unknown):
+        if unknown:
+            import inspect
+
+            from .config_schema import did_you_mean
+            name = next(iter(unknown))
+            known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
+            raise TypeError(f"LocalCluster got an unknown keyword {name!r}{did_you_mean(name, known)}")
+        self.settings = cluster_settings(
+            config, allowed_failures=allowed_failures, heartbeat_ttl=heartbeat_ttl,
+            heartbeat_interval=heartbeat_interval, memory_terminate_fraction=memory_terminate_fraction,
+            versions=versions, max_message_bytes=max_message_bytes, max_frame_bytes=max_frame_bytes)
         cpus = os.cpu_count() or 1
         self.n_workers = cpus if n_workers is None else int(n_workers)
         self.threads_per_worker = threads_per_worker or max(1, cpus // max(1, self.n_workers))
@@ -72,7 +106,7 @@ class LocalCluster:
         self.workers: dict[str, subprocess.Popen] = {}
         self._counter = 0
         self.status = "starting"
-        self._scheduler = self._start_scheduler(heartbeat_ttl, allowed_failures, versions)
+        self._scheduler = self._start_scheduler()
         _live.add(self)
         try:
             self.scale(self.n_workers)
@@ -83,13 +117,19 @@ class LocalCluster:
             raise
         self.status = "running"
 
-    def _start_scheduler(self, heartbeat_ttl: float, allowed_failures: int, versions: str) -> subprocess.Popen:
+    def _limit_args(self) -> list[str]:
+        return ["--max-message-bytes", str(self.settings["max_message_bytes"]),
+                "--max-frame-bytes", str(self.settings["max_frame_bytes"])]
+
+    def _start_scheduler(self) -> subprocess.Popen:
+        st = self.settings
         address_file = self.log_directory / "scheduler.address"
         log = open(self.log_directory / "scheduler.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
-             "--address-file", str(address_file), "--heartbeat-ttl", str(heartbeat_ttl),
-             "--allowed-failures", str(allowed_failures), "--versions", versions],
+             "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
+             "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
+             *self._limit_args()],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
@@ -105,7 +145,10 @@ class LocalCluster:
     def _worker_command(self, name: str) -> list[str]:
         cmd = [sys.executable, "-m", "hpc_cluster.worker", "--scheduler", self.scheduler_address,
                "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
-               "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny"]
+               "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny",
+               "--heartbeat-interval", str(self.settings["heartbeat_interval"]),
+               "--memory-terminate-fraction", str(self.settings["memory_terminate_fraction"]),
+               *self._limit_args()]
         if self.resources:
             cmd += ["--resources", " ".join(f"{k}={v}" for k, v in self.resources.items())]
         return cmd

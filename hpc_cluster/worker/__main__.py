@@ -12,6 +12,7 @@ import os
 import sys
 
 from ..adapters.units import parse_memory
+from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env
 
 
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nanny-id", default=None, help=argparse.SUPPRESS)
     p.add_argument("--heartbeat-interval", type=float, default=0.5)
     p.add_argument("--memory-terminate-fraction", type=float, default=0.95)
+    p.add_argument("--max-message-bytes", type=int, default=2**31)
+    p.add_argument("--max-frame-bytes", type=int, default=2**30)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -68,7 +71,8 @@ def main(argv=None) -> int:
     extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID"), "nanny_id": args.nanny_id}
     code = run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
                       host=args.host, resources=parse_resources(args.resources),
-                      heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra)
+                      heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
+                      limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes))
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     sys.stdout.flush()
