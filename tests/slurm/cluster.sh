@@ -36,7 +36,15 @@ wait_for() {
     log "$what ready"
 }
 
-pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A killed daemon stays a zombie until init reaps it, and the init here can be slow to:
+# kill -0 would call it alive, so read its state instead.
+proc_alive() {
+    local state
+    # The state follows the ')' closing the command name, which may itself hold spaces.
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n $state && $state != Z && $state != X ]]
+}
+pid_alive() { [[ -s $1 ]] && proc_alive "$(cat "$1")"; }
 
 install_packages() {
     local missing=()
@@ -245,8 +253,8 @@ cmd_down() {
             log "stopping $name (pid $pid)"
             kill -TERM "$pid"
             local deadline=$((SECONDS + 30))
-            while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-            kill -0 "$pid" 2>/dev/null && { log "$name did not stop; SIGKILL"; kill -KILL "$pid"; }
+            while proc_alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+            if proc_alive "$pid"; then log "$name did not stop; SIGKILL"; kill -KILL "$pid"; fi
         fi
         rm -f "$STATE_DIR/$name"
     done

@@ -70,7 +70,8 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
 
 def settled(record: AccountingRecord | None) -> bool:
     """Final, and its steps too: sacct writes the job line before the steps' last words."""
-    return bool(record and record.final and record.steps
+    # A job cancelled before it started has no steps to wait for.
+    return bool(record and record.final and (record.steps or record.start is None)
                 and all(s.state not in ("pending", "running") for s in record.steps))
 
 
