@@ -36,6 +36,14 @@ def test_frames_round_trip_with_opaque_payloads():
     assert back[0]["deps"] == {"x": ["tcp://h:1"]}
 
 
+def test_a_payload_shared_by_many_tasks_travels_once():
+    func = b"f" * 1000
+    wire = dumps([{"op": "t", "func": Opaque(func), "args": Opaque(bytes([i]))} for i in range(50)])
+    assert struct.unpack("<I", wire[0][:4])[0] == 1 + 1 + 50       # header, function once, 50 args
+    back = loads(_split(wire))
+    assert all(bytes(m["func"].data) == func for m in back)
+
+
 def test_limits_refuse_before_allocating():
     limits = Limits(max_frames=4, max_frame_bytes=1000, max_message_bytes=1500, max_header_bytes=100)
     with pytest.raises(ProtocolError, match="frame count"):
@@ -101,15 +109,17 @@ def _log(cluster, name: str) -> str:
 
 
 def _garbage_cases():
-    huge_header = struct.pack("<I", 1) + struct.pack("<Q", 2**40)
-    too_many_frames = struct.pack("<I", 10**9)
-    bad_msgpack = struct.pack("<I", 1) + struct.pack("<Q", 3) + b"\xc1\xc1\xc1"
+    huge_header = struct.pack("<IQQ", 1, 8 + 2**40, 2**40)
+    too_many_frames = struct.pack("<IQ", 10**9, 0)
+    bad_msgpack = struct.pack("<IQQ", 1, 8 + 3, 3) + b"\xc1\xc1\xc1"
+    lying_total = struct.pack("<IQQ", 1, 8 + 100, 3) + b"\x90" * 100
     unknown_op = dumps([{"op": "format-disk"}])
     not_a_map = dumps([1, 2, 3])
     return {
         "oversized frame": (huge_header, "exceeds the limit"),
         "too many frames": (too_many_frames, "frame count"),
         "malformed msgpack": (bad_msgpack, "malformed msgpack"),
+        "lengths that lie": (lying_total, "do not add up"),
         "unknown op": (b"".join(unknown_op), "unknown op 'format-disk'"),
         "not a message": (b"".join(not_a_map), "must be a map"),
     }

@@ -27,7 +27,6 @@ logger = logging.getLogger("hpc_cluster.comm")
 
 MAGIC = b"HPCC\x00\x01\r\n"      # protocol name + version; garbage fails here at once
 HANDSHAKE_TIMEOUT = 10.0
-_COUNT = struct.Struct("<I")
 _JOIN_BELOW = 8 * 2**20
 
 
@@ -66,23 +65,29 @@ class Comm:
     # -- reading ----------------------------------------------------------------
     async def _read_frames(self, limits: Limits) -> list:
         try:
-            count = _COUNT.unpack(await self.stream.read_bytes(4))[0]
+            head = await self.stream.read_bytes(12)
+            count, total = struct.unpack("<IQ", head)
             check_count(count, limits)
-            lengths = list(struct.unpack(f"<{count}Q", await self.stream.read_bytes(8 * count)))
-            check_lengths(lengths, limits)
-            total = sum(lengths)
+            if total < 8 * count or total - 8 * count > limits.max_message_bytes:
+                raise ProtocolError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
             if total <= 65536:
-                buf = memoryview(await self.stream.read_bytes(total)) if total else memoryview(b"")
+                buf = memoryview(await self.stream.read_bytes(total))
             else:
-                buf = memoryview(bytearray(total))
-                await self.stream.read_into(buf)
+                # Check the announced frame sizes before allocating the whole message.
+                lengths = list(struct.unpack(f"<{count}Q", await self.stream.read_bytes(8 * count)))
+                check_lengths(lengths, limits)
+                if sum(lengths) != total - 8 * count:
+                    raise ProtocolError("frame lengths do not add up to the announced total")
+                body = memoryview(bytearray(total - 8 * count))
+                await self.stream.read_into(body)
+                return _split(body, lengths)
         except StreamClosedError:
             raise CommClosedError(f"connection to {self.peer} closed") from None
-        frames, pos = [], 0
-        for n in lengths:
-            frames.append(buf[pos:pos + n])
-            pos += n
-        return frames
+        lengths = list(struct.unpack_from(f"<{count}Q", buf))
+        check_lengths(lengths, limits)
+        if sum(lengths) != total - 8 * count:
+            raise ProtocolError("frame lengths do not add up to the announced total")
+        return _split(buf[8 * count:], lengths)
 
     async def read(self, limits: Limits | None = None) -> list[dict]:
         """Read one batch: a list of dicts, each with a string 'op'."""
@@ -142,6 +147,14 @@ class Comm:
 
     def __repr__(self) -> str:
         return f"<Comm {self.peer} {self.peer_info.get('role', '?')}>"
+
+
+def _split(buf: memoryview, lengths: list[int]) -> list[memoryview]:
+    frames, pos = [], 0
+    for n in lengths:
+        frames.append(buf[pos:pos + n])
+        pos += n
+    return frames
 
 
 def _swallow(fut) -> None:

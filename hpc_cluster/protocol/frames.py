@@ -2,7 +2,9 @@
 
 A wire message is
 
-    u32 frame count | u64 length per frame | frames...
+    u32 frame count | u64 total length | u64 length per frame | frames...
+
+(the total lets a reader take the lengths and the frames in one read).
 
 Frame 0 is the msgpack header: a list of message dicts (a batch). Payloads that must
 not be decoded on the way (pickled functions and data) are wrapped in `Opaque`; they
@@ -67,18 +69,24 @@ class Opaque:
 def dumps(msgs) -> list[bytes | memoryview]:
     """Encode a header object (usually a list of message dicts) into wire frames."""
     payloads: list = []
+    index: dict[int, bytes] = {}      # id(payload) -> packed reference: a map's function goes once
 
     def default(obj):
         if isinstance(obj, Opaque):
-            payloads.append(obj.data)
-            return msgpack.ExtType(_EXT_OPAQUE, _LENGTH.pack(len(payloads)))
+            ref = index.get(id(obj.data))
+            if ref is None:
+                payloads.append(obj.data)
+                ref = index[id(obj.data)] = _LENGTH.pack(len(payloads))
+            return msgpack.ExtType(_EXT_OPAQUE, ref)
         if isinstance(obj, (set, frozenset)):
             return list(obj)
         raise TypeError(f"cannot put {type(obj).__name__} on the wire: {obj!r:.80}")
 
     header = msgpack.packb(msgs, default=default, use_bin_type=True)
     frames = [header, *payloads]
-    prefix = _COUNT.pack(len(frames)) + b"".join(_LENGTH.pack(len(f)) for f in frames)
+    lengths = [len(f) for f in frames]
+    prefix = (_COUNT.pack(len(frames)) + _LENGTH.pack(8 * len(frames) + sum(lengths))
+              + struct.pack(f"<{len(frames)}Q", *lengths))
     return [prefix, *frames]
 
 
