@@ -191,7 +191,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
-    Option("python", "str", _str, "python3", "Python executable that starts the worker on the compute node"),
+    Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "
+           "unset: the Python running hpc-cluster", example="~/venv/bin/python"),
     Option("local_directory", "path", _path, None, "node-local scratch directory for worker files", example="/tmp"),
     Option("worker_extra_args", "list of str", _str_list, [], "extra arguments to the worker command"),
     Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),

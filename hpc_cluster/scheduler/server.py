@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
@@ -68,6 +68,8 @@ class Scheduler:
         self._death_of_nanny: dict[str, int] = {}        # nanny id -> its worker's latest death
         self._early_reports: dict[str, dict] = {}        # reports that beat the connection close
         self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
+        # Extra client ops added by whoever runs us (deploy's job manager): op -> async fn(msg).
+        self.handlers: dict[str, Callable[[dict], Awaitable]] = {}
         self._intents: dict[str, str] = {}                 # worker address -> why we end it
         self._ttl_task: asyncio.Task | None = None
         self.closed = asyncio.Event()
@@ -318,6 +320,8 @@ class Scheduler:
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})
             elif op == "restart":
                 asyncio.create_task(self._restart(cid, msg))
+            elif op in self.handlers:
+                asyncio.create_task(self._run_handler(cid, msg))
             elif op == "counts":
                 self._reply(cid, msg, st.counts())
             elif op == "heartbeat":
@@ -326,6 +330,21 @@ class Scheduler:
                 raise ProtocolError(f"unknown op {op!r} from client")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed {op!r} message from client: {type(exc).__name__}: {exc}") from None
+
+    async def _run_handler(self, cid: str, msg: dict) -> None:
+        try:
+            result = {"ok": True, "result": await self.handlers[msg["op"]](msg)}
+        except Exception as exc:  # the caller gets the message; the scheduler carries on
+            logger.warning("%s failed: %s", msg["op"], exc)
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        self._reply(cid, msg, result)
+
+    def retire_workers(self, addresses, intent: str) -> None:
+        """Ask workers to leave; their deaths are recorded as `retired` with this intent."""
+        for addr in addresses:
+            if addr in self.state.workers:
+                self._intents[addr] = intent
+                self._send_now(addr, {"op": "close", "reason": intent})
 
     async def _restart(self, cid: str, msg: dict) -> None:
         """client.restart(): forget all work, restart every worker through its nanny."""

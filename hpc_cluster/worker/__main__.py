@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default="0", help="e.g. 4GB; 0 for no limit")
     p.add_argument("--name", default=None)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on for peers")
+    p.add_argument("--interface", default=None, help="listen on this network interface's address (e.g. ib0)")
+    p.add_argument("--nworkers", type=int, default=1, help="worker processes to start (each with its nanny)")
+    p.add_argument("--death-timeout", type=float, default=60.0,
+                   help="seconds to keep trying to reach the scheduler before giving up")
     p.add_argument("--resources", default=None, help="abstract resources, e.g. 'GPU=2'")
     p.add_argument("--nanny", dest="nanny", action="store_true", default=True)
     p.add_argument("--no-nanny", dest="nanny", action="store_false")
@@ -48,9 +52,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def interface_address(name: str) -> str:
+    import psutil
+    import socket
+    addrs = psutil.net_if_addrs()
+    if name not in addrs:
+        raise SystemExit(f"--interface {name!r}: no such network interface; this host has "
+                         f"{', '.join(sorted(addrs))}")
+    for a in addrs[name]:
+        if a.family == socket.AF_INET:
+            return a.address
+    raise SystemExit(f"--interface {name!r} has no IPv4 address")
+
+
+def run_several(argv: list[str], n: int, name: str | None) -> int:
+    """Start n workers (processes per job), each a copy of this command; end with them."""
+    import signal
+    import subprocess
+    base = _drop_option(argv, "--nworkers")
+    base = _drop_option(base, "--name")
+    procs = []
+    for i in range(n):
+        child = base + ["--name", f"{name or 'worker'}-{i}"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", *child]))
+
+    def forward(sig, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [p.wait() for p in procs]
+    return max((c for c in codes), key=abs, default=0)
+
+
+def _drop_option(argv: list[str], option: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.nworkers > 1:
+        return run_several(argv, args.nworkers, args.name)
+    if args.interface:
+        args.host = interface_address(args.interface)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.cluster_file:
@@ -72,7 +127,8 @@ def main(argv=None) -> int:
     code = run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
                       host=args.host, resources=parse_resources(args.resources),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
-                      limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes))
+                      limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
+                      death_timeout=args.death_timeout)
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     sys.stdout.flush()

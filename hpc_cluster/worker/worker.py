@@ -22,7 +22,7 @@ import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
 
 from ..protocol import serialize
-from ..protocol.comm import BatchedSend, Comm, CommClosedError, Listener, connect
+from ..protocol.comm import AuthenticationError, BatchedSend, Comm, CommClosedError, Listener, connect
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .sizeof import sizeof
@@ -406,13 +406,30 @@ def _pickle_exception(exc: BaseException) -> bytes:
         return serialize.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
 
 
-def run_worker(scheduler: str, secret: bytes, **kwargs) -> int:
-    """Run a worker until the scheduler closes it or it is signalled. Returns an exit code."""
+def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0, **kwargs) -> int:
+    """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
+
+    The scheduler may not be reachable yet (or for a moment); keep trying for
+    `death_timeout` seconds before giving up with exit code 3.
+    """
     import signal
 
     async def main() -> int:
-        worker = Worker(scheduler, secret, **kwargs)
-        await worker.start()
+        deadline = time.monotonic() + death_timeout
+        delay = 0.1
+        while True:
+            worker = Worker(scheduler, secret, **kwargs)
+            try:
+                await worker.start()
+                break
+            except (OSError, ConnectionError) as exc:
+                if isinstance(exc, AuthenticationError) or time.monotonic() + delay > deadline:
+                    raise
+                logger.warning("scheduler %s not reachable (%s); retrying", scheduler, exc)
+                if getattr(worker, "listener", None) is not None:
+                    worker.listener.stop()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(

@@ -398,7 +398,7 @@ def test_rendered_scripts_pass_bash_n(spec):
     bash_n(script)
     assert spec.worker_command in script
     assert 'export HPC_CLUSTER_JOB_ID="$PBS_JOBID"' in script
-    assert f"export HPC_CLUSTER_WALLTIME={spec.walltime}" in script
+    assert f"export HPC_CLUSTER_JOB_WALLTIME={spec.walltime}" in script
 
 
 def test_directives_come_from_the_spec():

@@ -37,7 +37,7 @@ def test_minimal(adapter):
         "#SBATCH --time=01:00:00",
     ]
     assert "exec python3 -m hpc_cluster.worker\n" in script
-    assert "export HPC_CLUSTER_WALLTIME=3600\n" in script
+    assert "export HPC_CLUSTER_JOB_WALLTIME=3600\n" in script
     assert 'export HPC_CLUSTER_JOB_ID="$SLURM_JOB_ID"' in script
     bash_n(script)
 
@@ -54,7 +54,7 @@ def test_every_keyword(adapter):
         "#SBATCH --output=/scratch/me/logs/%x-%j.out", "#SBATCH --error=/scratch/me/logs/%x-%j.err",
         "#SBATCH --chdir=/scratch/me/run", "#SBATCH --exclusive", "#SBATCH --qos=long",
     ]
-    assert "export HPC_CLUSTER_WALLTIME=5460\n" in adapter.render(spec)
+    assert "export HPC_CLUSTER_JOB_WALLTIME=5460\n" in adapter.render(spec)
 
 
 def test_directives_skip(adapter):
@@ -99,7 +99,7 @@ def test_failing_prologue_stops_the_job(adapter, tmp_path):
 
 
 def test_deadline_variables(adapter):
-    script = adapter.render(JobSpec(worker_command='echo "$HPC_CLUSTER_WALLTIME $HPC_CLUSTER_JOB_START"',
+    script = adapter.render(JobSpec(worker_command='echo "$HPC_CLUSTER_JOB_WALLTIME $HPC_CLUSTER_JOB_START"',
                                     walltime=61))
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.split()
     assert out[0] == "120" and int(out[1]) > 1_600_000_000

@@ -37,7 +37,7 @@ def scenarios(log_directory: str) -> dict[str, JobSpec]:
     return {
         "completed": base.replace(
             job_name="t-completed", walltime=90,
-            prologue=['echo "job=$HPC_CLUSTER_JOB_ID walltime=$HPC_CLUSTER_WALLTIME '
+            prologue=['echo "job=$HPC_CLUSTER_JOB_ID walltime=$HPC_CLUSTER_JOB_WALLTIME '
                       'start=$HPC_CLUSTER_JOB_START"'],
             worker_command=HOLD_50MB),
         "exit3": base.replace(job_name="t-exit3", worker_command="bash -c 'exit 3'"),

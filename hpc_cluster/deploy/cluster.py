@@ -1,0 +1,251 @@
+"""SLURMCluster and PBSCluster: a cluster daemon plus batch jobs, driven from Python.
+
+The keyword names are dask-jobqueue's, so switching is a change of import:
+
+    cluster = SLURMCluster(cores=4, memory="16GB", walltime="01:00:00")
+    cluster.scale(8)
+    client = Client(cluster)
+
+The cluster daemon (scheduler + job manager, `deploy/daemon.py`) runs as a child process;
+`hpc-cluster up` starts the very same daemon detached. Values come from keywords, then
+$HPC_CLUSTER_*, then the site config files (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ..adapters import get_adapter
+from ..adapters.base import JobSpec
+from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
+from .config import ResolvedConfig, resolve
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start, or a request to it failed; the message says what to do."""
+
+
+def worker_command(cfg: ResolvedConfig, cluster_file: str) -> str:
+    """The command a job runs: the worker(s), each under a nanny unless nanny=False."""
+    v = cfg.values
+    processes = v["processes"]
+    nthreads = max(1, v["cores"] // processes)
+    memory_limit = v["memory_limit"] or v["memory"] // processes
+    python = v["python"] or sys.executable
+    args = [python, "-m", "hpc_cluster.worker", "--cluster-file", cluster_file,
+            "--nthreads", str(nthreads), "--memory-limit", str(memory_limit),
+            "--heartbeat-interval", str(v["heartbeat_interval"]),
+            "--memory-terminate-fraction", str(v["memory_terminate_fraction"]),
+            "--death-timeout", str(v["death_timeout"]),
+            "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
+    if processes > 1:
+        args += ["--nworkers", str(processes)]
+    if not v["nanny"]:
+        args.append("--no-nanny")
+    if v["interface"]:
+        args += ["--interface", v["interface"]]
+    else:
+        args += ["--host", "0.0.0.0"]
+    args += list(v["worker_extra_args"])
+    # The name carries the job id, which only the running job knows: leave it to the shell.
+    return shlex.join(args) + ' --name "' + v["name"] + '-${HPC_CLUSTER_JOB_ID}"'
+
+
+def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
+    v = cfg.values
+    env = dict(v["env"])
+    return JobSpec(worker_command=worker_command(cfg, cluster_file), job_name=v["name"], cores=v["cores"],
+                   memory=v["memory"], processes=v["processes"], walltime=v["walltime"], queue=v["queue"],
+                   account=v["account"], extra_directives=list(v["job_extra_directives"]),
+                   directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
+                   epilogue=list(v["job_script_epilogue"]), log_directory=v["log_directory"],
+                   python=v["python"] or sys.executable, nanny=v["nanny"], env=env,
+                   working_directory=v["working_directory"], template=v["template"])
+
+
+def scheduler_host(cfg: ResolvedConfig) -> str:
+    if cfg.values["interface"]:
+        from ..worker.__main__ import interface_address
+        return interface_address(cfg.values["interface"])
+    return "0.0.0.0"
+
+
+def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int) -> dict:
+    v = cfg.values
+    remote = str(cluster_file)
+    spec = job_spec(cfg, remote)
+    if spec.log_directory:
+        Path(spec.log_directory).expanduser().mkdir(parents=True, exist_ok=True)
+    return {
+        "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"],
+        "cluster_file": str(cluster_file), "remote_cluster_file": remote if v["ssh"] else None,
+        "scheduler": {"host": scheduler_host(cfg), "allowed_failures": v["allowed_failures"],
+                      "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
+                      "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"]},
+        "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
+        "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
+        "startup_failures": v["startup_failures"],
+    }
+
+
+def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
+           timeout: float = 60.0) -> tuple[subprocess.Popen, Path]:
+    """Start a cluster daemon; return its process and cluster file once it listens."""
+    if cfg.values["batch"] not in ("slurm", "pbs"):
+        raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
+                           "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
+    cluster_file = cluster_file_for(name)
+    if cluster_file.exists():
+        try:
+            pid = read_cluster_file(cluster_file).get("pid")
+        except (OSError, ValueError):
+            pid = None
+        if pid and _alive(pid):
+            raise ClusterError(f"a cluster named {name!r} is already running (pid {pid}); "
+                               f"use another --name or `hpc-cluster down {name}` first")
+        cluster_file.unlink()
+    write_cluster_file(cluster_file, "", new_secret(), name=name)
+    run_dir = cluster_file.parent
+    plan_path = run_dir / f".{name}.plan.json"
+    plan = make_plan(cfg, name, cluster_file, n_jobs)
+    log_path = run_dir / f"{name}.log"
+    plan["daemon_log"] = str(log_path)
+    fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(plan, f)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_cluster.deploy.daemon", str(plan_path)],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=detach)
+    log.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if read_cluster_file(cluster_file)["address"]:
+                return proc, cluster_file
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise ClusterError(f"the cluster daemon exited with code {proc.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise ClusterError(f"the cluster daemon did not start within {timeout:g} s; see {log_path}")
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def control(cluster_file: Path | str, op: str, timeout: float = 120.0, **fields):
+    """One request to a running cluster daemon (scale, jobs, adapt, shutdown)."""
+    from ..client import Client
+    with Client(cluster_file=str(cluster_file), timeout=30) as c:
+        reply = c._lt.run(c._request({"op": op, **fields}, timeout), timeout + 5)
+    if not reply.get("ok"):
+        raise ClusterError(f"{op} failed: {reply.get('error')}")
+    return reply["result"]
+
+
+class JobQueueCluster:
+    """Jobs on a batch system, each running worker(s) that join one scheduler."""
+
+    batch: str = ""
+
+    def __init__(self, site: str | None = None, config: str | None = None, n_workers: int | None = None,
+                 **kwargs):
+        self.config = resolve(site=site, config=config, batch=self.batch, n_workers=n_workers, **kwargs)
+        v = self.config.values
+        self.name = f"{v['name']}-{uuid.uuid4().hex[:6]}"
+        self.processes = v["processes"]
+        self.status = "starting"
+        self._proc, self.cluster_file = launch(self.config, self.name, n_jobs=0)
+        info = read_cluster_file(self.cluster_file)
+        self.scheduler_address, self.secret = info["address"], info["secret"]
+        self.status = "running"
+        if v["n_workers"]:
+            self.scale(v["n_workers"])
+
+    # -- the dask-jobqueue surface --------------------------------------------------------
+    def job_script(self) -> str:
+        adapter = get_adapter(self.batch)
+        return adapter.render(job_spec(self.config, str(self.cluster_file)))
+
+    def scale(self, n: int | None = None, jobs: int | None = None) -> None:
+        """`scale(n)` workers (rounded up to whole jobs), or `scale(jobs=k)` jobs."""
+        if (n is None) == (jobs is None):
+            raise TypeError("give scale() a number of workers, or jobs=, not both")
+        if jobs is None:
+            jobs = math.ceil(n / self.processes)
+        control(self.cluster_file, "scale", jobs=int(jobs))
+
+    def adapt(self, minimum: int = 0, maximum: int = 10) -> None:
+        """Let the cluster size itself between `minimum` and `maximum` jobs from the queued work."""
+        if not 0 <= minimum <= maximum:
+            raise ValueError(f"adapt(minimum={minimum}, maximum={maximum}): need 0 <= minimum <= maximum")
+        control(self.cluster_file, "adapt", minimum=int(minimum), maximum=int(maximum))
+
+    @property
+    def jobs(self) -> dict[str, dict]:
+        """Each job's real batch state (pending, running, completed ...) and its workers."""
+        return {j["job_id"]: j for j in control(self.cluster_file, "jobs")["jobs"]}
+
+    def status_table(self) -> dict:
+        return control(self.cluster_file, "jobs")
+
+    def close(self, timeout: float = 120.0) -> None:
+        if self.status == "closed":
+            return
+        self.status = "closing"
+        try:
+            control(self.cluster_file, "shutdown", timeout=timeout)
+        except Exception:
+            if self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self.status = "closed"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {getattr(self, 'scheduler_address', '?')} {self.status}>"
+
+
+class SLURMCluster(JobQueueCluster):
+    batch = "slurm"
+
+
+class PBSCluster(JobQueueCluster):
+    batch = "pbs"

@@ -1,0 +1,117 @@
+"""The cluster daemon: a scheduler and a job manager in one long-lived process.
+
+`hpc-cluster up` starts it detached; `SLURMCluster(...)` starts it as a child. Either way
+it reads a plan (JSON, written by `deploy/cluster.py`), listens, writes the address into
+the cluster file, submits the jobs, and serves `scale`, `jobs`, `adapt` and `shutdown`
+requests from clients. On SIGTERM or `shutdown` it retires every worker, cancels every job
+and removes its cluster file, so nothing of it is left in the queue or the process table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..adapters import get_adapter
+from ..adapters.base import JobSpec
+from ..protocol.frames import Limits
+from ..protocol.secret import read_cluster_file, write_cluster_file
+from ..scheduler.server import Scheduler
+from .jobs import JobManager
+from .runner import LocalRunner, SSHRunner
+
+logger = logging.getLogger("hpc_cluster.daemon")
+
+
+def make_runner(ssh: dict | None):
+    if not ssh:
+        return LocalRunner()
+    return SSHRunner(**ssh)
+
+
+async def run(plan: dict) -> int:
+    cluster_file = Path(plan["cluster_file"])
+    secret = read_cluster_file(cluster_file)["secret"]
+    sc = plan["scheduler"]
+    sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
+                      allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
+                      versions=sc["versions"], limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
+                                                             max_message_bytes=sc["max_message_bytes"]))
+    address = await sched.start()
+    runner = make_runner(plan.get("ssh"))
+    adapter = get_adapter(plan["batch"], runner)
+    meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
+            "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
+            "daemon_log": plan.get("daemon_log")}
+    write_cluster_file(cluster_file, address, secret, **meta)
+    remote = plan.get("remote_cluster_file")
+    if plan.get("ssh") and remote:
+        # Workers on the remote side read the secret from their own (shared) filesystem.
+        text = json.dumps({"address": address, "secret": secret.hex(), **meta})
+        await asyncio.to_thread(runner.write_file, remote, text, 0o600)
+
+    jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
+                    max_jobs_in_queue=plan.get("max_jobs_in_queue"),
+                    startup_failures=plan.get("startup_failures", 3))
+    stop = asyncio.Event()
+
+    async def scale(msg):
+        return await jm.scale(int(msg["jobs"]))
+
+    async def jobs(msg):
+        await jm.poll_once()                   # what the batch system says now, not a guess
+        return jm.table()
+
+    async def shutdown(msg):
+        await jm.close()
+        asyncio.get_running_loop().call_soon(stop.set)
+        return jm.table()
+
+    async def adapt(msg):
+        jm.adaptive = (int(msg["minimum"]), int(msg["maximum"]))
+        return jm.table()
+
+    sched.handlers.update({"scale": scale, "jobs": jobs, "shutdown": shutdown, "adapt": adapt})
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await jm.start()
+    if plan.get("n_jobs"):
+        await jm.scale(int(plan["n_jobs"]))
+    logger.info("cluster %s up at %s (%s)", plan["name"], address, plan["batch"])
+    await stop.wait()
+    await jm.close()
+    await sched.close()
+    await asyncio.sleep(0.1)                  # let the last replies leave
+    try:
+        cluster_file.unlink()
+    except FileNotFoundError:
+        pass
+    if plan.get("ssh") and remote:
+        try:
+            await asyncio.to_thread(runner.run, ["rm", "-f", remote], None, 30, False)
+        except Exception as exc:
+            logger.warning("could not remove %s on the login node: %s", remote, exc)
+    logger.info("cluster %s down", plan["name"])
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpc_cluster.deploy.daemon")
+    p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.cluster")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    plan = json.loads(Path(args.plan).read_text())
+    return asyncio.run(run(plan))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

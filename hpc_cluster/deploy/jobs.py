@@ -1,0 +1,230 @@
+"""The job manager: keeps the batch jobs in line with what the cluster should have.
+
+Runs inside the cluster daemon, next to the scheduler, on its event loop. Batch commands
+(sbatch, squeue, sacct ...) block, so they run in a thread and never stall the scheduler.
+A job's state is what the batch system says (pending, running, finished), never assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+
+logger = logging.getLogger("hpc_cluster.jobs")
+
+
+@dataclass
+class Job:
+    job_id: str
+    submitted: float
+    state: str = "pending"
+    raw_state: str = "SUBMITTED"
+    node: str | None = None
+    reason: str | None = None
+    started: float | None = None           # first seen running
+    ended: float | None = None
+    registered: bool = False               # a worker of this job joined at some point
+    retiring: bool = False                 # we asked it to go (scale down, close)
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+@dataclass
+class SubmitError:
+    time: float
+    message: str
+
+
+class JobManager:
+    def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll_interval: float = 2.0,
+                 max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time):
+        self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
+        self.poll_interval = poll_interval
+        self.max_jobs_in_queue = max_jobs_in_queue
+        self.startup_failures = startup_failures
+        self.clock = clock
+        self.jobs: dict[str, Job] = {}
+        self.target = 0
+        self.errors: list[SubmitError] = []
+        self.failed_starts = 0                # jobs in a row that ended before a worker joined
+        self.halted: str | None = None        # why we stopped submitting
+        self.adaptive: tuple[int, int] | None = None
+        self._lock = asyncio.Lock()
+        self._poller: asyncio.Task | None = None
+
+    # -- views -------------------------------------------------------------------------
+    def active(self) -> list[Job]:
+        return [j for j in self.jobs.values() if not j.final and not j.retiring]
+
+    def workers_of(self) -> dict[str, list[str]]:
+        """job id -> worker addresses, from what workers said when they registered."""
+        out: dict[str, list[str]] = {}
+        for addr, ws in self.scheduler.state.workers.items():
+            jid = ws.info.get("job_id")
+            if jid:
+                out.setdefault(str(jid), []).append(addr)
+        return out
+
+    def table(self) -> dict:
+        workers = self.workers_of()
+        now = self.clock()
+        rows = []
+        for j in sorted(self.jobs.values(), key=lambda j: j.submitted):
+            addrs = workers.get(j.job_id, [])
+            wstates = [self.scheduler.state.workers[a] for a in addrs]
+            rows.append({
+                "job_id": j.job_id, "state": j.state, "raw_state": j.raw_state, "node": j.node,
+                "reason": j.reason, "workers": addrs, "worker_names": [w.name for w in wstates],
+                "submitted": j.submitted, "started": j.started, "ended": j.ended,
+                "uptime": (now - j.started) if j.started and not j.ended else None,
+                "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
+                "memory": self.spec.memory, "retiring": j.retiring,
+            })
+        return {"jobs": rows, "target": self.target, "halted": self.halted,
+                "errors": [{"time": e.time, "message": e.message} for e in self.errors[-5:]],
+                "adaptive": list(self.adaptive) if self.adaptive else None}
+
+    # -- control -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def scale(self, jobs: int) -> dict:
+        if jobs < 0:
+            raise ValueError(f"cannot scale to {jobs} jobs; give a number >= 0")
+        self.target = int(jobs)
+        if self.halted and jobs > len(self.active()):
+            logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
+            self.halted, self.failed_starts = None, 0
+        await self.reconcile()
+        return self.table()
+
+    async def reconcile(self) -> None:
+        async with self._lock:
+            active = self.active()
+            if len(active) < self.target and not self.halted:
+                await self._submit(self.target - len(active))
+            elif len(active) > self.target:
+                await self._shrink(len(active) - self.target)
+
+    async def _submit(self, n: int) -> None:
+        queued = sum(1 for j in self.jobs.values() if j.state == "pending")
+        if self.max_jobs_in_queue is not None:
+            n = min(n, max(0, self.max_jobs_in_queue - queued))
+        for _ in range(n):
+            script = self.adapter.render(self.spec)
+            try:
+                job_id = await asyncio.to_thread(self.adapter.submit, script)
+            except BatchError as exc:
+                self.errors.append(SubmitError(self.clock(), str(exc)))
+                logger.error("job submission failed: %s", exc)
+                if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
+                    self.halted = f"3 submissions failed in a row; last: {exc}"
+                return
+            self.jobs[job_id] = Job(job_id, self.clock())
+            logger.info("submitted job %s", job_id)
+
+    async def _shrink(self, n: int) -> None:
+        """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""
+        workers = self.workers_of()
+        pending = [j for j in self.active() if not workers.get(j.job_id)]
+        running = [j for j in self.active() if workers.get(j.job_id)]
+        running.sort(key=lambda j: sum(len(self.scheduler.state.workers[a].processing)
+                                       for a in workers[j.job_id]))
+        victims = (pending[::-1] + running)[:n]
+        to_cancel = []
+        for j in victims:
+            j.retiring = True
+            if workers.get(j.job_id):
+                self.scheduler.retire_workers(workers[j.job_id], "scale-down")
+            else:
+                to_cancel.append(j.job_id)
+        if to_cancel:
+            await self._cancel(to_cancel)
+
+    async def _cancel(self, job_ids: list[str]) -> None:
+        try:
+            await asyncio.to_thread(self.adapter.cancel, job_ids)
+        except BatchError as exc:
+            logger.warning("could not cancel jobs %s: %s", ", ".join(job_ids), exc)
+
+    async def close(self) -> None:
+        """Retire every worker, cancel every job we know that is not finished."""
+        if self._poller:
+            self._poller.cancel()
+        self.target = 0
+        live = [j for j in self.jobs.values() if not j.final]
+        for j in live:
+            j.retiring = True
+        workers = self.workers_of()
+        self.scheduler.retire_workers([a for j in live for a in workers.get(j.job_id, [])], "down")
+        if live:
+            await self._cancel([j.job_id for j in live])
+            await self._wait_final([j.job_id for j in live], timeout=60)
+
+    async def _wait_final(self, job_ids: list[str], timeout: float) -> None:
+        deadline = self.clock() + timeout
+        delay = 0.2
+        while self.clock() < deadline:
+            await self.poll_once()
+            if all(self.jobs[j].final for j in job_ids if j in self.jobs):
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+        logger.warning("jobs still not finished after %.0f s: %s", timeout,
+                       ", ".join(j for j in job_ids if not self.jobs[j].final))
+
+    # -- watching ------------------------------------------------------------------------
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+                await self.reconcile()
+            except Exception:
+                logger.exception("job poll failed; trying again")
+            await asyncio.sleep(self.poll_interval)
+
+    async def poll_once(self) -> None:
+        ids = [j.job_id for j in self.jobs.values() if not j.final]
+        workers = self.workers_of()
+        for jid in workers:
+            if jid in self.jobs:
+                self.jobs[jid].registered = True
+        if not ids:
+            return
+        try:
+            statuses = await asyncio.to_thread(self.adapter.status, ids)
+        except BatchError as exc:
+            logger.warning("could not read job states: %s", exc)
+            return
+        now = self.clock()
+        for jid in ids:
+            job, st = self.jobs[jid], statuses.get(jid)
+            if st is None or st.state == "unknown":
+                continue
+            job.state, job.raw_state, job.reason = st.state, st.raw_state, st.reason
+            job.node = st.node or job.node
+            if st.state == "running" and job.started is None:
+                job.started = now - (st.elapsed or 0)
+            if job.final and job.ended is None:
+                job.ended = now
+                self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        if job.registered or job.retiring:
+            self.failed_starts = 0
+            return
+        # The job ended before any worker joined: a deployment problem, not a task's fault.
+        self.failed_starts += 1
+        logger.warning("job %s ended (%s) before its worker registered", job.job_id, job.raw_state)
+        if self.failed_starts >= self.startup_failures and not self.halted:
+            self.halted = (f"{self.failed_starts} jobs in a row ended before their worker started "
+                           f"(last: job {job.job_id}, {job.raw_state}); not submitting more. "
+                           "Check the job logs (hpc-cluster logs JOB), fix the environment or "
+                           "prologue, then scale again.")
+            logger.error(self.halted)
