@@ -19,7 +19,7 @@ import uuid
 import warnings
 from typing import Any
 
-from .exceptions import TimeoutError, error_from_record
+from .exceptions import TimeoutError, error_from_record, format_death
 from .futures import Future, _flatten, _FutureState, _rebuild, wait
 from .protocol import serialize
 from .protocol.comm import BatchedSend, Comm, CommClosedError, connect
@@ -129,7 +129,8 @@ class Client:
                     self._handle(msg)
         except (CommClosedError, ConnectionError) as exc:
             if self.status != "closing":
-                logger.warning("lost the connection to the scheduler: %s", exc)
+                busy = self._replies or any(not st.event.is_set() for st in self._states.values())
+                (logger.warning if busy else logger.info)("lost the connection to the scheduler: %s", exc)
         finally:
             self.status = "closed" if self.status == "closing" else "disconnected"
             for key, st in list(self._states.items()):
@@ -450,6 +451,30 @@ class Client:
     def deaths(self) -> list[dict]:
         """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail."""
         return self._lt.run(self._request({"op": "deaths"}), self.timeout)
+
+    def why(self, future: Future) -> str:
+        """Explain a failed or retried future: every worker death while it ran, with evidence."""
+        info = self._lt.run(self._request({"op": "why", "key": future.key}), self.timeout)
+        if info is None:
+            return f"{future.key!r} is not known to the scheduler (released, or never submitted)"
+        err = info["error"] or {}
+        lines = []
+        if info["state"] == "erred" and err.get("kind") == "exception":
+            lines.append(f"{future.key!r} failed with an exception in the task: {err.get('text')} "
+                         "(not a worker death; .result() raises it with the remote traceback)")
+        elif info["state"] == "erred" and err.get("kind") == "dependency":
+            lines.append(f"{future.key!r} failed because its input {err.get('origin')!r} failed; "
+                         f"see client.why() of that one")
+        elif info["state"] == "erred":
+            lines.append(f"{future.key!r} failed: {self._error(future.key)}")
+            return "\n".join(lines)
+        attempts = info["attempts"]
+        if attempts:
+            lines.append(f"{future.key!r} ({info['state']}) was running on {len(attempts)} worker(s) that died:")
+            lines += [format_death(a, "     ") for a in attempts]
+        elif not lines:
+            lines.append(f"{future.key!r} ({info['state']}): no worker died while running it")
+        return "\n".join(lines)
 
     def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:
         """Keep `n` copies of these results on different workers, restored when a holder dies."""

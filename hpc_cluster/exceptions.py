@@ -12,29 +12,99 @@ class HPCClusterError(Exception):
 class KilledWorker(HPCClusterError):
     """A task was running on workers that died, often enough to stop retrying it.
 
-    `attempts` lists each death: worker, time, cause (see the death-cause table in the
-    docs) and what is known about it. `cause` is the cause of the last death.
+    `cause` is the cause of the last death (the stable strings of the death-cause table in
+    docs/why-did-my-worker-die.md); `attempts` lists every death while it ran, each with
+    its cause, explanation, evidence and advice. Subclasses say which kind of fault:
+    TaskMemoryError, TaskCrashedError, TaskWalltimeError.
     """
 
-    def __init__(self, key: str, attempts: list[dict], allowed_failures: int | None = None):
+    def __init__(self, key: str, attempts: list[dict], allowed_failures: int | None = None,
+                 walltime: float | None = None):
         self.key = key
         self.attempts = attempts
         self.allowed_failures = allowed_failures
-        self.cause = attempts[-1]["cause"] if attempts else "unknown"
+        self.walltime = walltime
+        last = attempts[-1] if attempts else {}
+        self.cause = last.get("cause", "unknown")
+        self.evidence = list(last.get("evidence") or [])
+        self.advice = last.get("advice") or ""
         super().__init__(self._message())
 
-    def _message(self) -> str:
+    def _headline(self) -> str:
         n = len(self.attempts)
-        lines = [f"Task {self.key!r} was running on {n} worker{'s' if n != 1 else ''} that died "
-                 f"(allowed failures: {self.allowed_failures}); it is not retried again."]
+        return (f"Task {self.key!r} failed: {n} worker{'s' if n != 1 else ''} died while running it "
+                f"(allowed failures: {self.allowed_failures}).")
+
+    def _message(self) -> str:
+        last = self.attempts[-1] if self.attempts else {}
+        lines = [self._headline(), f"Cause: {self.cause}: {last.get('text') or 'no explanation recorded'}"]
+        if self.evidence:
+            lines.append("Evidence:")
+            lines += [f"  {e}" for e in self.evidence]
+        if self.advice:
+            lines.append(f"Fix: {self.advice}")
+        lines.append("Attempts:")
         for i, a in enumerate(self.attempts, 1):
             when = datetime.datetime.fromtimestamp(a.get("time") or 0).strftime("%H:%M:%S")
-            text = f": {a['text']}" if a.get("text") else ""
-            lines.append(f"  {i}. {when} {a.get('name') or a.get('worker')}: {a.get('cause')}{text}")
+            job = f" (job {a['job_id']})" if a.get("job_id") else ""
+            ran = f", after {a['ran_for']:.1f} s" if a.get("ran_for") is not None else ""
+            lines.append(f"  {i}. {when} {a.get('name') or a.get('worker')}{job}: {a.get('cause')}{ran}")
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (type(self), (self.key, self.attempts, self.allowed_failures))
+        return (type(self), (self.key, self.attempts, self.allowed_failures, self.walltime))
+
+
+class TaskMemoryError(KilledWorker):
+    """The task's memory use killed its workers (batch memory limit or the nanny's budget)."""
+
+
+class TaskCrashedError(KilledWorker):
+    """The task crashed its worker process (a signal like SIGSEGV, or an exit while running)."""
+
+
+class TaskWalltimeError(KilledWorker):
+    """The task never finished within a job's walltime: innocent deaths, but it will never fit."""
+
+    def _headline(self) -> str:
+        runs = ", ".join(f"{a['ran_for']:.0f} s" for a in self.attempts
+                         if a.get("cause") == "walltime" and a.get("ran_for") is not None)
+        limit = f"{self.walltime:.0f} s" if self.walltime else "the walltime"
+        return (f"Task {self.key!r} is too long for the job's walltime ({limit}): it was still running "
+                f"when the job's time ran out {len(self.attempts)} times (it had run {runs or '?'}).")
+
+
+def format_death(d: dict, indent: str = "  ") -> str:
+    """One worker death as the user reads it: when, who, cause, blame, explanation, evidence, fix."""
+    when = datetime.datetime.fromtimestamp(d.get("time") or 0).strftime("%Y-%m-%d %H:%M:%S")
+    job = f" (job {d['job_id']})" if d.get("job_id") else ""
+    charged = "charged to the task" if d.get("blame") else "not charged to any task"
+    lines = [f"{when} {d.get('name') or d.get('worker')}{job}: {d.get('cause')} ({charged})",
+             f"{indent}{d.get('text', '')}"]
+    if d.get("ran_for") is not None:
+        lines.append(f"{indent}the task had run {d['ran_for']:.1f} s")
+    lines += [f"{indent}{e}" for e in d.get("evidence") or []]
+    if d.get("advice"):
+        lines.append(f"{indent}fix: {d['advice']}")
+    tail = d.get("log_tail") or []
+    if tail:
+        lines.append(f"{indent}last log lines:")
+        lines += [f"{indent}  {line}" for line in tail[-8:]]
+    return "\n".join(lines)
+
+
+def killed_worker_error(key: str, err: dict) -> KilledWorker:
+    attempts = err.get("attempts") or []
+    cause = attempts[-1].get("cause") if attempts else None
+    if err.get("walltime_exceeded"):
+        cls = TaskWalltimeError
+    elif cause in ("memory-batch", "memory-nanny"):
+        cls = TaskMemoryError
+    elif cause == "crash":
+        cls = TaskCrashedError
+    else:
+        cls = KilledWorker
+    return cls(key, attempts, err.get("allowed_failures"), err.get("walltime"))
 
 
 class LostDataError(HPCClusterError):
@@ -79,7 +149,7 @@ def error_from_record(key: str, err: dict, load) -> BaseException:
                 exc.add_note(f"Remote traceback (task {key!r} on {err.get('worker', 'a worker')}):\n{tb}")
         return exc
     if kind == "killed-worker":
-        return KilledWorker(key, err.get("attempts") or [], err.get("allowed_failures"))
+        return killed_worker_error(key, err)
     if kind == "lost-data":
         return LostDataError(key, err.get("text", ""))
     if kind == "cancelled":

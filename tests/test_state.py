@@ -229,3 +229,16 @@ def test_client_disconnect_releases_its_work():
     out = s.take_outbox()
     assert {"op": "free-keys", "keys": ["a"]} in out["w"]
     assert s.tasks == {}
+
+
+def test_a_cancelled_task_still_running_keeps_its_slot_until_the_thread_is_free():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("long"), task("next")], ["long", "next"])
+    s.take_outbox()
+    s.task_started("w", "long", now=1)
+    s.cancel(["long"], "cancelled by the user")
+    out = s.take_outbox()
+    assert computes(out, "w") == []                      # the thread is still busy with 'long'
+    s.abandoned_done("w", "long")
+    assert computes(s.take_outbox(), "w") == ["next"]

@@ -164,6 +164,10 @@ class BatchAdapter:
         context.update(self.template_context(spec))
         return template.render(**context)
 
+    def log_patterns(self, job_id: str) -> list[str]:
+        """Glob patterns (in the log directory) of a job's stdout/stderr files."""
+        return []
+
     # -- commands (subclasses) ----------------------------------------------------
     def submit(self, script: str) -> str:
         raise NotImplementedError

@@ -59,6 +59,7 @@ async def run(plan: dict) -> int:
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
                     max_jobs_in_queue=plan.get("max_jobs_in_queue"),
                     startup_failures=plan.get("startup_failures", 3))
+    sched.deaths.source = jm               # accounting and job logs for the diagnosis
     stop = asyncio.Event()
 
     async def scale(msg):

@@ -8,7 +8,9 @@ A job's state is what the batch system says (pending, running, finished), never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import shlex
 import time
 from dataclasses import dataclass
 
@@ -215,6 +217,29 @@ class JobManager:
                 job.ended = now
                 self._ended(job)
 
+    # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) ----
+    async def accounting(self, job_ids: list[str]) -> dict[str, dict]:
+        records = await asyncio.to_thread(self.adapter.accounting, job_ids)
+        out = {}
+        for jid, rec in records.items():
+            d = dataclasses.asdict(rec)
+            d["final"] = rec.final
+            d["raw"] = d["raw"][-2000:]
+            out[jid] = d
+        return out
+
+    async def log_tail(self, job_id: str, lines: int = 40) -> list[str]:
+        """The last lines of the job's stdout and stderr (through the runner: maybe over SSH)."""
+        directory = self.spec.log_directory
+        patterns = self.adapter.log_patterns(job_id)
+        if not directory or not patterns:
+            return []
+        d = shlex.quote(str(directory))
+        globs = " ".join(f"{d}/{p}" for p in patterns)
+        script = f"for f in {globs}; do [ -f \"$f\" ] && tail -n {int(lines)} \"$f\"; done; true"
+        result = await asyncio.to_thread(self.adapter.runner.run, ["sh", "-c", script], None, 30, False)
+        return result.stdout.splitlines()[-2 * lines:]
+
     def _ended(self, job: Job) -> None:
         if job.registered or job.retiring:
             self.failed_starts = 0
@@ -222,9 +247,19 @@ class JobManager:
         # The job ended before any worker joined: a deployment problem, not a task's fault.
         self.failed_starts += 1
         logger.warning("job %s ended (%s) before its worker registered", job.job_id, job.raw_state)
+        asyncio.ensure_future(self._report_startup_failure(job.job_id))
         if self.failed_starts >= self.startup_failures and not self.halted:
             self.halted = (f"{self.failed_starts} jobs in a row ended before their worker started "
                            f"(last: job {job.job_id}, {job.raw_state}); not submitting more. "
                            "Check the job logs (hpc-cluster logs JOB), fix the environment or "
                            "prologue, then scale again.")
             logger.error(self.halted)
+
+    async def _report_startup_failure(self, job_id: str) -> None:
+        try:
+            rec = (await self.accounting([job_id])).get(job_id)
+        except Exception as exc:
+            logger.warning("no accounting for job %s: %s", job_id, exc)
+            rec = None
+        tail = await self.log_tail(job_id)
+        self.scheduler.deaths.job_never_started(job_id, rec, tail)

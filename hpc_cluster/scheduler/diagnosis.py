@@ -1,13 +1,15 @@
-"""Evidence about a worker's death -> a verdict: cause, blame, explanation.
+"""Evidence about a worker's death -> a verdict: cause, blame, explanation, advice.
 
-Pure and table-driven. Evidence arrives in pieces (our own intent, the connection, the
-nanny's exit report at once; batch accounting and log tails later); `diagnose` is simply
-called again with more evidence and may refine the verdict. The causes are the stable
-strings of DESIGN.md's table; only `memory-*` and `crash` blame the running task.
+Pure and table-driven. Evidence arrives in pieces: our own intent, the connection and the
+nanny's exit report at once; the batch system's accounting record and the job's log tail
+seconds later. `diagnose` is simply called again with more evidence and may refine the
+verdict. The causes are the stable strings of DESIGN.md's table; only `memory-*` and
+`crash` blame the tasks that were executing.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -16,18 +18,49 @@ CAUSES = ("retired", "walltime", "memory-batch", "memory-nanny", "crash", "start
 BLAMED = frozenset({"memory-batch", "memory-nanny", "crash"})
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
 
+# What the user should change, per cause: the "fix" part of every explanation.
+ADVICE = {
+    "retired": "nothing to do: the worker was asked to leave",
+    "walltime": "raise walltime= (or the site's walltime), or split the work into shorter tasks",
+    "memory-batch": "raise memory= (the job's request), use fewer processes= per job, or make the task use less memory",
+    "memory-nanny": "raise memory= / memory_limit (the worker's budget) or memory_terminate_fraction, "
+                    "or make the task use less memory",
+    "crash": "the task killed its worker process: run it with client.recreate_error_locally() or in a "
+             "local process to debug, check C extensions and their versions",
+    "startup": "the job ended before its worker started: check python=, job_script_prologue and the "
+               "environment in the job log (hpc-cluster logs JOB)",
+    "cancelled": "someone cancelled the job (scancel/qdel); resubmit if that was a mistake",
+    "preempted": "the job was preempted by higher-priority work; use a partition/queue without preemption",
+    "node-failure": "the node failed; nothing in your code caused it",
+    "connection-lost": "the worker's connection dropped; check the network and the worker log",
+    "heartbeat-lost": "the worker stopped answering (hung process, stopped, or network cut); check the node",
+    "unknown": "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
+}
+
+# Lines in a job's stdout/stderr that tell what ended it.
+LOG_PATTERNS = [
+    ("walltime", re.compile(r"DUE TO TIME LIMIT|job killed: walltime|PBS: job killed: walltime|"
+                            r"exceeded limit .*walltime", re.I)),
+    ("preempted", re.compile(r"DUE TO PREEMPTION", re.I)),
+    ("node-failure", re.compile(r"DUE TO NODE FAILURE", re.I)),
+    ("memory-batch", re.compile(r"oom[-_ ]kill event|Out Of Memory|job killed: mem|exceeded memory limit", re.I)),
+    ("crash", re.compile(r"Segmentation fault|core dumped|Fatal Python error", re.I)),
+    ("cancelled", re.compile(r"CANCELLED AT \S+\s*\*\*\*", re.I)),
+]
+
 
 @dataclass
 class Evidence:
-    """Everything known about one death. Missing pieces are None."""
+    """Everything known about one death. Missing pieces are None / empty."""
 
-    intent: str | None = None              # we asked it to leave: "retire", "scale-down", "down"
+    intent: str | None = None              # we asked it to leave: "scale-down", "down", "restart"
     connection: str | None = None          # "closed", "heartbeat-lost", "goodbye"
     nanny: dict | None = None              # the nanny's exit report
-    accounting: dict | None = None         # AccountingRecord as a dict (filled in by the batch layer)
+    accounting: dict | None = None         # the batch system's AccountingRecord, as a dict
     log_tail: list[str] = field(default_factory=list)
     executing: list[str] = field(default_factory=list)
     registered: bool = True                # False: the job ended before its worker joined
+    job_id: str | None = None
 
 
 @dataclass
@@ -36,23 +69,32 @@ class Verdict:
     blame: bool
     text: str
     evidence: list[str] = field(default_factory=list)
+    advice: str = ""
 
 
-def signal_name(num: int) -> str:
+def signal_name(num) -> str:
     try:
-        return signal.Signals(num).name
-    except ValueError:
+        return signal.Signals(int(num)).name
+    except (ValueError, TypeError):
         return f"signal {num}"
 
 
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n) -> str:
     if not n:
         return "?"
+    n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return "?"
+
+
+def fmt_seconds(s) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _running(ev: Evidence) -> str:
@@ -62,61 +104,134 @@ def _running(ev: Evidence) -> str:
     return f"while running {shown}{' ...' if len(ev.executing) > 3 else ''}"
 
 
-# Each rule: (name, predicate over evidence, builder of (cause, text)). First match wins;
-# order encodes which evidence is stronger (our intent > kernel/nanny facts > timing).
-def _nanny(ev):
+def _nanny(ev: Evidence) -> dict:
     return ev.nanny or {}
 
 
+def _acct(ev: Evidence) -> dict:
+    return ev.accounting or {}
+
+
+def _acct_state(ev: Evidence) -> str | None:
+    return _acct(ev).get("state")
+
+
+def _step_oom(ev: Evidence) -> bool:
+    """With a nanny the job lives on after a cgroup OOM; only its step says out-of-memory."""
+    return any(s.get("state") == "out-of-memory" for s in _acct(ev).get("steps") or [])
+
+
+def _log_says(ev: Evidence, cause: str) -> str | None:
+    pattern = dict(LOG_PATTERNS)[cause]
+    return next((line for line in reversed(ev.log_tail) if pattern.search(line)), None)
+
+
+def _job(ev: Evidence) -> str:
+    return f"job {ev.job_id or _acct(ev).get('job_id') or '?'}"
+
+
+def _memory_numbers(ev: Evidence) -> str:
+    a = _acct(ev)
+    rss = a.get("max_rss") or _nanny(ev).get("peak_rss")
+    req = a.get("requested_memory")
+    shown = fmt_bytes(rss) if rss else "not recorded"
+    return f"MaxRSS {shown} of {fmt_bytes(req)} requested" if req else f"peak RSS {shown}"
+
+
+# Each rule: (predicate over evidence, builder of (cause, text)). First match wins; the
+# order says which evidence is stronger: our intent, then the batch system's own verdict
+# on the job, then kernel/nanny facts about the process, then log lines, then timing.
 RULES = [
-    ("intent", lambda ev: ev.intent is not None,
+    (lambda ev: ev.intent is not None,
      lambda ev: ("retired", f"asked to leave ({ev.intent})")),
-    ("goodbye", lambda ev: ev.connection == "goodbye" and not _nanny(ev).get("killed_by_nanny"),
-     lambda ev: ("retired", "the worker closed itself cleanly")),
-    ("nanny-memory", lambda ev: _nanny(ev).get("killed_by_nanny"),
+    (lambda ev: not ev.registered,
+     lambda ev: ("startup", f"{_job(ev)} ended ({_acct(ev).get('raw_state') or 'finished'}) before its "
+                            "worker registered")),
+    (lambda ev: _acct_state(ev) in ("timeout", "deadline") or _log_says(ev, "walltime"),
+     lambda ev: ("walltime", f"{_job(ev)} reached its time limit ({fmt_seconds(_acct(ev).get('time_limit'))}) "
+                             f"after {fmt_seconds(_acct(ev).get('elapsed'))} {_running(ev)}")),
+    (lambda ev: _acct_state(ev) == "preempted" or _log_says(ev, "preempted"),
+     lambda ev: ("preempted", f"{_job(ev)} was preempted by the batch system {_running(ev)}")),
+    (lambda ev: _acct_state(ev) in ("node-fail", "boot-fail") or _log_says(ev, "node-failure"),
+     lambda ev: ("node-failure", f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}")),
+    (lambda ev: _nanny(ev).get("killed_by_nanny"),
      lambda ev: ("memory-nanny",
                  f"the nanny stopped the worker {_running(ev)}: memory reached "
-                 f"{_fmt_bytes(_nanny(ev).get('peak_rss'))}, over its budget of "
-                 f"{_fmt_bytes(_nanny(ev).get('memory_budget'))} "
-                 f"({_fmt_bytes(_nanny(ev).get('memory_limit'))} memory_limit)")),
-    ("cgroup-oom", lambda ev: _nanny(ev).get("cgroup_oom"),
-     lambda ev: ("memory-batch",
-                 f"the kernel's OOM killer ended the worker {_running(ev)} in its memory cgroup "
-                 f"(peak RSS {_fmt_bytes(_nanny(ev).get('peak_rss'))})")),
-    ("crash-signal", lambda ev: _nanny(ev).get("signal") in CRASH_SIGNALS,
-     lambda ev: ("crash", f"the worker died of {_nanny(ev)['signal']} "
-                          f"({signal_name(_nanny(ev)['signal'])}) {_running(ev)}")),
-    ("exit-nonzero", lambda ev: (_nanny(ev).get("exit_code") or 0) not in (0,) and ev.executing
-     and _nanny(ev).get("signal") is None,
+                 f"{fmt_bytes(_nanny(ev).get('peak_rss'))}, over its budget of "
+                 f"{fmt_bytes(_nanny(ev).get('memory_budget'))} "
+                 f"({fmt_bytes(_nanny(ev).get('memory_limit'))} memory_limit)")),
+    (lambda ev: _nanny(ev).get("cgroup_oom") or _acct_state(ev) == "out-of-memory" or _step_oom(ev)
+     or (_log_says(ev, "memory-batch") and _nanny(ev).get("signal") in (None, 9)),
+     lambda ev: ("memory-batch", f"the batch system's memory limit ended the worker {_running(ev)} "
+                                 f"(the kernel's OOM killer fired in its cgroup; {_memory_numbers(ev)})")),
+    (lambda ev: _acct_state(ev) == "cancelled",
+     lambda ev: ("cancelled", f"{_job(ev)} was cancelled" + (f" by uid {_acct(ev)['cancelled_by']}"
+                                                             if _acct(ev).get("cancelled_by") else "")
+                 + f" {_running(ev)}")),
+    (lambda ev: _nanny(ev).get("signal") in CRASH_SIGNALS or (not ev.nanny and _acct(ev).get("signal") in CRASH_SIGNALS),
+     lambda ev: ("crash", f"the worker died of signal {_nanny(ev).get('signal') or _acct(ev).get('signal')} "
+                          f"({signal_name(_nanny(ev).get('signal') or _acct(ev).get('signal'))}) {_running(ev)}")),
+    (lambda ev: ev.connection == "goodbye",
+     lambda ev: ("retired", "the worker closed itself cleanly")),
+    (lambda ev: (_nanny(ev).get("exit_code") or 0) != 0 and _nanny(ev).get("signal") is None and ev.executing,
      lambda ev: ("crash", f"the worker process exited with code {_nanny(ev)['exit_code']} {_running(ev)}")),
-    ("external-signal", lambda ev: _nanny(ev).get("signal") is not None,
+    (lambda ev: _nanny(ev).get("signal") is not None,
      lambda ev: ("unknown", f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
-    ("heartbeat", lambda ev: ev.connection == "heartbeat-lost",
+    (lambda ev: ev.connection == "heartbeat-lost",
      lambda ev: ("heartbeat-lost", f"the worker stopped answering heartbeats {_running(ev)}")),
-    ("connection", lambda ev: ev.connection == "closed",
+    (lambda ev: ev.connection == "closed",
      lambda ev: ("connection-lost", f"the connection to the worker closed {_running(ev)}")),
 ]
 
 
 def diagnose(ev: Evidence) -> Verdict:
     """Decide the cause of a death from the evidence gathered so far."""
-    facts = _facts(ev)
-    for _name, applies, build in RULES:
+    facts = facts_of(ev)
+    for applies, build in RULES:
         if applies(ev):
             cause, text = build(ev)
-            return Verdict(cause, cause in BLAMED and bool(ev.executing), text, facts)
-    return Verdict("unknown", False, "no evidence about this death", facts)
+            blame = cause in BLAMED and bool(ev.executing)
+            return Verdict(cause, blame, text, facts, ADVICE[cause])
+    return Verdict("unknown", False, "no evidence about this death", facts, ADVICE["unknown"])
 
 
-def _facts(ev: Evidence) -> list[str]:
+def facts_of(ev: Evidence) -> list[str]:
+    """The evidence in one line per source, as the user will read it."""
     out = []
     n = ev.nanny
     if n:
-        how = f"signal {n['signal']} ({signal_name(n['signal'])})" if n.get("signal") else f"exit code {n.get('exit_code')}"
-        out.append(f"nanny: worker pid {n.get('pid')} ended with {how}, peak RSS {_fmt_bytes(n.get('peak_rss'))}"
+        how = (f"signal {n['signal']} ({signal_name(n['signal'])})" if n.get("signal")
+               else f"exit code {n.get('exit_code')}")
+        out.append(f"nanny: worker pid {n.get('pid')} ended with {how}, peak RSS {fmt_bytes(n.get('peak_rss'))}"
                    + (", killed by the nanny over its memory budget" if n.get("killed_by_nanny") else "")
                    + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else ""))
+    a = ev.accounting
+    if a:
+        code = f" {a.get('exit_code')}:{a.get('signal')}" if a.get("exit_code") is not None else ""
+        line = f"accounting: job {a.get('job_id')} {a.get('raw_state')}{code}"
+        if a.get("state") in ("out-of-memory",) or _step_oom(ev) or a.get("max_rss"):
+            line += f", {_memory_numbers(ev)}"
+        if a.get("time_limit"):
+            line += f", elapsed {fmt_seconds(a.get('elapsed'))} of {fmt_seconds(a.get('time_limit'))} limit"
+        if a.get("cancelled_by"):
+            line += f", cancelled by uid {a['cancelled_by']}"
+        if a.get("node"):
+            line += f", node {a['node']}"
+        steps = [f"{s.get('step_id')} {s.get('raw_state')}" for s in a.get("steps") or []
+                 if s.get("state") not in ("completed", None)]
+        if steps:
+            line += f" (steps: {', '.join(steps)})"
+        out.append(line)
+    for cause, _pattern in LOG_PATTERNS:
+        hit = _log_says(ev, cause)
+        if hit:
+            out.append(f"log: {hit.strip()[:200]}")
     if ev.connection:
         out.append(f"connection: {ev.connection}")
     return out
+
+
+def needs_accounting(ev: Evidence) -> bool:
+    """Would the batch record still change the verdict? (Then keep asking for it.)"""
+    return ev.job_id is not None and ev.intent is None and (ev.accounting is None or not ev.accounting.get("final"))

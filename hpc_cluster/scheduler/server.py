@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
-from .diagnosis import Evidence, diagnose
+from .evidence import EvidenceCollector
 from .state import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.scheduler")
@@ -48,12 +48,13 @@ def _check_task(spec) -> dict:
 class Scheduler:
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
-                 limits: Limits | None = None, versions: str = "warn",
+                 limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  clock: Callable[[], float] = time.time):
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
-        self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch)
+        self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch,
+                                    walltime_failures=walltime_failures)
         self.secret, self.host, self.port = secret, host, port
         self.heartbeat_ttl = heartbeat_ttl
         self.limits = limits or Limits()
@@ -64,9 +65,7 @@ class Scheduler:
         self.comms: dict[str, Comm] = {}
         self._client_ids = itertools.count(1)
         self.exit_reports: list[dict] = []
-        self.evidence: dict[int, Evidence] = {}          # death id -> what we know
-        self._death_of_nanny: dict[str, int] = {}        # nanny id -> its worker's latest death
-        self._early_reports: dict[str, dict] = {}        # reports that beat the connection close
+        self.deaths = EvidenceCollector(self.state, self.clock, self._flush)
         self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
         # Extra client ops added by whoever runs us (deploy's job manager): op -> async fn(msg).
         self.handlers: dict[str, Callable[[dict], Awaitable]] = {}
@@ -144,40 +143,7 @@ class Scheduler:
     def _remove_worker(self, addr: str, connection: str) -> None:
         """A worker is gone: judge on what we know now; later evidence may refine it."""
         self.streams.pop(addr, None)
-        ws = self.state.workers.get(addr)
-        if ws is None:
-            return
-        nanny_id = ws.info.get("nanny_id")
-        ev = Evidence(connection=connection, intent=self._intents.pop(addr, None),
-                      executing=sorted(t.key for t in ws.executing),
-                      nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None)
-        verdict = diagnose(ev)
-        record = self.state.remove_worker(addr, self.clock(), {"cause": verdict.cause, "blame": verdict.blame,
-                                                               "text": verdict.text})
-        self.evidence[record["id"]] = ev
-        record["evidence"] = verdict.evidence
-        if nanny_id:
-            self._death_of_nanny[nanny_id] = record["id"]
-        logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
-        self._flush()
-
-    def _exit_report(self, report: dict) -> None:
-        """The nanny says how its worker ended: refine that death's verdict."""
-        nanny_id = report.get("nanny_id")
-        death_id = self._death_of_nanny.pop(nanny_id, None)
-        if death_id is None:
-            worker_alive = any(ws.info.get("nanny_id") == nanny_id for ws in self.state.workers.values())
-            if worker_alive:
-                self._early_reports[nanny_id] = report     # its connection close is on its way
-            return
-        ev = self.evidence[death_id]
-        ev.nanny = report
-        verdict = diagnose(ev)
-        self.state.refine_death(death_id, verdict.cause, verdict.blame, verdict.text)
-        self.state.deaths[death_id]["evidence"] = verdict.evidence
-        self.state.deaths[death_id]["log_tail"] = report.get("log_tail") or []
-        logger.info("death of %s refined: %s: %s", self.state.deaths[death_id]["worker"], verdict.cause,
-                    verdict.text)
+        self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self._flush()
 
     # -- workers ---------------------------------------------------------------
@@ -194,7 +160,8 @@ class Scheduler:
         self.streams[addr] = BatchedSend(comm)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
-                "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id")}
+                "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),
+                "job_walltime": first.get("job_walltime"), "job_start": first.get("job_start")}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
                               info=info)
@@ -221,13 +188,15 @@ class Scheduler:
             if op == "task-finished":
                 st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0))
             elif op == "task-started":
-                st.task_started(addr, msg["key"])
+                st.task_started(addr, msg["key"], now)
             elif op == "task-erred":
                 st.task_erred(addr, msg["key"], {"exception": msg.get("exception"),
                                                   "traceback": msg.get("traceback"),
                                                   "text": str(msg.get("text", ""))})
             elif op == "missing-data":
                 st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
+            elif op == "abandoned-done":
+                st.abandoned_done(addr, msg["key"])
             elif op == "add-replica":
                 st.add_replica(addr, msg["key"], int(msg.get("nbytes") or 0))
             elif op == "replica-failed":
@@ -262,7 +231,7 @@ class Scheduler:
             self.nannies[msg["nanny_id"]] = BatchedSend(comm)
         elif op == "exit-report" and isinstance(msg.get("report"), dict):
             self.exit_reports.append(msg["report"])
-            self._exit_report(msg["report"])
+            self.deaths.exit_report(msg["report"])
         else:
             raise ProtocolError(f"unknown op {op!r} from nanny")
 
@@ -315,6 +284,10 @@ class Scheduler:
                 ts = st.tasks.get(msg["key"])
                 self._reply(cid, msg, None if ts is None or ts.func is None else {
                     "func": ts.func, "args": ts.args, "deps": sorted(d.key for d in ts.dependencies)})
+            elif op == "why":
+                ts = st.tasks.get(msg["key"])
+                self._reply(cid, msg, None if ts is None else {
+                    "state": ts.state, "error": ts.error, "attempts": st._attempts(ts)})
             elif op == "versions":
                 self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})

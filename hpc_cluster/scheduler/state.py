@@ -46,7 +46,8 @@ class TaskState:
     executing: bool = False
     nbytes: int = 0
     error: dict | None = None
-    attempts: list = field(default_factory=list)     # worker deaths while it ran
+    attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
+    started_at: float | None = None
     replicas: int = 1                                # copies to keep (replicate); pinned
     copying: set = field(default_factory=set)        # workers fetching a replica now
 
@@ -66,6 +67,7 @@ class WorkerState:
     executing: set = field(default_factory=set)
     has_what: set = field(default_factory=set)
     used_resources: dict = field(default_factory=dict)
+    abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
     joined: float = 0.0
     last_seen: float = 0.0
 
@@ -74,11 +76,12 @@ class WorkerState:
 
 
 class SchedulerState:
-    def __init__(self, allowed_failures: int = 3, prefetch: int = 2):
+    def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
         self.clients: set[str] = set()
         self.allowed_failures = allowed_failures
+        self.walltime_failures = walltime_failures       # innocent, but never going to fit
         self.prefetch = prefetch
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
@@ -106,7 +109,7 @@ class SchedulerState:
         return ws.nthreads + self.prefetch
 
     def _update_free(self, ws: WorkerState) -> None:
-        if ws.address in self.workers and len(ws.processing) < self._capacity(ws):
+        if ws.address in self.workers and len(ws.processing) + len(ws.abandoned) < self._capacity(ws):
             self._free.add(ws)
         else:
             self._free.discard(ws)
@@ -250,6 +253,7 @@ class SchedulerState:
         self.tasks.clear()
         self._ready.clear()
         for ws in self.workers.values():
+            ws.abandoned |= {t.key for t in ws.executing}
             ws.processing.clear()
             ws.executing.clear()
             ws.has_what.clear()
@@ -295,7 +299,9 @@ class SchedulerState:
                   "cause": death.get("cause", "unknown"),
                   "blame": bool(death.get("blame")), "text": death.get("text", ""),
                   "executing": sorted(ts.key for ts in ws.executing),
-                  "processing": sorted(ts.key for ts in ws.processing)}
+                  "processing": sorted(ts.key for ts in ws.processing),
+                  "job_id": ws.info.get("job_id"), "walltime": ws.info.get("job_walltime"),
+                  "evidence": death.get("evidence") or [], "advice": death.get("advice", "")}
         self.deaths.append(record)
         lost = []
         for ts in ws.has_what:
@@ -315,10 +321,10 @@ class SchedulerState:
             was_executing = ts in ws.executing
             ts.processing_on, ts.executing = None, False
             if was_executing:
-                ts.attempts.append(record)         # shared: a later verdict updates it in place
-            if was_executing and self._charged(ts) > self.allowed_failures:
-                self._killed(ts)
-            else:
+                # The record is shared: a later verdict updates it in place.
+                ran = now - ts.started_at if ts.started_at is not None else None
+                ts.attempts.append({"death": record, "ran_for": ran})
+            if not (was_executing and self._over_limits(ts)):
                 ts.state = "released"
                 self._activate(ts)
         ws.processing.clear()
@@ -326,27 +332,46 @@ class SchedulerState:
         self._schedule()
         return record
 
-    def refine_death(self, death_id: int, cause: str, blame: bool, text: str) -> None:
+    def add_death(self, record: dict) -> dict:
+        """A death with no worker behind it (a job that never started its worker)."""
+        record = dict(record, id=len(self.deaths))
+        record.setdefault("executing", [])
+        record.setdefault("processing", [])
+        self.deaths.append(record)
+        return record
+
+    def refine_death(self, death_id: int, cause: str, blame: bool, text: str, **more) -> None:
         """Later evidence (nanny report, batch accounting) changes a death's verdict."""
         if not 0 <= death_id < len(self.deaths):
             return
         record = self.deaths[death_id]
-        record.update(cause=cause, blame=bool(blame), text=text)
+        record.update(cause=cause, blame=bool(blame), text=text, **more)
         for key in record["executing"]:
             ts = self.tasks.get(key)
-            if ts is not None and ts.state in ACTIVE and self._charged(ts) > self.allowed_failures:
-                self._killed(ts)
+            if ts is not None and ts.state in ACTIVE:
+                self._over_limits(ts)
         self._schedule()
 
-    @staticmethod
-    def _charged(ts: TaskState) -> int:
-        return sum(1 for a in ts.attempts if a["blame"])
+    def _over_limits(self, ts: TaskState) -> bool:
+        """Fail the task if its deaths say it must: too many caused by it, or walltime every time."""
+        charged = sum(1 for a in ts.attempts if a["death"]["blame"])
+        walltime = [a for a in ts.attempts if a["death"]["cause"] == "walltime"]
+        if charged > self.allowed_failures:
+            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
+                           "allowed_failures": self.allowed_failures})
+            return True
+        if len(walltime) > self.walltime_failures:
+            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts), "walltime_exceeded": True,
+                           "allowed_failures": self.allowed_failures,
+                           "walltime": walltime[-1]["death"].get("walltime"),
+                           "ran_for": [a["ran_for"] for a in walltime]})
+            return True
+        return False
 
-    def _killed(self, ts: TaskState) -> None:
-        attempts = [{k: a[k] for k in ("worker", "name", "time", "cause", "blame", "text")}
-                    for a in ts.attempts]
-        self._err(ts, {"kind": "killed-worker", "attempts": attempts,
-                       "allowed_failures": self.allowed_failures})
+    @staticmethod
+    def _attempts(ts: TaskState) -> list[dict]:
+        keys = ("worker", "name", "time", "cause", "blame", "text", "job_id", "evidence", "advice", "walltime")
+        return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"]) for a in ts.attempts]
 
     def _data_lost(self, ts: TaskState) -> None:
         """The last copy of a result is gone: recompute it if anyone needs it."""
@@ -366,11 +391,12 @@ class SchedulerState:
                 self._activate(ts)
 
     # -- worker reports ----------------------------------------------------------
-    def task_started(self, address: str, key: str) -> None:
+    def task_started(self, address: str, key: str, now: float | None = None) -> None:
         ts = self.tasks.get(key)
         ws = self.workers.get(address)
         if ts is not None and ws is not None and ts.processing_on is ws:
             ts.executing = True
+            ts.started_at = now
             ws.executing.add(ts)
 
     def task_finished(self, address: str, key: str, nbytes: int) -> None:
@@ -477,6 +503,24 @@ class SchedulerState:
                 ws.used_resources[r] = ws.used_resources.get(r, 0) - n
             self._update_free(ws)
 
+    def _abandon(self, ts: TaskState) -> None:
+        """Stop wanting a processing task. A thread already running it cannot be stopped, so
+        its slot stays taken until the worker says the thread is free (abandoned_done)."""
+        ws, was_executing = ts.processing_on, ts.executing
+        self._unassign(ts)
+        if ws is not None:
+            if was_executing:
+                ws.abandoned.add(ts.key)
+                self._update_free(ws)
+            self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+
+    def abandoned_done(self, address: str, key: str) -> None:
+        ws = self.workers.get(address)
+        if ws is not None and key in ws.abandoned:
+            ws.abandoned.discard(key)
+            self._update_free(ws)
+            self._schedule()
+
     def _err(self, root: TaskState, error: dict) -> None:
         """Fail `root` and every active task that depends on it."""
         stack = [(root, error)]
@@ -485,10 +529,7 @@ class SchedulerState:
             if ts.state == "erred":
                 continue
             if ts.state == "processing":
-                ws = ts.processing_on
-                self._unassign(ts)
-                if ws is not None:
-                    self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self._abandon(ts)
             ts.state, ts.error = "erred", err
             ts.waiting_on = set()
             for dep in ts.dependencies:
@@ -513,9 +554,7 @@ class SchedulerState:
             ts.state = "released"
         elif ts.state in ACTIVE:
             if ts.state == "processing":
-                ws = ts.processing_on
-                self._unassign(ts)
-                self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self._abandon(ts)
             ts.state = "released"
             ts.waiting_on = set()
             for dep in list(ts.dependencies):

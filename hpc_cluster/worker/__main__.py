@@ -99,6 +99,13 @@ def _drop_option(argv: list[str], option: str) -> list[str]:
     return out
 
 
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -123,7 +130,9 @@ def main(argv=None) -> int:
         return run_nanny(address, secret, child, memory_limit=memory_limit,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name)
     from .worker import run_worker
-    extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID"), "nanny_id": args.nanny_id}
+    extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
+             "job_walltime": _number(os.environ.get("HPC_CLUSTER_JOB_WALLTIME")),
+             "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START"))}
     code = run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
                       host=args.host, resources=parse_resources(args.resources),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,

@@ -303,6 +303,8 @@ class Worker:
             cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
             self._forget_task(ts)
             if cancelled:
+                # The scheduler gave up on it but still counts this thread as busy.
+                self.scheduler.send({"op": "abandoned-done", "key": ts.key})
                 continue
             if outcome[0] == "ok":
                 self.data[ts.key] = outcome[1]

@@ -1,0 +1,139 @@
+"""Collects the evidence about each death and keeps its verdict up to date.
+
+At the moment of a death we know our intent, how the connection ended, and sometimes
+already the nanny's exit report. The batch system's accounting and the job's log come
+later: they are asked for in the background, batched for all recently lost jobs, with
+backoff, until the record is final. Each new piece re-runs `diagnose` and refines the
+death's verdict (and so the blame of the tasks it was running). The scheduler never waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Protocol
+
+from .diagnosis import Evidence, diagnose, needs_accounting
+from .state import SchedulerState
+
+logger = logging.getLogger("hpc_cluster.evidence")
+
+BACKOFF = (0.5, 1, 1, 2, 2, 4, 4, 8, 8, 15, 15, 30)     # ~90 s in all, then we stop asking
+
+
+class EvidenceSource(Protocol):
+    """What the batch layer offers (deploy's job manager); the scheduler imports no batch system."""
+
+    async def accounting(self, job_ids: list[str]) -> dict[str, dict]: ...
+
+    async def log_tail(self, job_id: str) -> list[str]: ...
+
+
+class EvidenceCollector:
+    def __init__(self, state: SchedulerState, clock: Callable[[], float], flush: Callable[[], None]):
+        self.state, self.clock, self.flush = state, clock, flush
+        self.source: EvidenceSource | None = None
+        self.evidence: dict[int, Evidence] = {}             # death id -> what we know
+        self._death_of_nanny: dict[str, int] = {}            # nanny id -> its worker's latest death
+        self._early_reports: dict[str, dict] = {}            # reports that beat the connection close
+        self._waiting: dict[int, int] = {}                   # death id -> accounting attempts so far
+        self._task: asyncio.Task | None = None
+
+    # -- events ----------------------------------------------------------------------
+    def worker_removed(self, addr: str, connection: str, intent: str | None) -> dict | None:
+        ws = self.state.workers.get(addr)
+        if ws is None:
+            return None
+        nanny_id = ws.info.get("nanny_id")
+        ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
+                      nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
+                      job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None)
+        verdict = diagnose(ev)
+        record = self.state.remove_worker(addr, self.clock(), {
+            "cause": verdict.cause, "blame": verdict.blame, "text": verdict.text,
+            "evidence": verdict.evidence, "advice": verdict.advice})
+        self.evidence[record["id"]] = ev
+        if nanny_id and ev.nanny is None:
+            self._death_of_nanny[nanny_id] = record["id"]
+        if self.source is not None and needs_accounting(ev):
+            self._waiting[record["id"]] = 0
+            self._ensure_loop()
+        expecting = record["id"] in self._waiting or record["id"] in self._death_of_nanny.values()
+        record["final_at"] = None if expecting else record["time"]
+        logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
+        return record
+
+    def exit_report(self, report: dict) -> None:
+        """The nanny says how its worker ended."""
+        nanny_id = report.get("nanny_id")
+        death_id = self._death_of_nanny.pop(nanny_id, None)
+        if death_id is None:
+            if any(ws.info.get("nanny_id") == nanny_id for ws in self.state.workers.values()):
+                self._early_reports[nanny_id] = report       # its connection close is on its way
+            return
+        ev = self.evidence[death_id]
+        ev.nanny = report
+        self.state.deaths[death_id]["log_tail"] = report.get("log_tail") or []
+        self._refine(death_id)
+
+    def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str]) -> dict:
+        """A job ended before its worker registered: a deployment problem, charged to no task."""
+        ev = Evidence(registered=False, job_id=job_id, accounting=accounting, log_tail=log_tail)
+        v = diagnose(ev)
+        now = self.clock()
+        record = self.state.add_death({
+            "worker": None, "name": f"job {job_id}", "time": now, "cause": v.cause, "blame": False,
+            "text": v.text, "evidence": v.evidence, "advice": v.advice, "job_id": job_id,
+            "log_tail": log_tail[-40:], "final_at": now})
+        self.evidence[record["id"]] = ev
+        logger.warning("job %s: %s", job_id, v.text)
+        return record
+
+    # -- refining ----------------------------------------------------------------------
+    def _refine(self, death_id: int) -> None:
+        ev = self.evidence[death_id]
+        v = diagnose(ev)
+        record = self.state.deaths[death_id]
+        changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
+        final = death_id not in self._waiting and death_id not in self._death_of_nanny.values()
+        self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
+                                final_at=self.clock() if final else None)
+        if changed:
+            logger.info("death of %s refined: %s: %s", record.get("name"), v.cause, v.text)
+        self.flush()
+
+    def _ensure_loop(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._accounting_loop())
+
+    async def _accounting_loop(self) -> None:
+        """Ask the batch system about every recently lost job, in one call per round."""
+        step = 0
+        while self._waiting:
+            await asyncio.sleep(BACKOFF[min(step, len(BACKOFF) - 1)])
+            step += 1
+            jobs = {self.evidence[d].job_id for d in self._waiting}
+            try:
+                records = await self.source.accounting(sorted(jobs))
+            except Exception as exc:  # the batch system may be slow or down: try again later
+                logger.warning("accounting query failed: %s", exc)
+                records = {}
+            for death_id in list(self._waiting):
+                ev = self.evidence[death_id]
+                rec = records.get(ev.job_id)
+                self._waiting[death_id] += 1
+                if rec is not None:
+                    ev.accounting = rec
+                    if rec.get("final"):
+                        try:
+                            ev.log_tail = await self.source.log_tail(ev.job_id)
+                        except Exception as exc:
+                            logger.warning("could not read the log of job %s: %s", ev.job_id, exc)
+                # Done when the record is final; or when the job lives on after a nanny
+                # restart (its state will not explain this death); or when we gave up.
+                done = (rec is not None and (rec.get("final") or ev.nanny is not None)) \
+                    or self._waiting[death_id] >= len(BACKOFF)
+                if done:
+                    del self._waiting[death_id]
+                if rec is not None or done:
+                    self._refine(death_id)
