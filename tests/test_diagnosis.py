@@ -1,0 +1,126 @@
+"""The death-diagnosis table, evidence by evidence. Pure: no processes, no batch system.
+
+The accounting dicts have the shape of AccountingRecord (adapters/base.py) as the job
+manager hands them over; the nanny dicts are the nanny's exit report.
+"""
+
+import signal
+
+import pytest
+
+from hpc_cluster.scheduler.diagnosis import ADVICE, BLAMED, CAUSES, Evidence, diagnose, needs_accounting
+
+RUNNING = ["f-3a9c"]
+
+
+def acct(state, raw, **kw):
+    return {"job_id": "123", "state": state, "raw_state": raw, "final": True, "steps": [], **kw}
+
+
+def nanny(**kw):
+    base = {"pid": 4242, "exit_code": None, "signal": None, "peak_rss": 2**30, "killed_by_nanny": False,
+            "cgroup_oom": False, "memory_limit": 2**30, "memory_budget": int(0.95 * 2**30)}
+    base.update(kw)
+    return base
+
+
+CASES = [
+    # (name, evidence, cause, blamed)
+    ("scale-down intent beats everything", Evidence(intent="scale-down", connection="closed",
+                                                    nanny=nanny(signal=9), executing=RUNNING), "retired", False),
+    ("job never registered", Evidence(registered=False, job_id="7", accounting=acct("failed", "FAILED",
+                                                                                    exit_code=1, signal=0)),
+     "startup", False),
+    ("sacct TIMEOUT", Evidence(connection="closed", executing=RUNNING, job_id="123",
+                               accounting=acct("timeout", "TIMEOUT", elapsed=73, time_limit=60)), "walltime", False),
+    ("time-limit line in the log, nanny said goodbye", Evidence(
+        connection="goodbye", nanny=nanny(exit_code=0), executing=RUNNING,
+        log_tail=["slurmstepd: error: *** JOB 123 ON vm CANCELLED AT 2026-11-22T03:00:00 DUE TO TIME LIMIT ***"]),
+     "walltime", False),
+    ("sacct PREEMPTED", Evidence(connection="closed", executing=RUNNING, accounting=acct("preempted", "PREEMPTED")),
+     "preempted", False),
+    ("sacct NODE_FAIL", Evidence(connection="heartbeat-lost", executing=RUNNING,
+                                 accounting=acct("node-fail", "NODE_FAIL", node="vm")), "node-failure", False),
+    ("nanny memory kill", Evidence(connection="closed", executing=RUNNING,
+                                   nanny=nanny(signal=9, killed_by_nanny=True)), "memory-nanny", True),
+    ("cgroup OOM seen by the nanny", Evidence(connection="closed", executing=RUNNING,
+                                              nanny=nanny(signal=9, cgroup_oom=True)), "memory-batch", True),
+    ("sacct OUT_OF_MEMORY, no nanny", Evidence(connection="closed", executing=RUNNING, accounting=acct(
+        "out-of-memory", "OUT_OF_MEMORY", exit_code=0, signal=125, max_rss=1.02 * 2**30,
+        requested_memory=2**30)), "memory-batch", True),
+    ("OOM only on the batch step (job lives on)", Evidence(
+        connection="closed", executing=RUNNING, nanny=nanny(signal=9),
+        accounting={**acct("running", "RUNNING"), "final": False,
+                    "steps": [{"step_id": "123.batch", "state": "out-of-memory", "raw_state": "OUT_OF_MEMORY"}]}),
+     "memory-batch", True),
+    ("scancel by a user", Evidence(connection="closed", executing=RUNNING,
+                                   accounting=acct("cancelled", "CANCELLED by 1000", cancelled_by="1000")),
+     "cancelled", False),
+    ("SIGSEGV in a task (nanny)", Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=11)),
+     "crash", True),
+    ("SIGABRT in a task (nanny)", Evidence(connection="closed", executing=RUNNING,
+                                           nanny=nanny(signal=int(signal.SIGABRT))), "crash", True),
+    ("SIGSEGV in a task (sacct, no nanny)", Evidence(connection="closed", executing=RUNNING,
+                                                      accounting=acct("failed", "FAILED", exit_code=0, signal=11)),
+     "crash", True),
+    ("segfault while idle is not charged", Evidence(connection="closed", executing=[], nanny=nanny(signal=11)),
+     "crash", False),
+    ("os._exit(1) while running", Evidence(connection="closed", executing=RUNNING, nanny=nanny(exit_code=1)),
+     "crash", True),
+    ("clean goodbye", Evidence(connection="goodbye", nanny=nanny(exit_code=0)), "retired", False),
+    ("SIGKILL from outside", Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=9)),
+     "unknown", False),
+    ("heartbeat silence", Evidence(connection="heartbeat-lost", executing=RUNNING), "heartbeat-lost", False),
+    ("connection closed, nothing else", Evidence(connection="closed", executing=RUNNING),
+     "connection-lost", False),
+    ("no evidence at all", Evidence(), "unknown", False),
+]
+
+
+@pytest.mark.parametrize("name,ev,cause,blamed", CASES, ids=[c[0] for c in CASES])
+def test_table(name, ev, cause, blamed):
+    v = diagnose(ev)
+    assert (v.cause, v.blame) == (cause, blamed), v.text
+    assert v.cause in CAUSES and v.advice == ADVICE[v.cause]
+
+
+def test_every_cause_is_reachable_and_only_memory_and_crash_blame():
+    reached = {c[2] for c in CASES}
+    assert reached == set(CAUSES)
+    assert BLAMED == {"memory-batch", "memory-nanny", "crash"}
+
+
+def test_memory_explanation_carries_the_numbers_from_sacct():
+    ev = Evidence(connection="closed", executing=RUNNING, job_id="123", accounting=acct(
+        "out-of-memory", "OUT_OF_MEMORY", exit_code=0, signal=125, max_rss=int(1.02 * 2**30),
+        requested_memory=2**30))
+    v = diagnose(ev)
+    assert "MaxRSS 1.02 GiB of 1.00 GiB requested" in v.text
+    assert any(e.startswith("accounting: job 123 OUT_OF_MEMORY 0:125") for e in v.evidence)
+    assert "raise memory=" in v.advice
+
+
+def test_crash_explanation_names_signal_and_task():
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=11)))
+    assert "signal 11 (SIGSEGV)" in v.text and "'f-3a9c'" in v.text
+
+
+def test_walltime_explanation_names_limit_and_elapsed():
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, job_id="9",
+                          accounting=acct("timeout", "TIMEOUT", elapsed=73, time_limit=60)))
+    assert "00:01:00" in v.text and "00:01:13" in v.text and "raise walltime=" in v.advice
+
+
+def test_verdict_is_refined_as_evidence_arrives():
+    ev = Evidence(connection="closed", executing=RUNNING, job_id="123")
+    assert diagnose(ev).cause == "connection-lost" and needs_accounting(ev)
+    ev.accounting = acct("out-of-memory", "OUT_OF_MEMORY")
+    assert diagnose(ev).cause == "memory-batch" and not needs_accounting(ev)
+
+
+def test_log_lines_become_evidence():
+    ev = Evidence(connection="closed", executing=RUNNING,
+                  log_tail=["starting", "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=5.batch."])
+    v = diagnose(ev)
+    assert v.cause == "memory-batch"
+    assert any("oom-kill event" in e for e in v.evidence)
