@@ -49,13 +49,6 @@ async def run(plan: dict) -> int:
     meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
             "daemon_log": plan.get("daemon_log")}
-    write_cluster_file(cluster_file, address, secret, **meta)
-    remote = plan.get("remote_cluster_file")
-    if plan.get("ssh") and remote:
-        # Workers on the remote side read the secret from their own (shared) filesystem.
-        text = json.dumps({"address": address, "secret": secret.hex(), **meta})
-        await asyncio.to_thread(runner.write_file, remote, text, 0o600)
-
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
                     max_jobs_in_queue=plan.get("max_jobs_in_queue"),
                     startup_failures=plan.get("startup_failures", 3))
@@ -79,6 +72,15 @@ async def run(plan: dict) -> int:
         return jm.table()
 
     sched.handlers.update({"scale": scale, "jobs": jobs, "shutdown": shutdown, "adapt": adapt})
+    # The address in the cluster file tells clients we are ready, so it is written only once
+    # the handlers exist: a `scale` arriving while the remote copy is written over SSH
+    # (an await) would otherwise be refused as an unknown op.
+    write_cluster_file(cluster_file, address, secret, **meta)
+    remote = plan.get("remote_cluster_file")
+    if plan.get("ssh") and remote:
+        # Workers on the remote side read the secret from their own (shared) filesystem.
+        text = json.dumps({"address": address, "secret": secret.hex(), **meta})
+        await asyncio.to_thread(runner.write_file, remote, text, 0o600)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
