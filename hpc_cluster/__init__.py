@@ -5,7 +5,10 @@ __version__ = "0.1.0"
 from .client import Client
 from .futures import Future, as_completed, wait
 from .deploy.local import LocalCluster
-from .exceptions import CancelledError, HPCClusterError, KilledWorker, LostDataError, TimeoutError
+from .progress import progress
+from .exceptions import (CancelledError, HPCClusterError, KilledWorker, LostDataError, TaskCrashedError,
+                         TaskMemoryError, TaskWalltimeError, TimeoutError)
 
 __all__ = ["Client", "Future", "as_completed", "wait", "LocalCluster", "CancelledError",
-           "HPCClusterError", "KilledWorker", "LostDataError", "TimeoutError", "__version__"]
+           "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError", "TaskMemoryError",
+           "TaskWalltimeError", "TimeoutError", "progress", "__version__"]

@@ -7,19 +7,29 @@ import sys
 
 EXAMPLES = """examples:
   hpc-cluster demo                  run work on a LocalCluster and explain a worker's death
+  hpc-cluster config init           write a starter site config for this machine
   hpc-cluster config show           the merged site configuration and where each value came from
+  hpc-cluster up -n 4               start 4 workers as batch jobs, cluster named 'default'
+  hpc-cluster status                its jobs, workers and recent worker deaths
+  hpc-cluster why                   why workers died: cause, evidence, log tail
+  hpc-cluster down                  retire the workers, cancel the jobs, stop the daemon
+
+`hpc-cluster COMMAND --help` shows each command's options and examples.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .cli_cluster import EXIT_CODES
     p = argparse.ArgumentParser(prog="hpc-cluster", description="A task cluster on HPC batch systems "
-                                "that tells you why a worker died.", epilog=EXAMPLES,
+                                "that tells you why a worker died.", epilog=EXAMPLES + "\n" + EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the LocalCluster demo")
     demo.add_argument("-n", "--workers", type=int, default=2)
     from .cli_config import add_config_commands
     add_config_commands(sub)
+    from .cli_cluster import add_cluster_commands
+    add_cluster_commands(sub)
     return p
 
 
@@ -32,7 +42,10 @@ def main(argv=None) -> int:
     if args.command == "config":
         from .cli_config import run_config
         return run_config(args)
-    parser.print_help()
+    if getattr(args, "handler", None):
+        from .cli_cluster import run_cluster_command
+        return run_cluster_command(args)
+    parser.print_help(sys.stderr)
     return 2
 
 

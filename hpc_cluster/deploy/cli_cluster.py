@@ -1,0 +1,618 @@
+"""`hpc-cluster up | status | scale | list | logs | why | job-script | down`.
+
+Each command talks to a cluster daemon (deploy/daemon.py) found by name through its
+cluster file, via `deploy/cluster.py: launch` and `control`. Kept out of cli.py so that
+file stays a list of commands; cli.py calls `add_cluster_commands(subparsers)` and runs
+`args.handler` through `run_cluster_command`.
+
+Exit codes are part of the interface (scripts test them): see EXIT_CODES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
+from .cli_views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
+                        tail_lines)
+from .cluster import ClusterError, _alive, control
+from .config import ConfigError
+
+OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
+EXIT_CODES = """exit codes:
+  0  ok
+  1  the operation failed (the message says why and what to try)
+  2  usage error or bad configuration
+  3  no such cluster (or none running)
+"""
+DEFAULT_NAME = "default"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A cluster file without a pid is one whose daemon is still starting; older than this,
+# its daemon never got as far as listening.
+_STARTING_GRACE = 120.0
+
+
+class CommandError(Exception):
+    """A command failed in a way the user can act on; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+# ----------------------------------------------------------------------------- finding clusters
+
+def plan_file(name: str) -> Path:
+    return clusters_dir() / f".{name}.plan.json"   # written by cluster.launch next to the cluster file
+
+
+def cluster_names() -> list[str]:
+    d = clusters_dir()
+    if not d.is_dir():
+        return []
+    # pathlib's glob matches dot files too: skip the plans and half-written temp files.
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
+
+
+def _check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise CommandError(f"bad cluster name {name!r}: use letters, digits, '.', '_' and '-' "
+                           "(it becomes a file name)", USAGE)
+    return name
+
+
+def _not_found(name: str | None) -> CommandError:
+    names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+    running = f"running clusters: {', '.join(names)}" if names else "no cluster is running"
+    what = f"no cluster named {name!r}; " if name else ""
+    return CommandError(f"{what}{running}; start one with `hpc-cluster up"
+                        f"{' --name ' + name if name else ''}`", NOT_FOUND)
+
+
+def _liveness(name: str) -> tuple[str, dict | None]:
+    """('running'|'starting'|'stale', cluster file contents or None)."""
+    path = cluster_file_for(name)
+    try:
+        info = read_cluster_file(path)
+    except FileNotFoundError:
+        return "stale", None
+    except ValueError:
+        return "stale", None
+    pid = info.get("pid")
+    if pid:
+        return ("running" if _alive(int(pid)) else "stale"), info
+    try:
+        young = time.time() - path.stat().st_mtime < _STARTING_GRACE
+    except OSError:
+        young = False
+    return ("starting" if young else "stale"), info
+
+
+def find_cluster(name: str | None) -> tuple[str, Path, dict]:
+    """The named cluster, or the only one running; CommandError (exit 3) if there is none."""
+    if name is None:
+        names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+        if not names:
+            raise _not_found(None)
+        if len(names) > 1:
+            raise CommandError(f"several clusters are running ({', '.join(names)}); name one, "
+                               f"e.g. `hpc-cluster status {names[0]}`", USAGE)
+        name = names[0]
+    _check_name(name)
+    state, info = _liveness(name)
+    if info is None:
+        raise _not_found(name)
+    if state == "stale":
+        raise CommandError(f"cluster {name!r} is not running (its daemon, pid {info.get('pid')}, is "
+                           f"gone); `hpc-cluster down {name}` removes its stale file", NOT_FOUND)
+    return name, cluster_file_for(name), info
+
+
+def _remove_leftovers(name: str) -> list[Path]:
+    removed = []
+    for p in (cluster_file_for(name), plan_file(name)):
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _processes(name: str) -> int:
+    import json
+    try:
+        return int(json.loads(plan_file(name).read_text())["job"]["processes"]) or 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+
+
+def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
+    try:
+        return control(path, "jobs", timeout=timeout)
+    except Exception as exc:
+        raise CommandError(f"cluster {name!r} (pid {info.get('pid')}) does not answer: {exc}\n"
+                           f"its log: {info.get('daemon_log') or '?'}; `hpc-cluster down {name}` "
+                           "stops it", FAILED) from None
+
+
+# ----------------------------------------------------------------------------- commands
+
+def cmd_up(args, out, err) -> int:
+    from .cluster import launch
+    from .config import resolve
+    name = _check_name(args.name)
+    if args.workers < 0:
+        raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
+    cfg = resolve(site=args.site, config=args.config)
+    v = cfg.values
+    if v["batch"] not in ("slurm", "pbs"):
+        raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
+                           "site with batch: slurm or batch: pbs (`hpc-cluster config show` shows "
+                           "what was read; pass --site or --config)", USAGE)
+    processes = v["processes"]
+    n_jobs = math.ceil(args.workers / processes)
+    print(f"starting cluster {name!r} ({v['batch']}, site {cfg.site or 'defaults'}): {n_jobs} job(s) "
+          f"x {processes} worker(s), {v['cores']} cores, {mem(v['memory'])}, walltime "
+          f"{dur(v['walltime'])}", file=out, flush=True)
+    proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
+    info = read_cluster_file(path)
+    print(f"daemon pid {info.get('pid')} listening at {info['address']} (log: {info.get('daemon_log')})",
+          file=out, flush=True)
+    if args.workers and not args.no_wait:
+        _watch_startup(name, path, info, proc, args.workers, args.timeout, out)
+    print(f"\ncluster {name!r} is up. Connect from Python:\n"
+          f"    from hpc_cluster import Client\n"
+          f"    client = Client({name!r})\n"
+          f"cluster file (address and secret; keep it private): {path}\n"
+          f"see it:  hpc-cluster status {name}\n"
+          f"stop it: hpc-cluster down {name}", file=out)
+    return OK
+
+
+def _watch_startup(name, path, info, proc, want: int, timeout: float, out) -> None:
+    """Print jobs going pending -> running -> worker connected, until `want` workers are in."""
+    tty = _isatty(out)
+    seen: dict[str, tuple] = {}
+    workers_seen: set[str] = set()
+    start = time.monotonic()
+    last_error = None
+
+    def say(line: str) -> None:
+        out.write(("\r\033[K" if tty else "") + line + "\n")
+        out.flush()
+
+    while True:
+        try:
+            table = control(path, "jobs", timeout=60)
+        except Exception as exc:
+            if proc.poll() is not None:
+                log = info.get("daemon_log")
+                raise CommandError(f"the cluster daemon exited (code {proc.returncode}) while jobs "
+                                   f"were starting; the end of its log ({log}):\n"
+                                   + "\n".join(tail_lines(log, 20))) from None
+            last_error = exc
+            table = None
+        if table is not None:
+            for row in table["jobs"]:
+                key = (row["state"], row.get("reason"), row.get("node"))
+                if seen.get(row["job_id"]) != key:
+                    seen[row["job_id"]] = key
+                    say(job_event(row))
+                for w in row.get("worker_names") or []:
+                    if w not in workers_seen:
+                        workers_seen.add(w)
+                        say(f"worker {w} connected (job {row['job_id']})")
+            live = [r for r in table["jobs"] if r["state"] in ("pending", "running")]
+            connected = sum(len(r.get("workers") or []) for r in live)
+            if tty:
+                out.write("\r\033[K" + status_line(live, connected, want, time.monotonic() - start))
+                out.flush()
+            if connected >= want:
+                if tty:
+                    out.write("\r\033[K")
+                say(f"{connected} worker(s) connected in {time.monotonic() - start:.1f} s")
+                return
+            if table.get("halted"):
+                if tty:
+                    out.write("\n")
+                raise CommandError(f"the cluster stopped submitting jobs: {table['halted']}\n"
+                                   f"the cluster is still up: fix the cause, then `hpc-cluster scale "
+                                   f"{want} {name}`, or `hpc-cluster down {name}`")
+        if time.monotonic() - start > timeout:
+            if tty:
+                out.write("\n")
+            why = f" (last error talking to it: {last_error})" if last_error and table is None else ""
+            raise CommandError(
+                f"only {len(workers_seen)} of {want} worker(s) connected within {timeout:g} s{why}.\n"
+                f"The cluster is still up and its jobs stay queued. See why with\n"
+                f"  hpc-cluster status {name}        (job states, pending reasons)\n"
+                f"  hpc-cluster logs JOB {name}      (a job's stdout/stderr)\n"
+                f"  hpc-cluster logs daemon {name}\n"
+                f"or wait longer with --timeout, or stop it with `hpc-cluster down {name}`")
+        time.sleep(0.5 if time.monotonic() - start < 10 else 1.0)
+
+
+def _isatty(f) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def cmd_status(args, out, err) -> int:
+    from ..client import Client
+    name, path, info = find_cluster(args.name)
+    table = _jobs(path, name, info)
+    rows = table["jobs"]
+    live = [r for r in rows if r["state"] in ("pending", "running")]
+    workers = sum(len(r.get("workers") or []) for r in live)
+    adaptive = table.get("adaptive")
+    print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
+          f"daemon pid {info.get('pid')})", file=out)
+    print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
+          + (f"; adaptive {adaptive[0]}..{adaptive[1]} jobs" if adaptive else ""), file=out)
+    print("", file=out)
+    print(jobs_table(rows, max_finished=args.finished), file=out)
+    if table.get("halted"):
+        print(f"\nHALTED: {table['halted']}", file=out)
+    for e in table.get("errors") or []:
+        print(f"submit error at {fmt_clock(e.get('time'))}: {e.get('message')}", file=out)
+    with Client(cluster_file=str(path), timeout=30) as client:
+        deaths = client.deaths()
+    if deaths:
+        shown = deaths[-args.deaths:] if args.deaths else []
+        print(f"\nrecent worker deaths ({len(shown)} of {len(deaths)}; `hpc-cluster why` for evidence):",
+              file=out)
+        print_deaths(shown, out, detail=False)
+    else:
+        print("\nno worker deaths", file=out)
+    return OK
+
+
+def cmd_scale(args, out, err) -> int:
+    if args.n < 0:
+        raise CommandError(f"scale {args.n}: give a number >= 0", USAGE)
+    name, path, info = find_cluster(args.name)
+    processes = 1 if args.jobs else _processes(name)
+    jobs = args.n if args.jobs else math.ceil(args.n / processes)
+    table = control(path, "scale", jobs=jobs)
+    live = [r for r in table["jobs"] if r["state"] in ("pending", "running") and not r.get("retiring")]
+    print(f"cluster {name!r}: target {jobs} job(s) ({jobs * processes} worker(s)); "
+          f"{sum(r['state'] == 'pending' for r in live)} pending, "
+          f"{sum(r['state'] == 'running' for r in live)} running", file=out)
+    if table.get("halted"):
+        print(f"HALTED: {table['halted']}", file=out)
+    return OK
+
+
+def cmd_list(args, out, err) -> int:
+    rows = []
+    for name in cluster_names():
+        state, info = _liveness(name)
+        if state == "stale":
+            removed = _remove_leftovers(name)
+            pid = (info or {}).get("pid")
+            print(f"removed the stale cluster file of {name!r} (its daemon{f', pid {pid},' if pid else ''} "
+                  f"is gone): {', '.join(map(str, removed))}", file=err)
+            continue
+        jobs = "?"
+        if state == "running":
+            try:
+                t = control(cluster_file_for(name), "jobs", timeout=20)
+                run = sum(r["state"] == "running" for r in t["jobs"])
+                pend = sum(r["state"] == "pending" for r in t["jobs"])
+                jobs = f"{run} running, {pend} pending"
+            except Exception:
+                jobs = "not answering"
+        rows.append((name, info.get("address") or "(starting)", info.get("batch") or "?",
+                     info.get("site") or "-", str(info.get("pid") or "-"), jobs))
+    if not rows:
+        print("no cluster is running; start one with `hpc-cluster up`", file=err)
+        return NOT_FOUND
+    head = ("NAME", "ADDRESS", "BATCH", "SITE", "PID", "JOBS")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    return OK
+
+
+_JOB_ID_RE = re.compile(r"^\d+([._\[].*)?$")      # 123, 123_4 (array), 123.server, 123[].server
+
+
+def cmd_logs(args, out, err) -> int:
+    name, path, info = find_cluster(args.name)
+    target = args.target
+    if target == "daemon":
+        log = info.get("daemon_log")
+        if not log or not Path(log).exists():
+            raise CommandError(f"cluster {name!r} has no daemon log on this machine ({log})")
+        print(f"== daemon log {log} ==", file=out)
+        print("\n".join(tail_lines(log, args.tail)), file=out)
+        return OK
+    if _JOB_ID_RE.match(target):
+        return _job_logs(name, info, target, args.tail, out)
+    return _worker_logs(path, target, args.tail, out)
+
+
+def _job_log_files(directory: Path, job_id: str) -> list[Path]:
+    seq = re.escape(job_id.split(".")[0])
+    # SLURM (our template): <name>-<id>.out/.err, or slurm-<id>.out without a log_directory;
+    # PBS: <name>.o<seq> / <name>.e<seq>.
+    pattern = re.compile(rf"(?:-{seq}\.(?:out|err)|\.[oe]{seq})$")
+    try:
+        return sorted(p for p in directory.iterdir() if p.is_file() and pattern.search(p.name))
+    except OSError:
+        return []
+
+
+def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
+    log_dir = info.get("log_directory")
+    directory = Path(log_dir).expanduser() if log_dir else Path.cwd()
+    files = _job_log_files(directory, job_id)
+    if not files:
+        where = (f"in {directory}" if log_dir else
+                 f"in {directory} (the cluster has no log_directory, so the batch system wrote them "
+                 "to the job's working directory; set log_directory in the site to keep them together)")
+        raise CommandError(f"no log files of job {job_id} {where}. A job that has not started yet "
+                           f"has none; `hpc-cluster status {name}` lists the jobs"
+                           + ("; with ssh submission they are on the login node" if info.get("ssh") else ""))
+    for f in files:
+        print(f"== {f} ==", file=out)
+        lines = tail_lines(f, tail)
+        print("\n".join(lines) if lines else "(empty)", file=out)
+    return OK
+
+
+def _worker_logs(path: Path, target: str, tail: int, out) -> int:
+    from ..client import Client
+    with Client(cluster_file=str(path), timeout=30) as client:
+        names = {a: w.get("name") for a, w in client.scheduler_info()["workers"].items()}
+        names.update({d["worker"]: d.get("name") for d in client.deaths() if d.get("worker")})
+        logs = client.get_worker_logs(n=tail)
+    found = 0
+    for key, lines in logs.items():
+        addr = key.split(" ", 1)[0]           # dead workers come as "<address> (died: <cause>)"
+        if target in (addr, key, names.get(addr)):
+            found += 1
+            print(f"== worker {names.get(addr) or addr} ({key}) ==", file=out)
+            print("\n".join(lines) if lines else "(no lines)", file=out)
+    if not found:
+        known = sorted({n or a for a, n in names.items()})
+        raise CommandError(f"no worker, job or 'daemon' matches {target!r}; workers: "
+                           f"{', '.join(known) or 'none yet'}. Give a job id for the job's own "
+                           "stdout/stderr files")
+    return OK
+
+
+def cmd_why(args, out, err) -> int:
+    from ..client import Client
+    target, name = args.target, args.name
+    # `why NAME` alone: the one positional is the cluster when a cluster has that name.
+    if name is None and target is not None and _NAME_RE.match(target) and cluster_file_for(target).exists():
+        target, name = None, target
+    name, path, info = find_cluster(name)
+    with Client(cluster_file=str(path), timeout=30) as client:
+        deaths = client.deaths()
+    if target is not None:
+        deaths = [d for d in deaths if _death_matches(d, target)]
+        if not deaths:
+            raise CommandError(f"no worker death in cluster {name!r} matches {target!r} (a worker "
+                               "name or address, a job id or a task key); `hpc-cluster why "
+                               f"{name}` lists them all")
+    if not deaths:
+        print(f"no worker has died in cluster {name!r}", file=out)
+        return OK
+    deaths = sorted(deaths, key=lambda d: d.get("time") or 0)
+    print_deaths(deaths, out, detail=True, tail=args.tail)
+    return OK
+
+
+def _death_matches(d: dict, target: str) -> bool:
+    if target in (d.get("worker"), d.get("name")) or str(d.get("job_id") or "") == target:
+        return True
+    wname = str(d.get("name") or "")
+    # Worker names are "<job name>-<job id>" (or "...-<job id>-<i>" with several per job).
+    if _JOB_ID_RE.match(target) and re.search(rf"-{re.escape(target.split('.')[0])}(-\d+)?$", wname):
+        return True
+    return target in (d.get("executing") or []) or target in (d.get("processing") or [])
+
+
+def cmd_job_script(args, out, err) -> int:
+    from ..adapters import get_adapter
+    from .cluster import job_spec
+    from .config import resolve
+    cfg = resolve(site=args.site, config=args.config)
+    batch = cfg.values["batch"]
+    if batch not in ("slurm", "pbs"):
+        raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
+                           "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
+    name = _check_name(args.name)
+    print(get_adapter(batch).render(job_spec(cfg, str(cluster_file_for(name)))), file=out, end="")
+    return OK
+
+
+def cmd_down(args, out, err) -> int:
+    if args.all:
+        names = cluster_names()
+        if not names:
+            raise _not_found(None)
+    else:
+        if args.name is None:
+            names = [find_cluster(None)[0]]
+        else:
+            _check_name(args.name)
+            if not cluster_file_for(args.name).exists():
+                raise _not_found(args.name)
+            names = [args.name]
+    return max(_down_one(n, args.timeout, out, err) for n in names)
+
+
+def _down_one(name: str, timeout: float, out, err) -> int:
+    state, info = _liveness(name)
+    pid = (info or {}).get("pid")
+    if state != "running":
+        if state == "starting":
+            print(f"cluster {name!r} is still starting (no daemon pid yet); try again in a moment",
+                  file=err)
+            return FAILED
+        _remove_leftovers(name)
+        print(f"cluster {name!r} was not running (its daemon{f', pid {pid},' if pid else ''} is gone); "
+              f"removed its stale cluster file. Jobs it left behind, if any, show in "
+              f"`squeue --me` / `qstat -u $USER`", file=out)
+        return OK
+    path = cluster_file_for(name)
+    print(f"stopping cluster {name!r} (daemon pid {pid}): retiring workers, cancelling jobs ...",
+          file=out, flush=True)
+    table = None
+    try:
+        table = control(path, "shutdown", timeout=timeout)
+    except Exception as exc:
+        print(f"the daemon does not answer ({exc}); sending it SIGTERM", file=err)
+        try:
+            os.kill(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while _alive(int(pid)):
+        if time.monotonic() > deadline:
+            print(f"the daemon (pid {pid}) is still running after {timeout:g} s; stop it with "
+                  f"`kill {pid}` and check the queue for its jobs", file=err)
+            return FAILED
+        time.sleep(0.1)
+    leftovers = _remove_leftovers(name)     # the daemon removes its cluster file; the plan is ours
+    if path in leftovers:
+        print(f"removed the cluster file the daemon left behind: {path}", file=err)
+    if table is None:
+        print(f"cluster {name!r} is down (daemon gone, cluster file removed); could not read its "
+              "final job states: check `squeue --me` / `qstat -u $USER`", file=out)
+        return FAILED
+    rows = table.get("jobs") or []
+    for r in rows:
+        print("  " + job_event(r), file=out)
+    left = [r["job_id"] for r in rows if r["state"] in ("pending", "running", "unknown")]
+    if left:
+        cancel = "scancel" if info.get("batch") == "slurm" else "qdel"
+        print(f"these jobs may still be in the queue: {', '.join(left)}; cancel them with "
+              f"`{cancel} {' '.join(left)}`", file=err)
+        return FAILED
+    print(f"cluster {name!r} is down: {len(rows)} job(s) ended, daemon gone, cluster file removed",
+          file=out)
+    return OK
+
+
+# ----------------------------------------------------------------------------- argparse
+
+def _sub(subparsers, name: str, help: str, examples: str, handler):
+    p = subparsers.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              epilog="examples:\n" + examples + "\n" + EXIT_CODES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def add_cluster_commands(sub) -> None:
+    p = _sub(sub, "up", "start a cluster on the batch system and wait for its workers", """\
+  hpc-cluster up -n 4                      4 workers, site from your config, named 'default'
+  hpc-cluster up --site mylab -n 8 --name big
+  hpc-cluster up --config ./site.yaml -n 2 --timeout 1800
+  hpc-cluster up -n 16 --no-wait           submit and return; watch with `hpc-cluster status`
+""", cmd_up)
+    p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
+                   help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
+    p.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default: {DEFAULT_NAME})")
+    p.add_argument("--site", metavar="S", help="site from the config files (default: their default)")
+    p.add_argument("--config", metavar="PATH", help="read this config file (plus the system file)")
+    p.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                   help="how long to wait for the workers (default 600); the cluster stays up after")
+    p.add_argument("--no-wait", action="store_true", help="return once the jobs are submitted")
+
+    p = _sub(sub, "status", "show a cluster's jobs, workers and recent worker deaths", """\
+  hpc-cluster status                       the only running cluster
+  hpc-cluster status big
+  hpc-cluster status big --finished 50     also the last 50 finished jobs
+""", cmd_status)
+    p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
+    p.add_argument("--finished", type=int, default=10, metavar="K", help="finished jobs to show (default 10)")
+    p.add_argument("--deaths", type=int, default=10, metavar="K", help="recent deaths to show (default 10)")
+
+    p = _sub(sub, "scale", "ask for N workers (or N jobs with --jobs)", """\
+  hpc-cluster scale 8                      8 workers in the only running cluster
+  hpc-cluster scale 0 big                  release every job of cluster 'big'
+  hpc-cluster scale --jobs 3 big           3 jobs, whatever `processes` is
+""", cmd_scale)
+    p.add_argument("n", type=int, metavar="N", help="workers (jobs with --jobs)")
+    p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
+    p.add_argument("--jobs", action="store_true", help="N counts jobs, not workers")
+
+    _sub(sub, "list", "list the running clusters (and remove stale cluster files)", """\
+  hpc-cluster list
+""", cmd_list)
+
+    p = _sub(sub, "logs", "print a job's stdout/stderr, a worker's log, or the daemon's log", """\
+  hpc-cluster logs 1234                    job 1234's .out/.err files from log_directory
+  hpc-cluster logs hpc-cluster-1234        the worker's recent log lines (also of dead workers)
+  hpc-cluster logs daemon big --tail 200   the cluster daemon's own log
+""", cmd_logs)
+    p.add_argument("target", metavar="WORKER|JOB|daemon")
+    p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
+    p.add_argument("--tail", type=int, default=50, metavar="N", help="last N lines (default 50)")
+
+    p = _sub(sub, "why", "explain worker deaths: cause, blame, evidence, log tail", """\
+  hpc-cluster why                          every death in the only running cluster, latest last
+  hpc-cluster why big                      the same for cluster 'big'
+  hpc-cluster why 1234 big                 the deaths of job 1234's workers
+  hpc-cluster why hpc-cluster-1234         one worker (name or tcp:// address)
+  hpc-cluster why 'parse-3a9c0e'           deaths while that task was executing
+""", cmd_why)
+    p.add_argument("target", nargs="?", metavar="WORKER|JOB|KEY")
+    p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
+    p.add_argument("--tail", type=int, default=20, metavar="N", help="log lines per death (default 20)")
+
+    p = _sub(sub, "job-script", "print the job script `up` would submit", """\
+  hpc-cluster job-script
+  hpc-cluster job-script --site mylab
+  hpc-cluster job-script --config ./site.yaml > job.sh && sbatch --test-only job.sh
+""", cmd_job_script)
+    p.add_argument("--site", metavar="S")
+    p.add_argument("--config", metavar="PATH")
+    p.add_argument("--name", default=DEFAULT_NAME, help="cluster name the script would join")
+
+    p = _sub(sub, "down", "stop a cluster: retire workers, cancel its jobs, stop its daemon", """\
+  hpc-cluster down                         the only running cluster
+  hpc-cluster down big
+  hpc-cluster down --all
+""", cmd_down)
+    p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
+    p.add_argument("--all", action="store_true", help="every cluster of yours on this machine")
+    p.add_argument("--timeout", type=float, default=180, metavar="SECONDS",
+                   help="how long to wait for jobs to end and the daemon to exit (default 180)")
+
+
+def run_cluster_command(args, out=None, err=None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        return args.handler(args, out, err)
+    except CommandError as e:
+        print(f"hpc-cluster {args.command}: {e}", file=err)
+        return e.code
+    except ConfigError as e:
+        print(f"hpc-cluster {args.command}: bad configuration:", file=err)
+        for p in e.problems:
+            print(f"  {p}", file=err)
+        return USAGE
+    except ClusterError as e:
+        print(f"hpc-cluster {args.command}: {e}", file=err)
+        return FAILED
+    except KeyboardInterrupt:
+        print(f"\nhpc-cluster {args.command}: interrupted; a started cluster keeps running "
+              "(`hpc-cluster list`, `hpc-cluster down NAME`)", file=err)
+        return 130

@@ -1,0 +1,146 @@
+"""How the cluster commands (cli_cluster.py) show things: pure formatting of the daemon's
+job table and the scheduler's death records, so the look is tested without a cluster.
+
+Death records are being extended (more evidence, more fields): read every field with
+.get() and show what is there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+LIVE = ("pending", "running")
+
+
+def dur(seconds) -> str:
+    """12s, 3m05s, 1h02m, 2d03h; '-' for unknown."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def mem(nbytes) -> str:
+    """Decimal units, as users write them in configs (memory: 16GB)."""
+    if nbytes is None:
+        return "-"
+    n = float(nbytes)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f}{unit}" if n >= 10 or unit == "B" else f"{n:.1f}".rstrip("0").rstrip(".") + unit
+        n /= 1000
+    return f"{n:.0f}TB"  # pragma: no cover
+
+
+def fmt_clock(t) -> str:
+    if not t:
+        return "-"
+    lt = time.localtime(t)
+    same_day = time.localtime().tm_yday == lt.tm_yday
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M:%S", lt)
+
+
+def job_event(row: dict) -> str:
+    """One line for a job's state: 'job 123: pending (Resources)', 'job 123: running on vm'."""
+    state, jid = row.get("state"), row.get("job_id")
+    if state == "pending":
+        reason = row.get("reason")
+        return f"job {jid}: pending" + (f" ({reason})" if reason and reason != "None" else "")
+    if state == "running":
+        node = row.get("node")
+        return f"job {jid}: running" + (f" on {node}" if node else "") + \
+            (" (retiring)" if row.get("retiring") else "")
+    raw = row.get("raw_state")
+    extra = f" ({raw})" if raw and raw.lower() != str(state) else ""
+    return f"job {jid}: {state}{extra}"
+
+
+def status_line(live: list[dict], connected: int, want: int, elapsed: float) -> str:
+    pending = sum(r["state"] == "pending" for r in live)
+    running = sum(r["state"] == "running" for r in live)
+    return (f"{connected}/{want} workers connected; jobs: {pending} pending, {running} running; "
+            f"{elapsed:.0f} s")
+
+
+def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
+    """Live jobs, then the last `max_finished` finished ones, as an aligned table."""
+    live = [r for r in rows if r.get("state") in LIVE]
+    done = [r for r in rows if r.get("state") not in LIVE]
+    hidden = max(0, len(done) - max_finished)
+    done = done[hidden:] if max_finished > 0 else []
+    if not live and not done:
+        return "no jobs" + (f" ({hidden} finished not shown)" if hidden else "")
+    head = ("JOB", "STATE", "WORKERS", "NODE", "UPTIME", "TIME LEFT", "MEMORY")
+    lines = [head]
+    for r in live + done:
+        state = r.get("state") or "?"
+        if state == "pending" and r.get("reason") and r["reason"] != "None":
+            state += f" ({r['reason']})"
+        elif state not in LIVE and r.get("raw_state"):
+            state += f" ({r['raw_state']})"
+        if r.get("retiring") and r.get("state") in LIVE:
+            state += ", retiring"
+        workers = ",".join(r.get("worker_names") or []) or "-"
+        lines.append((str(r.get("job_id")), state, workers, r.get("node") or "-", dur(r.get("uptime")),
+                      dur(r.get("time_left")), mem(r.get("memory"))))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    if hidden:
+        text += f"\n({hidden} older finished job(s) not shown; --finished K shows more)"
+    return text
+
+
+def print_deaths(deaths: list[dict], out, detail: bool, tail: int = 20) -> None:
+    for d in deaths:
+        who = d.get("name") or d.get("worker") or "?"
+        blame = d.get("blame")
+        blamed = "blamed on its task" if blame else ("not blamed" if blame is not None else "blame ?")
+        line = f"  {fmt_clock(d.get('time'))}  {who}  {d.get('cause', 'unknown')}  {blamed}"
+        if not detail:
+            print(f"{line}  {d.get('text') or ''}".rstrip(), file=out)
+            continue
+        print(f"\n{line}", file=out)
+        where = [f"address {d['worker']}"] if d.get("worker") and d.get("worker") != who else []
+        if d.get("job_id") and str(d["job_id"]) not in who:
+            where.append(f"job {d['job_id']}")
+        if where:
+            print(f"    {', '.join(where)}", file=out)
+        if d.get("text"):
+            print(f"    {d['text']}", file=out)
+        if d.get("advice"):
+            print(f"    what to do: {d['advice']}", file=out)
+        if d.get("executing"):
+            print(f"    executing: {', '.join(map(str, d['executing']))}", file=out)
+        queued = [k for k in d.get("processing") or [] if k not in (d.get("executing") or [])]
+        if queued:
+            print(f"    also queued there (not charged): {len(queued)} task(s)", file=out)
+        evidence = d.get("evidence") or []
+        if isinstance(evidence, dict):
+            evidence = [f"{k}: {v}" for k, v in evidence.items()]
+        if evidence:
+            print("    evidence:", file=out)
+            for fact in evidence:
+                print(f"      - {fact}", file=out)
+        log = list(d.get("log_tail") or [])[-tail:] if tail > 0 else []
+        if log:
+            print(f"    last {len(log)} log line(s):", file=out)
+            for ln in log:
+                print(f"      | {str(ln).rstrip()}", file=out)
+
+
+def tail_lines(path, n: int) -> list[str]:
+    if not path:
+        return []
+    try:
+        with open(Path(path).expanduser(), errors="replace") as f:
+            return [ln.rstrip("\n") for ln in deque(f, maxlen=max(0, n))]
+    except OSError as exc:
+        return [f"(cannot read {path}: {exc.strerror})"]
