@@ -19,119 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
+from ..protocol.secret import cluster_file_for, read_cluster_file
+from .cli_lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
+                         CommandError, _check_name, _liveness, _not_found, _processes,
+                         _remove_leftovers, cluster_names, find_cluster, plan_file)
 from .cli_views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
                         tail_lines)
 from .cluster import ClusterError, _alive, control
 from .config import ConfigError
-
-OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
-EXIT_CODES = """exit codes:
-  0  ok
-  1  the operation failed (the message says why and what to try)
-  2  usage error or bad configuration
-  3  no such cluster (or none running)
-"""
-DEFAULT_NAME = "default"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-# A cluster file without a pid is one whose daemon is still starting; older than this,
-# its daemon never got as far as listening.
-_STARTING_GRACE = 120.0
-
-
-class CommandError(Exception):
-    """A command failed in a way the user can act on; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = FAILED):
-        super().__init__(message)
-        self.code = code
-
-
-# ----------------------------------------------------------------------------- finding clusters
-
-def plan_file(name: str) -> Path:
-    return clusters_dir() / f".{name}.plan.json"   # written by cluster.launch next to the cluster file
-
-
-def cluster_names() -> list[str]:
-    d = clusters_dir()
-    if not d.is_dir():
-        return []
-    # pathlib's glob matches dot files too: skip the plans and half-written temp files.
-    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
-
-
-def _check_name(name: str) -> str:
-    if not _NAME_RE.match(name):
-        raise CommandError(f"bad cluster name {name!r}: use letters, digits, '.', '_' and '-' "
-                           "(it becomes a file name)", USAGE)
-    return name
-
-
-def _not_found(name: str | None) -> CommandError:
-    names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
-    running = f"running clusters: {', '.join(names)}" if names else "no cluster is running"
-    what = f"no cluster named {name!r}; " if name else ""
-    return CommandError(f"{what}{running}; start one with `hpc-cluster up"
-                        f"{' --name ' + name if name else ''}`", NOT_FOUND)
-
-
-def _liveness(name: str) -> tuple[str, dict | None]:
-    """('running'|'starting'|'stale', cluster file contents or None)."""
-    path = cluster_file_for(name)
-    try:
-        info = read_cluster_file(path)
-    except FileNotFoundError:
-        return "stale", None
-    except ValueError:
-        return "stale", None
-    pid = info.get("pid")
-    if pid:
-        return ("running" if _alive(int(pid)) else "stale"), info
-    try:
-        young = time.time() - path.stat().st_mtime < _STARTING_GRACE
-    except OSError:
-        young = False
-    return ("starting" if young else "stale"), info
-
-
-def find_cluster(name: str | None) -> tuple[str, Path, dict]:
-    """The named cluster, or the only one running; CommandError (exit 3) if there is none."""
-    if name is None:
-        names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
-        if not names:
-            raise _not_found(None)
-        if len(names) > 1:
-            raise CommandError(f"several clusters are running ({', '.join(names)}); name one, "
-                               f"e.g. `hpc-cluster status {names[0]}`", USAGE)
-        name = names[0]
-    _check_name(name)
-    state, info = _liveness(name)
-    if info is None:
-        raise _not_found(name)
-    if state == "stale":
-        raise CommandError(f"cluster {name!r} is not running (its daemon, pid {info.get('pid')}, is "
-                           f"gone); `hpc-cluster down {name}` removes its stale file", NOT_FOUND)
-    return name, cluster_file_for(name), info
-
-
-def _remove_leftovers(name: str) -> list[Path]:
-    removed = []
-    for p in (cluster_file_for(name), plan_file(name)):
-        try:
-            p.unlink()
-            removed.append(p)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _processes(name: str) -> int:
-    import json
-    try:
-        return int(json.loads(plan_file(name).read_text())["job"]["processes"]) or 1
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1
 
 
 def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
@@ -162,7 +57,14 @@ def cmd_up(args, out, err) -> int:
     print(f"starting cluster {name!r} ({v['batch']}, site {cfg.site or 'defaults'}): {n_jobs} job(s) "
           f"x {processes} worker(s), {v['cores']} cores, {mem(v['memory'])}, walltime "
           f"{dur(v['walltime'])}", file=out, flush=True)
-    proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
+    try:
+        proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
+    except ClusterError:
+        # A daemon that died starting leaves its pid-less placeholder file: not a cluster.
+        state, info = _liveness(name)
+        if info is not None and not info.get("pid"):
+            _remove_leftovers(name)
+        raise
     info = read_cluster_file(path)
     print(f"daemon pid {info.get('pid')} listening at {info['address']} (log: {info.get('daemon_log')})",
           file=out, flush=True)
@@ -224,6 +126,7 @@ def _watch_startup(name, path, info, proc, want: int, timeout: float, out) -> No
                 if tty:
                     out.write("\n")
                 raise CommandError(f"the cluster stopped submitting jobs: {table['halted']}\n"
+                                   + _last_startup_log(path) +
                                    f"the cluster is still up: fix the cause, then `hpc-cluster scale "
                                    f"{want} {name}`, or `hpc-cluster down {name}`")
         if time.monotonic() - start > timeout:
@@ -238,6 +141,21 @@ def _watch_startup(name, path, info, proc, want: int, timeout: float, out) -> No
                 f"  hpc-cluster logs daemon {name}\n"
                 f"or wait longer with --timeout, or stop it with `hpc-cluster down {name}`")
         time.sleep(0.5 if time.monotonic() - start < 10 else 1.0)
+
+
+def _last_startup_log(path: Path) -> str:
+    """The newest death's log tail: usually the one line that says what broke."""
+    from ..client import Client
+    try:
+        with Client(cluster_file=str(path), timeout=30) as client:
+            deaths = [d for d in client.deaths() if d.get("log_tail")]
+    except Exception:
+        return ""
+    if not deaths:
+        return ""
+    d = max(deaths, key=lambda d: d.get("time") or 0)
+    lines = [str(ln).rstrip() for ln in d["log_tail"][-10:]]
+    return f"the end of {d.get('name') or 'the last job'}'s log:\n" + "\n".join(f"  | {ln}" for ln in lines) + "\n"
 
 
 def _isatty(f) -> bool:

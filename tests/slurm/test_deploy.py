@@ -184,3 +184,35 @@ def test_job_script_passes_sbatch_test_only(slurm_cluster, own_home, tmp_path):
     res = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "to start at" in res.stderr         # sbatch --test-only answers on stderr
+
+
+def test_cli_up_reports_a_broken_environment_and_stops(slurm_cluster, own_home, tmp_path):
+    """A prologue that fails ends every job before its worker starts: `up` must not wait out
+    its timeout, but say so at once (exit 1) with the job log's own words."""
+    site = tmp_path / "bad.yaml"
+    site.write_text(f"default: t\nsites:\n  t:\n    batch: slurm\n    cores: 1\n    memory: 1GB\n"
+                    f"    walltime: '00:10:00'\n    log_directory: {tmp_path / 'logs'}\n"
+                    f"    startup_failures: 2\n"
+                    f"    job_script_prologue: [\"echo 'module load python/9.9: no such module' >&2; false\"]\n")
+    cluster_file = Path(own_home["XDG_CONFIG_HOME"]) / "hpc-cluster" / "clusters" / "t-bad.json"
+    job_ids: set[str] = set()
+    try:
+        up = cli("up", "--config", str(site), "-n", "1", "--name", "t-bad", "--timeout", "240", timeout=300)
+        job_ids = set(re.findall(r"^job (\d+):", up.stdout, re.M))
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "stopped submitting jobs: 2 jobs in a row ended before their worker started" in up.stderr
+        assert "module load python/9.9: no such module" in up.stderr
+        assert "hpc-cluster down t-bad" in up.stderr
+        assert cluster_file.exists()                         # still up, so the user can look
+
+        status = cli("status", "t-bad")
+        assert status.returncode == 0 and "HALTED:" in status.stdout
+        why = cli("why", "t-bad")
+        assert why.returncode == 0 and why.stdout.count("startup  not blamed") >= 2
+    finally:
+        down = cli("down", "t-bad", timeout=240)
+        assert down.returncode == 0, down.stdout + down.stderr
+        if job_ids:
+            subprocess.run(["scancel", *job_ids], capture_output=True)
+    assert not cluster_file.exists()
+    assert not (job_ids & squeue_ids())

@@ -1,0 +1,121 @@
+"""Which clusters exist and whether their daemons live: the cluster files under
+clusters_dir(), for the cluster commands (cli_cluster.py). Also the exit codes and the
+error those commands raise, so both modules share them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
+from .cluster import _alive
+
+OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
+EXIT_CODES = """exit codes:
+  0  ok
+  1  the operation failed (the message says why and what to try)
+  2  usage error or bad configuration
+  3  no such cluster (or none running)
+"""
+DEFAULT_NAME = "default"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A cluster file without a pid is one whose daemon is still starting; older than this,
+# its daemon never got as far as listening.
+_STARTING_GRACE = 120.0
+
+
+class CommandError(Exception):
+    """A command failed in a way the user can act on; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+# ----------------------------------------------------------------------------- finding clusters
+
+def plan_file(name: str) -> Path:
+    return clusters_dir() / f".{name}.plan.json"   # written by cluster.launch next to the cluster file
+
+
+def cluster_names() -> list[str]:
+    d = clusters_dir()
+    if not d.is_dir():
+        return []
+    # pathlib's glob matches dot files too: skip the plans and half-written temp files.
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
+
+
+def _check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise CommandError(f"bad cluster name {name!r}: use letters, digits, '.', '_' and '-' "
+                           "(it becomes a file name)", USAGE)
+    return name
+
+
+def _not_found(name: str | None) -> CommandError:
+    names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+    running = f"running clusters: {', '.join(names)}" if names else "no cluster is running"
+    what = f"no cluster named {name!r}; " if name else ""
+    return CommandError(f"{what}{running}; start one with `hpc-cluster up"
+                        f"{' --name ' + name if name else ''}`", NOT_FOUND)
+
+
+def _liveness(name: str) -> tuple[str, dict | None]:
+    """('running'|'starting'|'stale', cluster file contents or None)."""
+    path = cluster_file_for(name)
+    try:
+        info = read_cluster_file(path)
+    except FileNotFoundError:
+        return "stale", None
+    except ValueError:
+        return "stale", None
+    pid = info.get("pid")
+    if pid:
+        return ("running" if _alive(int(pid)) else "stale"), info
+    try:
+        young = time.time() - path.stat().st_mtime < _STARTING_GRACE
+    except OSError:
+        young = False
+    return ("starting" if young else "stale"), info
+
+
+def find_cluster(name: str | None) -> tuple[str, Path, dict]:
+    """The named cluster, or the only one running; CommandError (exit 3) if there is none."""
+    if name is None:
+        names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+        if not names:
+            raise _not_found(None)
+        if len(names) > 1:
+            raise CommandError(f"several clusters are running ({', '.join(names)}); name one, "
+                               f"e.g. `hpc-cluster status {names[0]}`", USAGE)
+        name = names[0]
+    _check_name(name)
+    state, info = _liveness(name)
+    if info is None:
+        raise _not_found(name)
+    if state == "stale":
+        raise CommandError(f"cluster {name!r} is not running (its daemon, pid {info.get('pid')}, is "
+                           f"gone); `hpc-cluster down {name}` removes its stale file", NOT_FOUND)
+    return name, cluster_file_for(name), info
+
+
+def _remove_leftovers(name: str) -> list[Path]:
+    removed = []
+    for p in (cluster_file_for(name), plan_file(name)):
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _processes(name: str) -> int:
+    try:
+        return int(json.loads(plan_file(name).read_text())["job"]["processes"]) or 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
