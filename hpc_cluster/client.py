@@ -240,7 +240,7 @@ class Client:
                 self._funcs.popitem(last=False)
         return entry[1]
 
-    def _task(self, func, args, kwargs, key, pure, retries, priority, resources) -> dict:
+    def _task(self, func, args, kwargs, key, pure, retries, priority, resources, duration=None) -> dict:
         if not callable(func):
             raise TypeError(f"submit() needs a callable first, got {type(func).__name__}")
         fblob = self._func_blob(func)
@@ -251,19 +251,28 @@ class Client:
         for d in deps:
             if d not in self._states:
                 raise ValueError(f"argument refers to future {d!r} that this client does not hold")
-        return {"key": key, "func": Opaque(fblob), "args": Opaque(ablob), "deps": sorted(deps),
+        spec = {"key": key, "func": Opaque(fblob), "args": Opaque(ablob), "deps": sorted(deps),
                 "priority": int(priority), "retries": int(retries), "resources": resources or {}}
+        if duration is not None:
+            spec["duration"] = duration
+        return spec
 
     def submit(self, func, *args, key: str | None = None, pure: bool = True, retries: int = 0,
-               priority: int = 0, resources: dict | None = None, **kwargs) -> Future:
-        """Run `func(*args, **kwargs)` on the cluster; returns a Future."""
-        spec = self._task(func, args, kwargs, key, pure, retries, priority, resources)
+               priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
+               **kwargs) -> Future:
+        """Run `func(*args, **kwargs)` on the cluster; returns a Future.
+
+        `duration` ("5m", "90s", 300) says how long the task will run, so it is never
+        started on a worker whose job would hit its walltime first.
+        """
+        spec = self._task(func, args, kwargs, key, pure, retries, priority, resources, _seconds(duration))
         fut = Future(spec["key"], self)
         self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
         return fut
 
     def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
-            priority: int = 0, resources: dict | None = None, **kwargs) -> list[Future]:
+            priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
+            **kwargs) -> list[Future]:
         """`submit` for each element (zip of several iterables); one message for all tasks."""
         argsets = list(zip(*iterables))
         if isinstance(key, (list, tuple)):
@@ -274,7 +283,7 @@ class Client:
             keys = [None] * len(argsets)
         specs = []
         for args, k in zip(argsets, keys):
-            spec = self._task(func, args, kwargs, k, pure, retries, priority, resources)
+            spec = self._task(func, args, kwargs, k, pure, retries, priority, resources, _seconds(duration))
             if isinstance(key, str):
                 spec["key"] = f"{key}-{spec['key'].rsplit('-', 1)[-1]}"
             specs.append(spec)
@@ -587,6 +596,13 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client {self.scheduler_address} {self.status}>"
+
+
+def _seconds(duration) -> float | None:
+    if duration is None:
+        return None
+    from .adapters.units import parse_walltime
+    return float(parse_walltime(duration, "duration"))
 
 
 def _run_callback(fn) -> None:

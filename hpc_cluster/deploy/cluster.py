@@ -92,6 +92,7 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int) -
         "cluster_file": str(cluster_file), "remote_cluster_file": remote if v["ssh"] else None,
         "scheduler": {"host": scheduler_host(cfg), "allowed_failures": v["allowed_failures"],
                       "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
+                      "walltime_margin": v["walltime_margin"],
                       "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"]},
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],

@@ -41,7 +41,7 @@ async def run(plan: dict) -> int:
     sc = plan["scheduler"]
     sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
                       allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
-                      versions=sc["versions"], limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
+                      versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0), limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
                                                              max_message_bytes=sc["max_message_bytes"]))
     address = await sched.start()
     runner = make_runner(plan.get("ssh"))

@@ -10,11 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import shlex
 import time
 from dataclasses import dataclass
 
 from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+from ..scheduler.placement import workload
+
+STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
+ADAPT_TARGET_SECONDS = 30.0    # adapt() sizes the cluster to finish the queued work in about this
+ADAPT_DOWN_ROUNDS = 3          # polls in a row that must agree before adapt() shrinks
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -59,6 +65,8 @@ class JobManager:
         self.adaptive: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
+        self._lower_rounds = 0
+        self.renewals = 0
 
     # -- views -------------------------------------------------------------------------
     def active(self) -> list[Job]:
@@ -88,7 +96,8 @@ class JobManager:
                 "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
                 "memory": self.spec.memory, "retiring": j.retiring,
             })
-        return {"jobs": rows, "target": self.target, "halted": self.halted,
+        return {"jobs": rows, "target": self.target, "halted": self.halted, "renewals": self.renewals,
+                "queue_wait": self.queue_wait(),
                 "errors": [{"time": e.time, "message": e.message} for e in self.errors[-5:]],
                 "adaptive": list(self.adaptive) if self.adaptive else None}
 
@@ -100,19 +109,56 @@ class JobManager:
         if jobs < 0:
             raise ValueError(f"cannot scale to {jobs} jobs; give a number >= 0")
         self.target = int(jobs)
+        self.adaptive = None                  # an explicit size ends adapt()
         if self.halted and jobs > len(self.active()):
             logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
             self.halted, self.failed_starts = None, 0
         await self.reconcile()
         return self.table()
 
+    # -- walltime: renew jobs before they end ------------------------------------------------
+    def queue_wait(self) -> float:
+        """Observed seconds from submission to running (last 10 jobs; 10 s before any ran)."""
+        waits = [j.started - j.submitted for j in self.jobs.values() if j.started is not None][-10:]
+        return sum(waits) / len(waits) if waits else 10.0
+
+    def expiring(self, job: Job) -> bool:
+        """Will this job's walltime end before a replacement submitted now could take over?"""
+        if job.started is None:
+            return False
+        walltime = self.spec.walltime
+        margin = min(self.scheduler.walltime_margin, 0.2 * walltime)
+        lead = margin + self.queue_wait() + STARTUP_SECONDS
+        return self.clock() >= job.started + walltime - lead
+
+    def desired(self) -> int:
+        """How many (non-expiring) jobs we want now: the target, or adapt()'s choice."""
+        if not self.adaptive:
+            return self.target
+        lo, hi = self.adaptive
+        threads = max(1, self.spec.cores)
+        seconds = workload(self.scheduler.state)
+        want = max(lo, min(hi, math.ceil(seconds / (ADAPT_TARGET_SECONDS * threads))))
+        # Up at once, down only when several polls agree: no submit/cancel churn.
+        if want < self.target:
+            self._lower_rounds += 1
+            if self._lower_rounds < ADAPT_DOWN_ROUNDS:
+                return self.target
+        self._lower_rounds = 0
+        self.target = want
+        return want
+
     async def reconcile(self) -> None:
         async with self._lock:
-            active = self.active()
-            if len(active) < self.target and not self.halted:
-                await self._submit(self.target - len(active))
-            elif len(active) > self.target:
-                await self._shrink(len(active) - self.target)
+            desired = self.desired()
+            current = [j for j in self.active() if not self.expiring(j)]
+            if len(current) < desired and not self.halted:
+                renewing = sum(1 for j in self.active() if self.expiring(j))
+                before = len(self.jobs)
+                await self._submit(desired - len(current))
+                self.renewals += min(renewing, len(self.jobs) - before)
+            elif len(current) > desired:
+                await self._shrink(len(current) - desired, current)
 
     async def _submit(self, n: int) -> None:
         queued = sum(1 for j in self.jobs.values() if j.state == "pending")
@@ -131,11 +177,11 @@ class JobManager:
             self.jobs[job_id] = Job(job_id, self.clock())
             logger.info("submitted job %s", job_id)
 
-    async def _shrink(self, n: int) -> None:
+    async def _shrink(self, n: int, candidates: list[Job]) -> None:
         """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""
         workers = self.workers_of()
-        pending = [j for j in self.active() if not workers.get(j.job_id)]
-        running = [j for j in self.active() if workers.get(j.job_id)]
+        pending = [j for j in candidates if not workers.get(j.job_id)]
+        running = [j for j in candidates if workers.get(j.job_id)]
         running.sort(key=lambda j: sum(len(self.scheduler.state.workers[a].processing)
                                        for a in workers[j.job_id]))
         victims = (pending[::-1] + running)[:n]

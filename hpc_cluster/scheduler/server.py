@@ -38,6 +38,8 @@ def _check_task(spec) -> dict:
     for name in ("priority", "retries"):
         if not isinstance(spec.get(name, 0), int):
             raise ProtocolError(f"task {spec['key']!r}: {name} must be an integer")
+    if spec.get("duration") is not None and _number(spec["duration"]) is None:
+        raise ProtocolError(f"task {spec['key']!r}: duration must be a number of seconds")
     res = spec.get("resources") or {}
     if not isinstance(res, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
                                             for k, v in res.items()):
@@ -45,10 +47,21 @@ def _check_task(spec) -> dict:
     return spec
 
 
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def _deadline(info: dict) -> float | None:
+    """When the worker's job will be killed: job start + walltime, as the job script recorded."""
+    start, walltime = _number(info.get("job_start")), _number(info.get("job_walltime"))
+    return start + walltime if start is not None and walltime is not None else None
+
+
 class Scheduler:
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
+                 walltime_margin: float = 60.0,
                  clock: Callable[[], float] = time.time):
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
@@ -57,6 +70,8 @@ class Scheduler:
                                     walltime_failures=walltime_failures)
         self.secret, self.host, self.port = secret, host, port
         self.heartbeat_ttl = heartbeat_ttl
+        self.walltime_margin = walltime_margin
+        self._retiring: set[str] = set()
         self.limits = limits or Limits()
         self.clock = clock
         self.listener: Listener | None = None
@@ -79,12 +94,14 @@ class Scheduler:
                                  check=self._check_versions)
         self.address = self.listener.start_listening(self.host, self.port)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
+        self._drain_task = asyncio.create_task(self._watch_deadlines())
         logger.info("scheduler listening at %s", self.address)
         return self.address
 
     async def close(self) -> None:
-        if self._ttl_task:
-            self._ttl_task.cancel()
+        for t in (self._ttl_task, getattr(self, "_drain_task", None)):
+            if t is not None:
+                t.cancel()
         for addr in list(self.state.workers):
             self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
         for stream in list(self.streams.values()):
@@ -140,9 +157,28 @@ class Scheduler:
                 if comm is not None:
                     comm.close()
 
+    async def _watch_deadlines(self) -> None:
+        """Drain workers ahead of their job's walltime, then retire them once nothing is lost."""
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                st = self.state
+                for addr in st.workers_to_drain(self.clock(), self.walltime_margin):
+                    logger.info("worker %s: %.0f s to its walltime; draining", addr,
+                                st.workers[addr].deadline - self.clock())
+                    st.start_drain(addr)
+                for addr, ws in list(st.workers.items()):
+                    if ws.draining and addr not in self._retiring and st.drain_step(addr):
+                        self._retiring.add(addr)
+                        self.retire_workers([addr], "walltime drain")
+                self._flush()
+            except Exception:
+                logger.exception("deadline check failed")
+
     def _remove_worker(self, addr: str, connection: str) -> None:
         """A worker is gone: judge on what we know now; later evidence may refine it."""
         self.streams.pop(addr, None)
+        self._retiring.discard(addr)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self._flush()
 
@@ -164,7 +200,7 @@ class Scheduler:
                 "job_walltime": first.get("job_walltime"), "job_start": first.get("job_start")}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
-                              info=info)
+                              info=info, deadline=_deadline(info))
         self._flush()
         logger.info("worker %s registered (%d threads)", addr, nthreads)
         connection = "closed"
@@ -186,7 +222,7 @@ class Scheduler:
         op, st = msg["op"], self.state
         try:
             if op == "task-finished":
-                st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0))
+                st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0), _number(msg.get("duration")))
             elif op == "task-started":
                 st.task_started(addr, msg["key"], now)
             elif op == "task-erred":

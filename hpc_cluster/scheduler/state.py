@@ -24,6 +24,10 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from .drain import DrainMixin
+from .replicas import ReplicaMixin
+from .placement import TaskDurations, pick_worker
+
 ACTIVE = ("waiting", "queued", "processing")
 
 
@@ -48,6 +52,7 @@ class TaskState:
     error: dict | None = None
     attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
     started_at: float | None = None
+    duration: float | None = None                    # seconds, as the user said (submit(duration=))
     replicas: int = 1                                # copies to keep (replicate); pinned
     copying: set = field(default_factory=set)        # workers fetching a replica now
 
@@ -70,12 +75,14 @@ class WorkerState:
     abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
     joined: float = 0.0
     last_seen: float = 0.0
+    deadline: float | None = None                    # when its job's walltime ends
+    draining: bool = False                           # leaving before the deadline: no new tasks
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
 
 
-class SchedulerState:
+class SchedulerState(DrainMixin, ReplicaMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
@@ -88,6 +95,8 @@ class SchedulerState:
         self._ready: list = []                       # heap of (priority, key)
         self._seq = itertools.count()
         self._free: set[WorkerState] = set()         # workers with a free slot
+        self.durations = TaskDurations()
+        self.now = 0.0                               # the latest time an event brought
 
     # -- helpers ---------------------------------------------------------------
     def _send(self, to: str, msg: dict) -> None:
@@ -109,7 +118,8 @@ class SchedulerState:
         return ws.nthreads + self.prefetch
 
     def _update_free(self, ws: WorkerState) -> None:
-        if ws.address in self.workers and len(ws.processing) + len(ws.abandoned) < self._capacity(ws):
+        if (ws.address in self.workers and not ws.draining
+                and len(ws.processing) + len(ws.abandoned) < self._capacity(ws)):
             self._free.add(ws)
         else:
             self._free.discard(ws)
@@ -137,6 +147,7 @@ class SchedulerState:
             ts.priority = (-int(spec.get("priority", 0)), next(self._seq))
             ts.retries = int(spec.get("retries", 0))
             ts.resources = spec.get("resources") or None
+            ts.duration = float(spec["duration"]) if spec.get("duration") else None
             new.append(ts)
         specs = {s["key"]: s for s in tasks}
         for ts in new:
@@ -202,45 +213,6 @@ class SchedulerState:
             self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         self._schedule()
 
-    def replicate(self, keys, n: int) -> None:
-        """Keep `n` copies of each result (pinned: never trimmed), restored after deaths."""
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is not None:
-                ts.replicas = max(1, int(n))
-                self._ensure_replicas(ts)
-
-    def _ensure_replicas(self, ts: TaskState) -> None:
-        if ts.state != "memory" or not ts.who_has:
-            return
-        missing = ts.replicas - len(ts.who_has) - len(ts.copying)
-        if missing <= 0:
-            return
-        busy = {ws.address for ws in ts.who_has} | ts.copying
-        spare = sorted((ws for a, ws in self.workers.items() if a not in busy),
-                       key=lambda ws: (len(ws.has_what), ws.address))
-        holders = [ws.address for ws in ts.who_has]
-        for ws in spare[:missing]:
-            ts.copying.add(ws.address)
-            self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
-
-    def add_replica(self, address: str, key: str, nbytes: int) -> None:
-        ws, ts = self.workers.get(address), self.tasks.get(key)
-        if ts is not None:
-            ts.copying.discard(address)
-        if ws is None:
-            return
-        if ts is None or ts.state != "memory":
-            self._send(address, {"op": "free-keys", "keys": [key]})
-            return
-        ts.who_has.add(ws)
-        ws.has_what.add(ts)
-
-    def replica_failed(self, address: str, key: str) -> None:
-        ts = self.tasks.get(key)
-        if ts is not None:
-            ts.copying.discard(address)
-
     def clear(self, reason: str) -> list[str]:
         """Forget every task (client.restart()); tell clients their futures were cancelled.
 
@@ -270,12 +242,14 @@ class SchedulerState:
 
     # -- workers ---------------------------------------------------------------
     def add_worker(self, address: str, nthreads: int, now: float, memory_limit: int = 0,
-                   name: str = "", resources: dict | None = None, info: dict | None = None) -> None:
+                   name: str = "", resources: dict | None = None, info: dict | None = None,
+                   deadline: float | None = None) -> None:
         if address in self.workers:
             self.remove_worker(address, now, {"cause": "connection-lost", "blame": False,
                                               "text": "the worker registered again"})
         ws = WorkerState(address, max(1, int(nthreads)), int(memory_limit or 0), name or address,
-                         dict(resources or {}), dict(info or {}), joined=now, last_seen=now)
+                         dict(resources or {}), dict(info or {}), joined=now, last_seen=now, deadline=deadline)
+        self.set_time(now)
         self.workers[address] = ws
         self._update_free(ws)
         self._schedule()
@@ -399,11 +373,17 @@ class SchedulerState:
             ts.started_at = now
             ws.executing.add(ts)
 
-    def task_finished(self, address: str, key: str, nbytes: int) -> None:
+    def set_time(self, now: float) -> None:
+        """Time comes in with events; placement uses the latest."""
+        self.now = max(self.now, now)
+
+    def task_finished(self, address: str, key: str, nbytes: int, duration: float | None = None) -> None:
         ws = self.workers.get(address)
         ts = self.tasks.get(key)
         if ws is None:
             return
+        if duration is not None:
+            self.durations.learn(key, float(duration))
         if ts is None or ts.state in ("released", "erred") and ts.processing_on is not ws:
             self._send(address, {"op": "free-keys", "keys": [key]})
             return
@@ -580,26 +560,6 @@ class SchedulerState:
             ts.dependencies = set()
 
     # -- placement ---------------------------------------------------------------
-    def _fits(self, ts: TaskState, ws: WorkerState) -> bool:
-        for r, n in (ts.resources or {}).items():
-            if ws.resources.get(r, 0) - ws.used_resources.get(r, 0) < n:
-                return False
-        return True
-
-    def _pick_worker(self, ts: TaskState) -> WorkerState | None:
-        """Among workers with a free slot, prefer the one holding most input bytes."""
-        candidates = self._free if not ts.resources else [w for w in self._free if self._fits(ts, w)]
-        best, best_score = None, None
-        for ws in candidates:
-            local = 0
-            for dep in ts.dependencies:
-                if ws in dep.who_has:
-                    local += dep.nbytes or 1
-            score = (local, -len(ws.processing) / ws.nthreads)
-            if best_score is None or score > best_score:
-                best, best_score = ws, score
-        return best
-
     def _schedule(self) -> None:
         deferred = []
         while self._ready and self._free:
@@ -607,7 +567,7 @@ class SchedulerState:
             ts = self.tasks.get(key)
             if ts is None or ts.state != "queued" or ts.priority != prio:
                 continue
-            ws = self._pick_worker(ts)
+            ws = pick_worker(ts, self._free, self.durations.expected(ts), self.now)
             if ws is None:
                 deferred.append((prio, key))
                 continue

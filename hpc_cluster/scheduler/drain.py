@@ -1,0 +1,64 @@
+"""Leaving before the walltime: the pure part of a worker's graceful drain.
+
+A worker whose job will be killed at `deadline` starts draining `margin` seconds before:
+it gets no new tasks; tasks queued on it go back to the scheduler; running tasks that
+will finish in time finish, the others are handed back (not charged: nothing was their
+fault); results no other worker holds are copied to peers; then it is retired. So no
+task is lost or run twice because of walltime. Mixed into SchedulerState.
+"""
+
+from __future__ import annotations
+
+
+def drain_margin(ws, walltime_margin: float) -> float:
+    """Seconds before the deadline to start draining: the configured margin, but never more
+    than a fifth of the job's walltime (a 1-minute job must not drain from the start)."""
+    walltime = ws.info.get("job_walltime")
+    return min(walltime_margin, 0.2 * walltime) if walltime else walltime_margin
+
+
+class DrainMixin:
+    def workers_to_drain(self, now: float, walltime_margin: float) -> list[str]:
+        self.set_time(now)
+        return [a for a, ws in self.workers.items() if not ws.draining and ws.deadline is not None
+                and now >= ws.deadline - drain_margin(ws, walltime_margin)]
+
+    def start_drain(self, address: str) -> None:
+        ws = self.workers.get(address)
+        if ws is None or ws.draining:
+            return
+        ws.draining = True
+        self._free.discard(ws)
+        for ts in sorted(ws.processing, key=lambda t: t.priority):
+            if ts.executing and self._finishes_in_time(ts, ws):
+                continue
+            self._abandon(ts)                 # back to the scheduler, uncharged
+            ts.state = "released"
+            self._activate(ts)
+        self._schedule()
+
+    def _finishes_in_time(self, ts, ws) -> bool:
+        expected = self.durations.expected(ts)
+        if expected is None or ts.started_at is None:
+            return True                       # unknown: let it try, it was started with time left
+        return ts.started_at + expected <= ws.deadline
+
+    def drain_step(self, address: str) -> bool:
+        """Advance a drain; True when the worker can leave without losing anything."""
+        ws = self.workers.get(address)
+        if ws is None:
+            return False
+        if ws.processing:
+            return False
+        unique = [ts for ts in ws.has_what if ts.who_has == {ws} and (ts.who_wants or ts.waiters)]
+        targets = sorted((w for w in self.workers.values() if not w.draining),
+                         key=lambda w: (len(w.has_what), w.address))
+        if not unique or not targets:
+            return True                       # nothing to save, or nowhere to save it (lineage will)
+        for i, ts in enumerate(unique):
+            if not ts.copying:
+                target = targets[i % len(targets)]
+                ts.copying.add(target.address)
+                self._send(target.address, {"op": "fetch-replica", "key": ts.key,
+                                            "holders": [ws.address]})
+        return False

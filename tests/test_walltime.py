@@ -1,0 +1,134 @@
+"""Walltime awareness, pure parts: placement that fits, graceful drain, renewal, adapt sizing."""
+
+from __future__ import annotations
+
+import types
+
+from hpc_cluster.adapters.base import JobSpec
+from hpc_cluster.deploy.jobs import Job, JobManager
+from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.placement import key_prefix
+from hpc_cluster.scheduler.state import SchedulerState
+
+F, A = Opaque(b"f"), Opaque(b"a")
+
+
+def task(key, duration=None, deps=()):
+    spec = {"key": key, "func": F, "args": A, "deps": list(deps)}
+    if duration is not None:
+        spec["duration"] = duration
+    return spec
+
+
+def computes(out, worker):
+    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute"]
+
+
+def test_key_prefix_groups_tasks_of_one_function():
+    assert key_prefix("slow-3a9c0d1e2f3a4b5c6d7e8f90") == "slow"
+    assert key_prefix("my-task-name") == "my-task-name"
+
+
+def test_a_long_task_is_not_started_on_a_worker_with_too_little_time():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("old", nthreads=1, now=100, deadline=120)            # 20 s left
+    s.update_graph("c", [task("long", duration=50)], ["long"])
+    assert computes(s.take_outbox(), "old") == []                      # waits rather than dies
+    s.add_worker("fresh", nthreads=1, now=101, deadline=161)           # a renewed job: 60 s
+    assert computes(s.take_outbox(), "fresh") == ["long"]
+
+
+def test_learned_durations_guide_placement():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0, deadline=1000)
+    s.update_graph("c", [task("slow-aaaaaaaaaaaa")], ["slow-aaaaaaaaaaaa"])
+    s.take_outbox()
+    s.task_started("w", "slow-aaaaaaaaaaaa", now=0)
+    s.task_finished("w", "slow-aaaaaaaaaaaa", 8, duration=50.0)
+    s.set_time(960)                                                    # 40 s left on w
+    s.update_graph("c", [task("slow-bbbbbbbbbbbb")], ["slow-bbbbbbbbbbbb"])
+    assert computes(s.take_outbox(), "w") == []
+    s.update_graph("c", [task("quick-cccccccccccc")], ["quick-cccccccccccc"])   # unknown: may run
+    assert computes(s.take_outbox(), "w") == ["quick-cccccccccccc"]
+
+
+def test_drain_hands_back_queued_tasks_keeps_fitting_ones_and_saves_unique_results():
+    s = SchedulerState(prefetch=2)
+    s.add_worker("old", nthreads=1, now=0, deadline=100, info={"job_walltime": 100})
+    s.update_graph("c", [task("done"), task("running", duration=5), task("queued1"), task("queued2")],
+                   ["done", "running", "queued1", "queued2"])
+    s.take_outbox()
+    s.task_started("old", "done", now=1)
+    s.task_finished("old", "done", 8, duration=1)
+    s.task_started("old", "running", now=79)
+    s.take_outbox()
+    assert s.workers_to_drain(now=79, walltime_margin=60) == []        # margin capped at 20 % of 100 s
+    assert s.workers_to_drain(now=81, walltime_margin=60) == ["old"]
+    s.add_worker("new", nthreads=1, now=81, deadline=200)
+    s.take_outbox()
+    s.start_drain("old")
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["queued1"]} in out["old"]      # handed back, not run there
+    assert sorted(computes(out, "new")) == ["queued1", "queued2"]      # the new worker takes them
+    assert s.tasks["running"].processing_on.address == "old"           # 5 s left to run: fits
+    assert not s.drain_step("old")                                     # still running
+    s.task_finished("old", "running", 8, duration=5)
+    assert not s.drain_step("old")                                     # 'done', 'running' held only here
+    copies = [m for m in s.take_outbox()["new"] if m["op"] == "fetch-replica"]
+    assert sorted(m["key"] for m in copies) == ["done", "running"]
+    s.add_replica("new", "done", 8)
+    s.add_replica("new", "running", 8)
+    assert s.drain_step("old")                                         # nothing would be lost now
+    s.remove_worker("old", now=90, death={"cause": "retired", "blame": False})
+    assert s.tasks["done"].state == "memory" and s.tasks["running"].state == "memory"
+    assert all(not t.attempts for t in s.tasks.values())               # nobody was charged
+
+
+def test_drain_hands_back_a_running_task_that_cannot_finish_in_time_without_charge():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("old", nthreads=1, now=0, deadline=100, info={"job_walltime": 100})
+    s.update_graph("c", [task("slow-aaaaaaaaaaaa")], ["slow-aaaaaaaaaaaa"])   # duration unknown yet
+    assert computes(s.take_outbox(), "old") == ["slow-aaaaaaaaaaaa"]
+    s.task_started("old", "slow-aaaaaaaaaaaa", now=75)
+    s.durations.learn("slow-bbbbbbbbbbbb", 30.0)                           # now we know: 30 s
+    s.add_worker("new", nthreads=1, now=81, deadline=500)
+    s.start_drain("old")                                                   # 75 + 30 > 100
+    out = s.take_outbox()
+    assert computes(out, "new") == ["slow-aaaaaaaaaaaa"]                   # handed back at once
+    assert s.tasks["slow-aaaaaaaaaaaa"].attempts == []                     # and not charged
+    assert "slow-aaaaaaaaaaaa" in s.workers["old"].abandoned               # its thread stays busy
+
+
+class _FakeAdapter:
+    def render(self, spec):
+        return "#!/bin/sh\n"
+
+
+def _manager(now, walltime=60, margin=60):
+    state = SchedulerState()
+    sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None)
+    clock = {"t": now}
+    jm = JobManager(sched, _FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
+                    clock=lambda: clock["t"])
+    return jm, state, clock
+
+
+def test_renewal_starts_ahead_of_the_deadline_using_the_observed_queue_wait():
+    jm, _, clock = _manager(now=1000)
+    job = Job("1", submitted=990, started=994)                        # 4 s queue wait
+    jm.jobs["1"] = job
+    assert jm.queue_wait() == 4.0
+    # walltime 60, margin min(60, 12) = 12, lead = 12 + 4 + 5 = 21 -> renew from t = 994 + 60 - 21
+    clock["t"] = 1032
+    assert not jm.expiring(job)
+    clock["t"] = 1033.5
+    assert jm.expiring(job)
+
+
+def test_adapt_grows_at_once_and_shrinks_only_when_polls_agree():
+    jm, state, _ = _manager(now=0)
+    jm.adaptive, jm.target = (1, 5), 1
+    state.update_graph("c", [task(f"t{i}", duration=10) for i in range(30)], [f"t{i}" for i in range(30)])
+    assert jm.desired() == 5                                           # 300 s of work / (30 s x 2 threads)
+    state.client_releases("c", [f"t{i}" for i in range(30)])
+    assert [jm.desired() for _ in range(3)] == [5, 5, 1]               # down after 3 agreeing polls
