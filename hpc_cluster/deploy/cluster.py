@@ -121,13 +121,14 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     plan_path = run_dir / f".{name}.plan.json"
     plan = make_plan(cfg, name, cluster_file, n_jobs)
     log_path = run_dir / f"{name}.log"
-    plan["daemon_log"] = str(log_path)
+    plan.update(daemon_log=str(log_path), plan_file=str(plan_path),
+                owner_pid=None if detach else os.getpid())
     fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(plan, f)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
-    log = open(log_path, "ab")
+    log = open(log_path, "wb")                 # this run's log only: failures quote its tail
     proc = subprocess.Popen([sys.executable, "-m", "hpc_cluster.deploy.daemon", str(plan_path)],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=detach)
@@ -141,11 +142,19 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             pass
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
+            _forget(cluster_file, plan_path)
             raise ClusterError(f"the cluster daemon exited with code {proc.returncode}:\n{tail}")
         if time.monotonic() > deadline:
             proc.kill()
+            proc.wait()
+            _forget(cluster_file, plan_path)
             raise ClusterError(f"the cluster daemon did not start within {timeout:g} s; see {log_path}")
         time.sleep(0.05)
+
+
+def _forget(*paths: Path) -> None:
+    for p in paths:
+        Path(p).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -165,7 +174,7 @@ def _alive(pid: int) -> bool:
 def control(cluster_file: Path | str, op: str, timeout: float = 120.0, **fields):
     """One request to a running cluster daemon (scale, jobs, adapt, shutdown)."""
     from ..client import Client
-    with Client(cluster_file=str(cluster_file), timeout=30) as c:
+    with Client(cluster_file=str(cluster_file), timeout=10) as c:
         reply = c._lt.run(c._request({"op": op, **fields}, timeout), timeout + 5)
     if not reply.get("ok"):
         raise ClusterError(f"{op} failed: {reply.get('error')}")

@@ -41,14 +41,14 @@ async def run(plan: dict) -> int:
     sc = plan["scheduler"]
     sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
                       allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
-                      versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0), limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
-                                                             max_message_bytes=sc["max_message_bytes"]))
+                      versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
+                      limits=Limits(max_frame_bytes=sc["max_frame_bytes"], max_message_bytes=sc["max_message_bytes"]))
     address = await sched.start()
     runner = make_runner(plan.get("ssh"))
     adapter = get_adapter(plan["batch"], runner)
     meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
-            "daemon_log": plan.get("daemon_log")}
+            "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
                     max_jobs_in_queue=plan.get("max_jobs_in_queue"),
                     startup_failures=plan.get("startup_failures", 3))
@@ -84,6 +84,8 @@ async def run(plan: dict) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if plan.get("owner_pid"):
+        asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
     await jm.start()
     if plan.get("n_jobs"):
         await jm.scale(int(plan["n_jobs"]))
@@ -101,8 +103,24 @@ async def run(plan: dict) -> int:
             await asyncio.to_thread(runner.run, ["rm", "-f", remote], None, 30, False)
         except Exception as exc:
             logger.warning("could not remove %s on the login node: %s", remote, exc)
+    if plan.get("plan_file"):
+        Path(plan["plan_file"]).unlink(missing_ok=True)
     logger.info("cluster %s down", plan["name"])
     return 0
+
+
+async def _watch_owner(pid: int, stop: asyncio.Event) -> None:
+    """A cluster started from Python ends with its Python process, even one killed with -9:
+    jobs must not keep running (and billing) for an owner that is gone."""
+    while not stop.is_set():
+        await asyncio.sleep(2)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            logger.warning("the Python process that started this cluster (pid %d) is gone; shutting down", pid)
+            stop.set()
+        except PermissionError:
+            pass
 
 
 def main(argv=None) -> int:
