@@ -1,0 +1,133 @@
+"""240 tasks of 2 s on 2 workers whose jobs have a 1-minute walltime: hpc-cluster vs dask-jobqueue.
+
+    python benchmarks/walltime_vs_jobqueue.py [--tasks 240] [--cap 600]
+
+Needs the SLURM test cluster (tests/slurm/cluster.sh up) and dask-jobqueue. Three runs on
+the same SLURM, one after the other:
+  hpc-cluster             SLURMCluster(walltime="00:01:00").scale(2): deadlines, drain, renewal
+  dask-jobqueue, plain    the same keywords, scale(2): what a user writes first
+  dask-jobqueue, lifetime the documented workaround: --lifetime 50s --lifetime-stagger 4s
+                          and adapt(minimum_jobs=2, maximum_jobs=2)
+Each prints: results correct, tasks failed (and by which exception), tasks executed more
+than once, makespan, and the jobs used. A run is capped at --cap seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def two_seconds(i, marks):
+    import os
+    import time
+    import uuid
+    open(os.path.join(marks, f"{i}-{uuid.uuid4().hex}"), "w").close()
+    time.sleep(2)
+    return i * i
+
+
+def _gather(client, futures, cap, wait):
+    """Results where available; failures counted by exception type; stops at the cap."""
+    deadline = time.time() + cap
+    done, _ = wait(futures, timeout=max(1, deadline - time.time()), return_when="ALL_COMPLETED") \
+        if wait else (None, None)
+    results, failures = {}, collections.Counter()
+    for i, f in enumerate(futures):
+        if f.status == "finished":
+            results[i] = f.result()
+        elif f.status == "error":
+            failures[type(f.exception()).__name__] += 1
+        else:
+            failures["not finished by the cap"] += 1
+    return results, failures
+
+
+def _marks_summary(marks):
+    counts = collections.Counter(name.split("-")[0] for name in os.listdir(marks))
+    return sum(1 for c in counts.values() if c > 1)
+
+
+def ours(n, cap, logs):
+    from hpc_cluster import Client, SLURMCluster
+    from hpc_cluster import wait
+    marks = tempfile.mkdtemp(prefix="marks-")
+    t0 = time.time()
+    with SLURMCluster(cores=1, memory="1GB", walltime="00:01:00", log_directory=logs, name="bench-ours") as cl, \
+            Client(cl) as c:
+        cl.scale(2)
+        futures = c.map(two_seconds, range(n), [marks] * n)
+        try:
+            wait(futures, timeout=cap)
+        except Exception:
+            pass
+        results, failures = _gather(c, futures, 1, None)
+        makespan = time.time() - t0
+        jobs = len(cl.status_table()["jobs"])
+    return dict(results=results, failures=failures, twice=_marks_summary(marks), makespan=makespan, jobs=jobs)
+
+
+def jobqueue(n, cap, logs, lifetime):
+    from dask_jobqueue import SLURMCluster as JQ
+    from distributed import Client, wait
+    marks = tempfile.mkdtemp(prefix="marks-")
+    extra = ["--lifetime", "50s", "--lifetime-stagger", "4s"] if lifetime else []
+    t0 = time.time()
+    with JQ(cores=1, processes=1, memory="1GB", walltime="00:01:00", log_directory=logs,
+            python=sys.executable, job_name="bench-jq", worker_extra_args=extra) as cl, Client(cl) as c:
+        if lifetime:
+            cl.adapt(minimum_jobs=2, maximum_jobs=2)
+        else:
+            cl.scale(2)
+        futures = c.map(two_seconds, range(n), [marks] * n, pure=False)
+        try:
+            wait(futures, timeout=cap)
+        except Exception:
+            pass
+        results, failures = {}, collections.Counter()
+        for i, f in enumerate(futures):
+            if f.status == "finished":
+                results[i] = f.result()
+            elif f.status == "error":
+                failures[type(f.exception()).__name__] += 1
+            else:
+                failures["not finished by the cap"] += 1
+        makespan = time.time() - t0
+    return dict(results=results, failures=failures, twice=_marks_summary(marks), makespan=makespan, jobs=None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", type=int, default=240)
+    p.add_argument("--cap", type=float, default=600, help="seconds before a run is stopped")
+    p.add_argument("--only", choices=["ours", "plain", "lifetime"], action="append")
+    args = p.parse_args(argv)
+    logs = tempfile.mkdtemp(prefix="bench-walltime-logs-")
+    runs = {"ours": lambda: ours(args.tasks, args.cap, logs),
+            "plain": lambda: jobqueue(args.tasks, args.cap, logs, False),
+            "lifetime": lambda: jobqueue(args.tasks, args.cap, logs, True)}
+    labels = {"ours": "hpc-cluster", "plain": "dask-jobqueue, plain", "lifetime": "dask-jobqueue, lifetime+adapt"}
+    out = {}
+    for name in args.only or list(runs):
+        print(f"running {labels[name]} ...", flush=True)
+        out[name] = runs[name]()
+        left = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout.split()
+        print(f"  done; jobs of it left in squeue: {sum(1 for j in left if j.startswith('bench-'))}", flush=True)
+    ideal = args.tasks * 2 / 2
+    print(f"\n{args.tasks} tasks x 2 s on 2 workers, 1-minute walltime (ideal {ideal:.0f} s)")
+    print(f"  {'':<32} {'correct':>8} {'failed':>7} {'ran twice':>10} {'makespan':>9}  failures")
+    for name, o in out.items():
+        correct = sum(1 for i, v in o["results"].items() if v == i * i)
+        failed = sum(o["failures"].values())
+        print(f"  {labels[name]:<32} {correct:>8} {failed:>7} {o['twice']:>10} {o['makespan']:>8.0f}s  "
+              f"{dict(o['failures']) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
