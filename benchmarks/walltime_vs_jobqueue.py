@@ -89,14 +89,7 @@ def jobqueue(n, cap, logs, lifetime):
             wait(futures, timeout=cap)
         except Exception:
             pass
-        results, failures = {}, collections.Counter()
-        for i, f in enumerate(futures):
-            if f.status == "finished":
-                results[i] = f.result()
-            elif f.status == "error":
-                failures[type(f.exception()).__name__] += 1
-            else:
-                failures["not finished by the cap"] += 1
+        results, failures = _gather(c, futures, 1, None)
         makespan = time.time() - t0
     return dict(results=results, failures=failures, twice=_marks_summary(marks), makespan=makespan, jobs=None)
 

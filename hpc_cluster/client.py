@@ -22,7 +22,7 @@ from typing import Any
 from .exceptions import TimeoutError, error_from_record, format_death
 from .futures import Future, _flatten, _FutureState, _rebuild, wait
 from .protocol import serialize
-from .protocol.comm import BatchedSend, Comm, CommClosedError, connect
+from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
 from .protocol.frames import Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
 from .protocol.versions import format_table, get_versions, mismatches
@@ -102,7 +102,7 @@ class Client:
         self._flush_scheduled = False
         self._rids = itertools.count()
         self._replies: dict[int, asyncio.Future] = {}
-        self._worker_comms: dict[str, list[Comm]] = {}
+        self._pool: ConnectionPool | None = None          # to workers, made on the loop
         self._funcs: collections.OrderedDict = collections.OrderedDict()
         self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpc-callbacks")
         self.status = "connecting"
@@ -116,6 +116,7 @@ class Client:
 
     async def _start(self) -> None:
         self._comm = await connect(self.scheduler_address, self._secret, self._info)
+        self._pool = ConnectionPool(self._secret, self._info)
         first = (await self._comm.read())[0]
         self.id = first.get("client")
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
@@ -371,16 +372,7 @@ class Client:
         return values, missing
 
     async def _worker_request(self, address: str, msg: dict) -> dict:
-        pool = self._worker_comms.setdefault(address, [])
-        comm = pool.pop() if pool else await connect(address, self._secret, self._info)
-        try:
-            await comm.write(msg)
-            reply = (await comm.read())[0]
-        except BaseException:
-            comm.close()
-            raise
-        pool.append(comm)
-        return reply
+        return await self._pool.request(address, msg)
 
     # -- data and control ------------------------------------------------------------------
     def scatter(self, data, broadcast: bool = False, hash: bool = True):
@@ -578,9 +570,8 @@ class Client:
         async def _close():
             await self._stream.drain()
             self._comm.close()
-            for pool in self._worker_comms.values():
-                for c in pool:
-                    c.close()
+            if self._pool is not None:
+                self._pool.close()
         try:
             self._lt.run(_close(), 10)
         except Exception:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hpc_cluster import CancelledError, Client, Future, TimeoutError, as_completed, wait
+from hpc_cluster import CancelledError, Client, Future, LocalCluster, TimeoutError, as_completed, wait
 from hpc_cluster.protocol.serialize import SerializationError
 from waiting import wait_until
 
@@ -117,9 +117,10 @@ def test_cancel(client):
     assert f.cancelled()
 
 
-def test_priority_runs_urgent_work_first(cluster):
-    with Client(cluster) as c:
-        blockers = [c.submit(slow_inc, i, 0.3, pure=False) for i in range(8)]
+def test_priority_runs_urgent_work_first():
+    # One thread, so the order is decided by priority alone (and no other test's leftovers).
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as c:
+        blocker = c.submit(slow_inc, 0, 0.5, pure=False)
         order = []
         lock = threading.Lock()
 
@@ -131,9 +132,10 @@ def test_priority_runs_urgent_work_first(cluster):
         high = c.submit(inc, 100, key="high", priority=10)
         for f in [*low, high]:
             f.add_done_callback(record)
-        wait([*blockers, *low, high], timeout=30)
+        wait([blocker, *low, high], timeout=30)
         wait_until(lambda: len(order) == 7, what="all callbacks")
-        assert order.index("high") < order.index("low-5")
+        # At most the prefetched low tasks (2) may run before the urgent one.
+        assert order.index("high") <= 2, order
 
 
 def test_add_done_callback_and_as_completed(client):

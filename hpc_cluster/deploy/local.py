@@ -33,6 +33,17 @@ def _child_env(secret: bytes) -> dict:
     return env
 
 
+def _stop(proc: subprocess.Popen, deadline: float) -> None:
+    """SIGTERM (graceful), then SIGKILL if it is still there at the deadline."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _wait_for(condition, timeout: float, what: str, check=None):
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -164,13 +175,8 @@ class LocalCluster:
 
     def _stop_worker(self, name: str) -> None:
         proc = self.workers.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            _stop(proc, time.monotonic() + 10)
 
     def scale(self, n: int) -> None:
         """Run `n` worker processes (started or stopped to match)."""
@@ -198,26 +204,15 @@ class LocalCluster:
         if self.status == "closed":
             return
         self.status = "closing"
-        for name in list(self.workers):
-            proc = self.workers[name]
+        for proc in self.workers.values():          # all at once: they stop in parallel
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for name in list(self.workers):
-            proc = self.workers.pop(name)
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(self.workers.pop(name), deadline)
         sched = getattr(self, "_scheduler", None)
-        if sched is not None and sched.poll() is None:
-            sched.send_signal(signal.SIGTERM)
-            try:
-                sched.wait(10)
-            except subprocess.TimeoutExpired:
-                sched.kill()
-                sched.wait()
+        if sched is not None:
+            _stop(sched, time.monotonic() + 10)
         self.status = "closed"
         try:
             self._tmp.cleanup()

@@ -22,7 +22,8 @@ import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
 
 from ..protocol import serialize
-from ..protocol.comm import AuthenticationError, BatchedSend, Comm, CommClosedError, Listener, connect
+from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
+                             connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .sizeof import sizeof
@@ -65,7 +66,7 @@ class Worker:
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
         self._fetching: dict[str, asyncio.Future] = {}
-        self._peers: dict[str, list[Comm]] = {}
+        self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits)
         self.address: str | None = None
         self.scheduler: BatchedSend | None = None
         self.closed = asyncio.Event()
@@ -108,9 +109,7 @@ class Worker:
             if t is not None and t is not asyncio.current_task():
                 t.cancel()
         self.listener.stop()
-        for comms in self._peers.values():
-            for c in comms:
-                c.close()
+        self.peers.close()
         if self.scheduler is not None:
             self.scheduler_comm.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -322,16 +321,7 @@ class Worker:
     # -- peers and clients -------------------------------------------------------------
     async def request(self, address: str, msg: dict) -> dict:
         """One request/response with a peer worker over a pooled connection."""
-        pool = self._peers.setdefault(address, [])
-        comm = pool.pop() if pool else await connect(address, self.secret, self.info, self.limits)
-        try:
-            await comm.write(msg)
-            reply = (await comm.read())[0]
-        except BaseException:
-            comm.close()
-            raise
-        pool.append(comm)
-        return reply
+        return await self.peers.request(address, msg)
 
     async def _serve_peer(self, comm: Comm) -> None:
         while True:
