@@ -31,6 +31,14 @@ CASES = [
     ("job never registered", Evidence(registered=False, job_id="7", accounting=acct("failed", "FAILED",
                                                                                     exit_code=1, signal=0)),
      "startup", False),
+    # Found on the real cluster: a replacement job started on a node that failed under it
+    # was called a startup failure (a deployment fault) although SLURM said NODE_FAIL.
+    ("job never registered, node failed under it", Evidence(
+        registered=False, job_id="359", accounting=acct("node-fail", "NODE_FAIL", exit_code=0, signal=0)),
+     "node-failure", False),
+    ("job never registered, cancelled by a user", Evidence(
+        registered=False, job_id="8", accounting=acct("cancelled", "CANCELLED by 0", cancelled_by="0")),
+     "cancelled", False),
     ("sacct TIMEOUT", Evidence(connection="closed", executing=RUNNING, job_id="123",
                                accounting=acct("timeout", "TIMEOUT", elapsed=73, time_limit=60)), "walltime", False),
     ("time-limit line in the log, nanny said goodbye", Evidence(
@@ -67,6 +75,14 @@ CASES = [
      "crash", False),
     ("os._exit(1) while running", Evidence(connection="closed", executing=RUNNING, nanny=nanny(exit_code=1)),
      "crash", True),
+    # Found on the real cluster (tests/slurm/test_scenarios.py): without a nanny the worker
+    # is the batch step, and sacct's FAILED 1:0 is the task's os._exit(1).
+    ("os._exit(1) while running (sacct FAILED 1:0, no nanny)", Evidence(
+        connection="closed", executing=RUNNING, accounting=acct("failed", "FAILED", exit_code=1, signal=0)),
+     "crash", True),
+    ("job FAILED 1:0 while idle, no nanny: not a task's crash", Evidence(
+        connection="closed", executing=[], accounting=acct("failed", "FAILED", exit_code=1, signal=0)),
+     "connection-lost", False),
     ("clean goodbye", Evidence(connection="goodbye", nanny=nanny(exit_code=0)), "retired", False),
     ("SIGKILL from outside", Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=9)),
      "unknown", False),
@@ -124,3 +140,62 @@ def test_log_lines_become_evidence():
     v = diagnose(ev)
     assert v.cause == "memory-batch"
     assert any("oom-kill event" in e for e in v.evidence)
+
+
+def test_exit_code_without_nanny_is_named_from_sacct():
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, job_id="77",
+                          accounting=acct("failed", "FAILED", exit_code=1, signal=0)))
+    assert v.cause == "crash" and "exited with code 1" in v.text and "'f-3a9c'" in v.text
+    # sacct's ExitCode 1:0 has no signal: shown as 1:0, as sacct writes it, not 1:None
+    assert any(e.startswith("accounting: job 123 FAILED 1:0") for e in v.evidence), v.evidence
+
+
+# -- the evidence collector: when is a verdict final? ----------------------------------------
+
+class _Batch:
+    """An EvidenceSource holding fixed accounting records (what sacct would answer)."""
+
+    def __init__(self, records):
+        self.records = records
+
+    async def accounting(self, job_ids):
+        return {j: self.records[j] for j in job_ids if j in self.records}
+
+    async def log_tail(self, job_id):
+        return []
+
+
+def _collect(records, nanny_id="n1", monkeypatch=None):
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+    from hpc_cluster.scheduler.state import SchedulerState
+
+    monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 3)
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    col.source = _Batch(records)
+    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"job_id": "5", "nanny_id": nanny_id})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        assert record["final_at"] is None                 # sacct (and the nanny) still to come
+        await asyncio.wait_for(col._task, 5)
+        return record
+
+    return asyncio.run(run()), col
+
+
+def test_node_failure_with_a_nanny_is_final_without_its_report(monkeypatch):
+    # Found on the real cluster: the node died with the nanny on it, so its exit report never
+    # came, and the verdict (node-failure) was never marked final.
+    record, _ = _collect({"5": acct("node-fail", "NODE_FAIL", node="vm")}, monkeypatch=monkeypatch)
+    assert record["cause"] == "node-failure" and record["final_at"] == 1000.0
+
+
+def test_a_stopped_worker_with_a_nanny_is_final_once_we_stop_asking(monkeypatch):
+    # SIGSTOP: heartbeat lost, the job runs on and the nanny has nothing to report.
+    record, col = _collect({"5": {**acct("running", "RUNNING"), "final": False}}, monkeypatch=monkeypatch)
+    assert record["final_at"] == 1000.0
+    col.exit_report({"nanny_id": "n1", "signal": 9, "exit_code": None})   # a late report still refines
+    assert record["cause"] == "unknown" and "SIGKILL" in record["text"]

@@ -37,6 +37,9 @@ ADVICE = {
     "unknown": "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
 }
 
+# Job states in which the batch system, not the job's own content, ended the job.
+EXTERNAL_ENDS = frozenset({"timeout", "deadline", "preempted", "node-fail", "boot-fail", "cancelled"})
+
 # Lines in a job's stdout/stderr that tell what ended it.
 LOG_PATTERNS = [
     ("walltime", re.compile(r"DUE TO TIME LIMIT|job killed: walltime|PBS: job killed: walltime|"
@@ -144,7 +147,9 @@ def _memory_numbers(ev: Evidence) -> str:
 RULES = [
     (lambda ev: ev.intent is not None,
      lambda ev: ("retired", f"asked to leave ({ev.intent})")),
-    (lambda ev: not ev.registered,
+    # A job that never started its worker is a deployment fault, unless the batch system
+    # itself ended it (time limit, preemption, a failed node, a cancel): then that is the cause.
+    (lambda ev: not ev.registered and _acct_state(ev) not in EXTERNAL_ENDS,
      lambda ev: ("startup", f"{_job(ev)} ended ({_acct(ev).get('raw_state') or 'finished'}) before its "
                             "worker registered")),
     (lambda ev: _acct_state(ev) in ("timeout", "deadline") or _log_says(ev, "walltime"),
@@ -175,6 +180,12 @@ RULES = [
      lambda ev: ("retired", "the worker closed itself cleanly")),
     (lambda ev: (_nanny(ev).get("exit_code") or 0) != 0 and _nanny(ev).get("signal") is None and ev.executing,
      lambda ev: ("crash", f"the worker process exited with code {_nanny(ev)['exit_code']} {_running(ev)}")),
+    # No nanny: the worker is the batch step's process, so the job's own exit code is the
+    # worker's. A job that failed with a non-zero code while running a task was ended by it.
+    (lambda ev: not ev.nanny and ev.executing and _acct_state(ev) == "failed"
+     and (_acct(ev).get("exit_code") or 0) != 0,
+     lambda ev: ("crash", f"the worker process (the job's batch step) exited with code "
+                          f"{_acct(ev)['exit_code']} {_running(ev)}")),
     (lambda ev: _nanny(ev).get("signal") is not None,
      lambda ev: ("unknown", f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
@@ -208,7 +219,7 @@ def facts_of(ev: Evidence) -> list[str]:
                    + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else ""))
     a = ev.accounting
     if a:
-        code = f" {a.get('exit_code')}:{a.get('signal')}" if a.get("exit_code") is not None else ""
+        code = f" {a.get('exit_code')}:{a.get('signal') or 0}" if a.get("exit_code") is not None else ""
         line = f"accounting: job {a.get('job_id')} {a.get('raw_state')}{code}"
         if a.get("state") in ("out-of-memory",) or _step_oom(ev) or a.get("max_rss"):
             line += f", {_memory_numbers(ev)}"

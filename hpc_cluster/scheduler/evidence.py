@@ -37,6 +37,7 @@ class EvidenceCollector:
         self._death_of_nanny: dict[str, int] = {}            # nanny id -> its worker's latest death
         self._early_reports: dict[str, dict] = {}            # reports that beat the connection close
         self._waiting: dict[int, int] = {}                   # death id -> accounting attempts so far
+        self._gave_up: set[int] = set()                      # deaths we stopped asking about
         self._task: asyncio.Task | None = None
 
     # -- events ----------------------------------------------------------------------
@@ -58,8 +59,7 @@ class EvidenceCollector:
         if self.source is not None and needs_accounting(ev):
             self._waiting[record["id"]] = 0
             self._ensure_loop()
-        expecting = record["id"] in self._waiting or record["id"] in self._death_of_nanny.values()
-        record["final_at"] = None if expecting else record["time"]
+        record["final_at"] = None if self._expecting(record["id"]) else record["time"]
         logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
         return record
 
@@ -95,12 +95,26 @@ class EvidenceCollector:
         v = diagnose(ev)
         record = self.state.deaths[death_id]
         changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
-        final = death_id not in self._waiting and death_id not in self._death_of_nanny.values()
+        final = not self._expecting(death_id)
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
                                 final_at=self.clock() if final else None)
         if changed:
             logger.info("death of %s refined: %s: %s", record.get("name"), v.cause, v.text)
         self.flush()
+
+    def _expecting(self, death_id: int) -> bool:
+        """Is more evidence still to come for this death?
+
+        A nanny's report is awaited only while its job may be alive: once the batch system
+        says the job ended (a node failure, a cancel: the nanny died with its worker) or we
+        gave up asking, nothing will report. A report that still comes refines the verdict.
+        """
+        if death_id in self._waiting:
+            return True
+        if death_id in self._death_of_nanny.values():
+            acct = self.evidence[death_id].accounting
+            return not (acct and acct.get("final")) and death_id not in self._gave_up
+        return False
 
     def _ensure_loop(self) -> None:
         if self._task is None or self._task.done():
@@ -135,5 +149,7 @@ class EvidenceCollector:
                     or self._waiting[death_id] >= len(BACKOFF)
                 if done:
                     del self._waiting[death_id]
+                    if rec is None or not (rec.get("final") or ev.nanny is not None):
+                        self._gave_up.add(death_id)
                 if rec is not None or done:
                     self._refine(death_id)

@@ -1,0 +1,411 @@
+"""Worker deaths staged for real on the SLURM test cluster, each with its own SLURMCluster.
+
+Each scenario makes one kind of death happen (walltime, cgroup OOM, a segfault, a cancel,
+preemption, a node failure ...) under a real computation, then reads back what the user
+would see: the death record (`client.deaths()`), the exception, `client.why()`, and every
+other result. It returns a plain outcome dict; test_scenarios.py asserts on it and
+docs/why-did-my-worker-die.md quotes it. Nothing is mocked: the jobs are real, the kills
+are the kernel's, SLURM's or ours from outside, as they would be on a production cluster.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import cloudpickle
+
+from hpc_cluster import Client
+from hpc_cluster.deploy.cluster import SLURMCluster
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from slurm_jobs import job_pids, restore_node, wait_for  # noqa: E402
+
+# The task functions below travel by value: the workers cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MB = 10**6
+VERDICT_TIMEOUT = 180        # the evidence collector stops asking after ~90 s; be generous
+
+
+# ---------------------------------------------------------------------------- tasks
+
+def slow_square(x, seconds=2.0):
+    time.sleep(seconds)
+    return x * x
+
+
+def inc(x):
+    time.sleep(0.1)
+    return x + 1
+
+
+def grow(limit_bytes, chunk=4 << 20, pause=0.02):
+    """Take memory a few MiB at a time (so samplers see it rise) until `limit_bytes`."""
+    held = []
+    while len(held) * chunk < limit_bytes:
+        held.append(b"x" * chunk)
+        time.sleep(pause)
+    return len(held) * chunk
+
+
+def segfault():
+    ctypes.string_at(0)
+
+
+def hard_exit(code=1):
+    os._exit(code)
+
+
+def sleep_then(value, seconds):
+    time.sleep(seconds)
+    return value
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60)
+    return set(out.stdout.split())
+
+
+class Run:
+    """One scenario's cluster and client, the job ids it ever had, and its outcome."""
+
+    def __init__(self, cluster: SLURMCluster, client: Client, outcome: dict):
+        self.cluster, self.client, self.outcome = cluster, client, outcome
+        self.job_ids: set[str] = set()
+
+    def jobs(self) -> dict[str, dict]:
+        jobs = self.cluster.jobs
+        self.job_ids |= set(jobs)
+        return jobs
+
+    def worker_of(self, predicate, timeout=180, what="a worker") -> dict:
+        """A worker row (scheduler_info) for which `predicate(row)` holds."""
+        def find():
+            return next((w for w in self.client.scheduler_info()["workers"].values() if predicate(w)), None)
+        return wait_for(find, timeout, what, interval=0.2)
+
+    def death(self, predicate=lambda d: True, timeout=VERDICT_TIMEOUT) -> dict:
+        """The first death matching `predicate` once its verdict is final (`final_at` set)."""
+        def final():
+            ds = [d for d in self.client.deaths() if predicate(d)]
+            return ds[0] if ds and ds[0].get("final_at") is not None else None
+        try:
+            return wait_for(final, timeout, "a final verdict", interval=0.5)
+        except TimeoutError:
+            seen = [(d["name"], d["cause"], d.get("final_at")) for d in self.client.deaths()]
+            raise TimeoutError(f"no final verdict in {timeout} s; deaths so far: {seen}") from None
+
+    def record(self, death: dict) -> None:
+        self.outcome.update(death=death, cause=death["cause"], blame=death["blame"],
+                            to_final=round(death["final_at"] - death["time"], 1))
+
+
+@contextmanager
+def deployed(name: str, nanny: bool, log_dir: Path, jobs: int = 1, **kwargs):
+    """A SLURMCluster with `jobs` workers up; closed, and its jobs gone from squeue, on exit."""
+    kwargs = {"cores": 1, "memory": "300MB", "walltime": "00:10:00", **kwargs}
+    outcome = {"scenario": name, "nanny": nanny}
+    cluster = SLURMCluster(log_directory=str(log_dir / f"{name}-{'nanny' if nanny else 'bare'}"),
+                           nanny=nanny, name=f"sc-{name}", **kwargs)
+    client = None
+    run = None
+    try:
+        client = Client(cluster)
+        run = Run(cluster, client, outcome)
+        if jobs:
+            cluster.scale(jobs)
+            client.wait_for_workers(jobs, timeout=240)
+        run.jobs()
+        yield run
+    finally:
+        if run is not None:
+            try:
+                run.jobs()
+            except Exception:
+                pass
+        if client is not None:
+            client.close()
+        cluster.close()
+        ids = run.job_ids if run else set()
+        try:
+            wait_for(lambda: not (ids & squeue_ids()), 120, f"jobs {sorted(ids)} to leave squeue", interval=1)
+        finally:
+            outcome["jobs"] = sorted(ids)
+            outcome["left_in_squeue"] = sorted(ids & squeue_ids())
+
+
+def capture(fut) -> dict:
+    """What .result() gave: the value, or the exception's type, message and attributes."""
+    try:
+        return {"value": fut.result(timeout=VERDICT_TIMEOUT)}
+    except Exception as exc:  # the scenario asserts on what it was
+        return {"error": type(exc).__name__, "message": str(exc), "cause": getattr(exc, "cause", None),
+                "advice": getattr(exc, "advice", None), "evidence": getattr(exc, "evidence", None),
+                "attempts": getattr(exc, "attempts", None)}
+
+
+def wrong_results(futures, expected) -> list:
+    """Indexes of futures whose result is not the expected one (or that failed)."""
+    bad = []
+    for i, (f, want) in enumerate(zip(futures, expected)):
+        got = capture(f)
+        if got.get("value") != want:
+            bad.append((i, got.get("value", got.get("error"))))
+    return bad
+
+
+# ---------------------------------------------------------------------------- scenarios
+
+def walltime(nanny: bool, log_dir: Path) -> dict:
+    """1-minute jobs on 2 workers running 2-second tasks. Workers drain ahead of the walltime
+    (walltime_margin: 12 s for a 1-minute job) and leave as `retired`; one 50-second task,
+    started ~40 s into a job, is still running when SLURM's time limit ends that job: a
+    `walltime` death, not charged, and the task reruns on a fresh job."""
+    with deployed("walltime", nanny, log_dir, jobs=2, walltime="00:01:00") as run:
+        n = 60
+        futs = run.client.map(slow_square, range(n))
+        wait_for(lambda: any((j.get("uptime") or 0) >= 38 for j in run.jobs().values()), 120,
+                 "a job 38 s into its minute")
+        long = run.client.submit(sleep_then, 42, 50, key="long-50s", priority=10)
+        run.outcome["long"] = capture(long)
+        bad = wrong_results(futs, [x * x for x in range(n)])
+        run.jobs()
+        deaths = [run.death(lambda d, i=i: d["id"] == i) for i in [d["id"] for d in run.client.deaths()]]
+        killed = [d for d in deaths if "long-50s" in d["executing"]]
+        run.record(killed[0] if killed else deaths[0])
+        run.outcome.update(wrong=bad, deaths=deaths, charged_any=any(d["blame"] for d in deaths),
+                           why=run.client.why(long))
+        return run.outcome
+
+
+def batch_oom(nanny: bool, log_dir: Path) -> dict:
+    """A task needs ~1 GB in a 300 MB job: the kernel's OOM killer (cgroup) ends it."""
+    # With a nanny its budget is set above the job's memory, so the kernel kills first.
+    extra = {"memory_limit": "2GB"} if nanny else {}
+    with deployed("batch-oom", nanny, log_dir, jobs=1, allowed_failures=0, **extra) as run:
+        hog = run.client.submit(grow, 1 << 30, key="hog-1GB")
+        normal = run.client.map(inc, range(20))
+        run.outcome["error"] = capture(hog)
+        run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
+        run.record(run.death(lambda d: "hog-1GB" in d["executing"]))
+        run.outcome["why"] = run.client.why(hog)
+        run.jobs()
+        return run.outcome
+
+
+def nanny_memory(nanny: bool, log_dir: Path) -> dict:
+    """The nanny's budget (300 MB) is below the job's 1 GB: the nanny stops the worker."""
+    with deployed("nanny-memory", nanny, log_dir, jobs=1, memory="1GB", memory_limit="300MB",
+                  allowed_failures=0) as run:
+        hog = run.client.submit(grow, 800 * MB, key="hog-800MB")
+        normal = run.client.map(inc, range(20))
+        run.outcome["error"] = capture(hog)
+        run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
+        run.record(run.death(lambda d: "hog-800MB" in d["executing"]))
+        run.outcome["why"] = run.client.why(hog)
+        return run.outcome
+
+
+def _crash(name: str, func, nanny: bool, log_dir: Path) -> dict:
+    with deployed(name, nanny, log_dir, jobs=1, allowed_failures=0) as run:
+        bad = run.client.submit(func, key=f"{name}-task")
+        normal = run.client.map(inc, range(20))
+        run.outcome["error"] = capture(bad)
+        run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
+        run.record(run.death(lambda d: f"{name}-task" in d["executing"]))
+        run.outcome["why"] = run.client.why(bad)
+        run.jobs()
+        return run.outcome
+
+
+def segfault_task(nanny: bool, log_dir: Path) -> dict:
+    return _crash("segfault", segfault, nanny, log_dir)
+
+
+def exit_task(nanny: bool, log_dir: Path) -> dict:
+    return _crash("exit1", hard_exit, nanny, log_dir)
+
+
+def _kill_busy_worker(name: str, nanny: bool, log_dir: Path, kill, jobs: int = 2, **kwargs) -> dict:
+    """A 10 s task runs on one of two workers; `kill(run, worker_row)` ends that worker."""
+    with deployed(name, nanny, log_dir, jobs=jobs, **kwargs) as run:
+        long = run.client.submit(sleep_then, 42, 10, key=f"{name}-long")
+        w = run.worker_of(lambda w: w["executing"] >= 1, what="the long task to start")
+        normal = run.client.map(inc, range(20))
+        try:
+            kill(run, w)
+            run.record(run.death(lambda d: d["worker"] == w["address"]))
+            run.outcome["long"] = capture(long)
+            run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
+            run.outcome["why"] = run.client.why(long)
+            run.outcome["killed_job"] = str(w["job_id"])
+        finally:
+            run.outcome.setdefault("cleanup", []).append(getattr(kill, "cleanup", lambda r, w: None)(run, w))
+        return run.outcome
+
+
+def _scancel(run, w):
+    subprocess.run(["scancel", str(w["job_id"])], check=True, timeout=60)
+
+
+def scancel(nanny: bool, log_dir: Path) -> dict:
+    return _kill_busy_worker("scancel", nanny, log_dir, _scancel)
+
+
+def _sigstop(run, w):
+    os.kill(int(w["pid"]), signal.SIGSTOP)
+    run.outcome["stopped_pid"] = int(w["pid"])
+
+
+def _sigcont(run, w):
+    try:
+        os.kill(int(w["pid"]), signal.SIGCONT)
+        return "SIGCONT sent"
+    except ProcessLookupError:
+        return "already gone"
+
+
+_sigstop.cleanup = _sigcont
+
+
+def sigstop(nanny: bool, log_dir: Path) -> dict:
+    return _kill_busy_worker("sigstop", nanny, log_dir, _sigstop)
+
+
+def scale_down(nanny: bool, log_dir: Path) -> dict:
+    """scale(2) -> scale(1) while 40 one-second tasks run: the worker that leaves is 'retired'."""
+    with deployed("scale-down", nanny, log_dir, jobs=2) as run:
+        futs = run.client.map(slow_square, range(40), seconds=1.0)
+        wait_for(lambda: sum(f.done() for f in futs) >= 4, 120, "some tasks to finish")
+        run.cluster.scale(1)
+        run.record(run.death())
+        run.outcome["wrong"] = wrong_results(futs, [x * x for x in range(40)])
+        run.jobs()
+        return run.outcome
+
+
+def preempted(log_dir: Path) -> list[dict]:
+    """Workers in 'low' (20 GB each) lose their job to a 20 GB job in 'high'. Run one after
+    the other (nanny, then none): two 20 GB jobs in 'low' could not both fit the node."""
+    out = []
+    for nanny in (True, False):
+        preemptor = None
+
+        def submit_preemptor(run, w):
+            nonlocal preemptor
+            res = subprocess.run(["sbatch", "--parsable", "-p", "high", "--mem=20000M", "-n", "1",
+                                  "-J", "sc-preemptor", "-o", "/dev/null", "--wrap", "sleep 8"],
+                                 capture_output=True, text=True, check=True, timeout=60)
+            preemptor = res.stdout.strip().split(";")[0]
+            run.outcome["preemptor"] = preemptor
+
+        def cancel_preemptor(run, w):
+            if preemptor:
+                subprocess.run(["scancel", preemptor], timeout=60)
+            return f"preemptor {preemptor} cancelled"
+        submit_preemptor.cleanup = cancel_preemptor
+        o = _kill_busy_worker("preempted", nanny, log_dir, submit_preemptor, jobs=1, queue="low",
+                              memory="20000MB")
+        out.append(o)
+    return out
+
+
+def startup(nanny: bool, log_dir: Path) -> dict:
+    """The job cannot start its worker: a bad python= (nanny) or a failing prologue (none)."""
+    bad = ({"python": "/nonexistent/python"} if nanny
+           else {"job_script_prologue": ["module load does-not-exist/1.0"]})
+    with deployed("startup", nanny, log_dir, jobs=0, **bad) as run:
+        run.cluster.scale(1)
+        table = wait_for(lambda: (t := run.cluster.status_table())["halted"] and t, 240,
+                         "the cluster to halt submissions", interval=1)
+        wait_for(lambda: len([d for d in run.client.deaths() if d["cause"] == "startup"]) >= 3, 60,
+                 "three startup deaths")
+        first = run.death(lambda d: d["cause"] == "startup")
+        run.record(first)
+        n_jobs = len(run.jobs())
+        # Halted means no new submission over the next polls (the job manager polls every 2 s).
+        t0 = time.monotonic()
+        wait_for(lambda: time.monotonic() - t0 > 8, 20, "8 s to pass")
+        run.outcome.update(halted=table["halted"], jobs_at_halt=n_jobs, jobs_later=len(run.jobs()),
+                           startup_deaths=[d for d in run.client.deaths() if d["cause"] == "startup"])
+        return run.outcome
+
+
+def node_failure(node: str, log_dir: Path) -> list[dict]:
+    """Both variants at once (one node to fail): each cluster runs a long task; the node dies
+    (its slurmd and the jobs' processes killed, marked down), then comes back."""
+    runs, stack = [], []
+    outs = []
+    try:
+        for nanny in (True, False):
+            cm = deployed("node-failure", nanny, log_dir, jobs=1, job_extra_directives=["--no-requeue"])
+            run = cm.__enter__()
+            stack.append(cm)
+            long = run.client.submit(sleep_then, 42, 10, key="nf-long")
+            normal = run.client.map(inc, range(20))
+            w = run.worker_of(lambda w: w["executing"] >= 1, what="the long task to start")
+            runs.append((run, long, normal, w))
+        job_ids = [str(w["job_id"]) for _, _, _, w in runs]
+        for jid in job_ids:
+            wait_for(lambda j=jid: job_pids(j), 30, f"processes of job {jid}")
+        os.kill(int(Path("/run/slurm/slurmd.pid").read_text()), signal.SIGKILL)
+        for jid in job_ids:
+            for pid in job_pids(jid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                        "reason=hpc-cluster scenario: node failure"], check=True, timeout=60)
+        # Bring the node back as soon as SLURM has ended the jobs: other jobs wait on it.
+        wait_for(lambda: not (set(job_ids) & squeue_ids()), 60, f"jobs {job_ids} to end")
+        restore_node(node)
+        for run, long, normal, w in runs:
+            run.record(run.death(lambda d, a=w["address"]: d["worker"] == a))
+        for run, long, normal, w in runs:
+            run.outcome["long"] = capture(long)
+            run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
+            run.outcome["why"] = run.client.why(long)
+            run.jobs()
+            outs.append(run.outcome)
+    finally:
+        restore_node(node)
+        while stack:
+            stack.pop().__exit__(None, None, None)
+    return outs
+
+
+SCENARIOS = {
+    "walltime": (walltime, (True, False)),
+    "memory-batch": (batch_oom, (True, False)),
+    "memory-nanny": (nanny_memory, (True,)),
+    "segfault": (segfault_task, (True, False)),
+    "exit1": (exit_task, (True, False)),
+    "scancel": (scancel, (True, False)),
+    "scale-down": (scale_down, (True, False)),
+    "startup": (startup, (True, False)),
+    "sigstop": (sigstop, (True, False)),
+}
+
+
+def safely(fn, *args) -> dict | list:
+    """Run a scenario; an exception becomes an outcome saying so (the tests then fail on it)."""
+    t0 = time.monotonic()
+    try:
+        out = fn(*args)
+    except Exception as exc:
+        out = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    for o in (out if isinstance(out, list) else [out]):
+        o["wall"] = round(time.monotonic() - t0, 1)
+    return out
