@@ -68,16 +68,22 @@ def test_drain_hands_back_queued_tasks_keeps_fitting_ones_and_saves_unique_resul
     s.take_outbox()
     s.start_drain("old")
     out = s.take_outbox()
-    assert {"op": "free-keys", "keys": ["queued1"]} in out["old"]      # handed back, not run there
-    assert sorted(computes(out, "new")) == ["queued1", "queued2"]      # the new worker takes them
+    assert {"op": "hand-back", "keys": ["queued1", "queued2"]} in out["old"]
+    assert computes(out, "new") == []                                  # the worker decides first
+    s.task_started("old", "queued2", now=81.5)                         # this one had just started
+    s.handed_back("old", ["queued1"])
+    out = s.take_outbox()
+    assert computes(out, "new") == ["queued1"]                         # handed back, runs there
+    assert s.tasks["queued2"].processing_on.address == "old"           # not run twice
+    s.task_finished("old", "queued2", 8, duration=0.5)
     assert s.tasks["running"].processing_on.address == "old"           # 5 s left to run: fits
     assert not s.drain_step("old")                                     # still running
     s.task_finished("old", "running", 8, duration=5)
     assert not s.drain_step("old")                                     # 'done', 'running' held only here
     copies = [m for m in s.take_outbox()["new"] if m["op"] == "fetch-replica"]
-    assert sorted(m["key"] for m in copies) == ["done", "running"]
-    s.add_replica("new", "done", 8)
-    s.add_replica("new", "running", 8)
+    assert sorted(m["key"] for m in copies) == ["done", "queued2", "running"]
+    for key in ("done", "queued2", "running"):
+        s.add_replica("new", key, 8)
     assert s.drain_step("old")                                         # nothing would be lost now
     s.remove_worker("old", now=90, death={"cause": "retired", "blame": False})
     assert s.tasks["done"].state == "memory" and s.tasks["running"].state == "memory"

@@ -29,12 +29,29 @@ class DrainMixin:
             return
         ws.draining = True
         self._free.discard(ws)
+        unstarted = []
         for ts in sorted(ws.processing, key=lambda t: t.priority):
-            if ts.executing and self._finishes_in_time(ts, ws):
-                continue
-            self._abandon(ts)                 # back to the scheduler, uncharged
-            ts.state = "released"
-            self._activate(ts)
+            if not ts.executing:
+                # It may have started a moment ago ("task-started" in flight): the worker
+                # decides, and hands back only what it has not started (handed_back).
+                unstarted.append(ts.key)
+            elif not self._finishes_in_time(ts, ws):
+                self._abandon(ts)             # would die at walltime: run it elsewhere, uncharged
+                ts.state = "released"
+                self._activate(ts)
+        if unstarted:
+            self._send(address, {"op": "hand-back", "keys": unstarted})
+        self._schedule()
+
+    def handed_back(self, address: str, keys) -> None:
+        """The worker gave these back unstarted: they go to other workers."""
+        ws = self.workers.get(address)
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ws is not None and ts is not None and ts.processing_on is ws and not ts.executing:
+                self._unassign(ts)
+                ts.state = "released"
+                self._activate(ts)
         self._schedule()
 
     def _finishes_in_time(self, ts, ws) -> bool:

@@ -231,6 +231,8 @@ class Scheduler:
                                                   "text": str(msg.get("text", ""))})
             elif op == "missing-data":
                 st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
+            elif op == "handed-back":
+                st.handed_back(addr, _keys(msg["keys"], "keys"))
             elif op == "abandoned-done":
                 st.abandoned_done(addr, msg["key"])
             elif op == "add-replica":

@@ -132,6 +132,8 @@ class Worker:
                         self._free(msg["keys"])
                     elif op == "fetch-replica":
                         asyncio.create_task(self._fetch_replica(msg["key"], msg["holders"]))
+                    elif op == "hand-back":
+                        self._hand_back(msg["keys"])
                     elif op == "free-all":
                         self._free(list(self.tasks) + list(self.data))
                     elif op == "close":
@@ -179,6 +181,16 @@ class Worker:
             self.nbytes.pop(key, None)           # no longer ours; a local task may still borrow it
             if key not in self.borrowed:
                 self.data.pop(key, None)
+
+    def _hand_back(self, keys) -> None:
+        """Draining: give back the tasks not started yet; started ones finish here."""
+        given = []
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state in ("fetching", "ready"):
+                self._forget_task(ts)
+                given.append(key)
+        self.scheduler.send({"op": "handed-back", "keys": given})
 
     def _forget_task(self, ts: _Task) -> None:
         self.tasks.pop(ts.key, None)
