@@ -340,6 +340,9 @@ class SLURMAdapter(BatchAdapter):
             f"#SBATCH --cpus-per-task={spec.cores}",
             f"#SBATCH --mem={mem_mib}M",
             f"#SBATCH --time={format_walltime(minutes * 60)}",
+            # A requeued job would come back under the same id with a stale worker; the job
+            # manager submits its own replacements, and sacct keeps the real end (NODE_FAIL).
+            "#SBATCH --no-requeue",
         ]
         if spec.queue:
             ours.append(_directive("--partition", spec.queue))

@@ -290,6 +290,11 @@ class JobManager:
         if job.registered or job.retiring:
             self.failed_starts = 0
             return
+        if job.state not in ("failed", "completed", "out-of-memory"):
+            # Ended by the system (node failure, preemption, cancel, time limit) before its
+            # worker started: not a sign that our environment is broken, so no halt for it.
+            asyncio.ensure_future(self._report_startup_failure(job.job_id))
+            return
         # The job ended before any worker joined: a deployment problem, not a task's fault.
         self.failed_starts += 1
         logger.warning("job %s ended (%s) before its worker registered", job.job_id, job.raw_state)

@@ -34,7 +34,7 @@ def test_minimal(adapter):
     assert directives(script) == [
         "#SBATCH --job-name=hpc-cluster", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
         "#SBATCH --mem=954M",  # 10**9 bytes is 953.7 MiB: rounded up, never below the ask
-        "#SBATCH --time=01:00:00",
+        "#SBATCH --time=01:00:00", "#SBATCH --no-requeue",
     ]
     assert "exec python3 -m hpc_cluster.worker\n" in script
     assert "export HPC_CLUSTER_JOB_WALLTIME=3600\n" in script
@@ -50,7 +50,7 @@ def test_every_keyword(adapter):
     assert directives(adapter.render(spec)) == [
         "#SBATCH --job-name='my workers'", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=8",
         "#SBATCH --mem=16384M", "#SBATCH --time=01:31:00",  # 5401 s -> 91 whole minutes
-        "#SBATCH --partition=gpu", "#SBATCH --account=proj-42",
+        "#SBATCH --no-requeue", "#SBATCH --partition=gpu", "#SBATCH --account=proj-42",
         "#SBATCH --output=/scratch/me/logs/%x-%j.out", "#SBATCH --error=/scratch/me/logs/%x-%j.err",
         "#SBATCH --chdir=/scratch/me/run", "#SBATCH --exclusive", "#SBATCH --qos=long",
     ]
