@@ -1,0 +1,130 @@
+"""Client methods for looking after the cluster rather than computing on it:
+why things died, restart, replicas, versions, logs, debugging a failed task locally.
+Mixed into Client; they use its request plumbing (`_request`, `_lt`, `_worker_request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+
+from .exceptions import TimeoutError, format_death
+from .futures import Future, _flatten, wait
+from .protocol import serialize
+from .protocol.versions import format_table, get_versions, mismatches
+
+
+class ClusterToolsMixin:
+    def deaths(self) -> list[dict]:
+        """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail."""
+        return self._lt.run(self._request({"op": "deaths"}), self.timeout)
+
+    def why(self, future: Future) -> str:
+        """Explain a failed or retried future: every worker death while it ran, with evidence."""
+        info = self._lt.run(self._request({"op": "why", "key": future.key}), self.timeout)
+        if info is None:
+            return f"{future.key!r} is not known to the scheduler (released, or never submitted)"
+        err = info["error"] or {}
+        lines = []
+        if info["state"] == "erred" and err.get("kind") == "exception":
+            lines.append(f"{future.key!r} failed with an exception in the task: {err.get('text')} "
+                         "(not a worker death; .result() raises it with the remote traceback)")
+        elif info["state"] == "erred" and err.get("kind") == "dependency":
+            lines.append(f"{future.key!r} failed because its input {err.get('origin')!r} failed; "
+                         f"see client.why() of that one")
+        elif info["state"] == "erred":
+            lines.append(f"{future.key!r} failed: {self._error(future.key)}")
+            return "\n".join(lines)
+        attempts = info["attempts"]
+        if attempts:
+            lines.append(f"{future.key!r} ({info['state']}) was running on {len(attempts)} worker(s) that died:")
+            lines += [format_death(a, "     ") for a in attempts]
+        elif not lines:
+            lines.append(f"{future.key!r} ({info['state']}): no worker died while running it")
+        return "\n".join(lines)
+
+    def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:
+        """Keep `n` copies of these results on different workers, restored when a holder dies."""
+        flat: list[Future] = []
+        _flatten(futures, flat)
+        keys = [f.key for f in flat]
+        wait(flat, timeout=timeout)
+        self._send({"op": "replicate", "keys": keys, "n": int(n)})
+        workers = len(self.scheduler_info()["workers"])
+        want = min(int(n), workers)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            who_has = self._lt.run(self._request({"op": "who-has", "keys": keys}), self.timeout)
+            if all(len(who_has.get(k) or []) >= want for k in keys):
+                return
+            if time.monotonic() > deadline:
+                short = [k for k in keys if len(who_has.get(k) or []) < want]
+                raise TimeoutError(f"{len(short)} keys have fewer than {want} copies after "
+                                   f"{timeout or self.timeout} s, e.g. {short[0]!r}")
+            time.sleep(0.02)
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Restart every worker through its nanny and forget all work.
+
+        Outstanding futures are cancelled with a message saying so. Workers running
+        without a nanny cannot be restarted; they drop their data and a warning names them.
+        """
+        reply = self._lt.run(self._request({"op": "restart", "timeout": timeout}, timeout + 10), timeout + 10)
+        if reply["not_restarted"]:
+            warnings.warn(f"{len(reply['not_restarted'])} workers run without a nanny and cannot be "
+                          f"restarted (their data was dropped): {', '.join(reply['not_restarted'])}; "
+                          "start them with a nanny (nanny=True) to make restart() complete",
+                          RuntimeWarning, stacklevel=2)
+        if reply["missing"]:
+            raise TimeoutError(f"{len(reply['missing'])} workers did not come back within {timeout} s "
+                               f"after restart: {', '.join(reply['missing'])}")
+
+    def get_versions(self, check: bool = False) -> dict:
+        """Package versions of this client, the scheduler and every worker."""
+        out = self._lt.run(self._request({"op": "versions"}), self.timeout)
+        out["client"] = get_versions()
+        if check:
+            rows = []
+            for name, vers in [("scheduler", out["scheduler"]), *out["workers"].items()]:
+                rows += [(f"{pkg} ({name})", a, b) for pkg, a, b in mismatches(out["client"], vers or {})]
+            if rows:
+                raise RuntimeError("package versions differ across the cluster:\n"
+                                   + format_table(rows, "client", "other"))
+        return out
+
+    def get_worker_logs(self, n: int = 200, include_dead: bool = True) -> dict[str, list[str]]:
+        """Recent log lines of each worker; with include_dead, the last lines of dead ones too."""
+        async def collect():
+            workers = await self._request({"op": "workers"})
+            replies = await asyncio.gather(*(self._worker_request(w["address"], {"op": "get-logs", "n": n})
+                                             for w in workers), return_exceptions=True)
+            return {w["address"]: (r["lines"] if isinstance(r, dict) else [f"(unreachable: {r})"])
+                    for w, r in zip(workers, replies)}
+        logs = self._lt.run(collect(), self.timeout)
+        if include_dead:
+            for d in self.deaths():
+                if d.get("log_tail"):
+                    logs[f"{d['worker']} (died: {d['cause']})"] = d["log_tail"][-n:]
+        return logs
+
+    def recreate_error_locally(self, future: Future):
+        """Run the failed task (or the task its error came from) here, with its real inputs.
+
+        The exception is raised in this process, so `pdb.pm()` or a debugger can inspect it.
+        """
+        st = self._state(future.key)
+        st.event.wait(self.timeout)
+        if st.status != "error":
+            raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")
+        key, err = future.key, st.error or {}
+        while err.get("kind") == "dependency":
+            key, err = err.get("origin"), err.get("cause") or {}
+        spec = self._lt.run(self._request({"op": "task-spec", "key": key}), self.timeout)
+        if spec is None:
+            raise ValueError(f"the task {key!r} behind this error is no longer known to the scheduler")
+        deps = [Future(k, self) for k in spec["deps"]]
+        values = dict(zip(spec["deps"], self.gather(deps))) if deps else {}
+        func = serialize.loads(spec["func"].data)
+        args, kwargs = serialize.loads_args(spec["args"].data, values.__getitem__)
+        return func(*args, **kwargs)
