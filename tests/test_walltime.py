@@ -112,7 +112,8 @@ class _FakeAdapter:
 
 def _manager(now, walltime=60, margin=60):
     state = SchedulerState()
-    sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None)
+    sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None,
+                                  drain=lambda *a: None)
     clock = {"t": now}
     jm = JobManager(sched, _FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
                     clock=lambda: clock["t"])

@@ -189,7 +189,8 @@ class JobManager:
         for j in victims:
             j.retiring = True
             if workers.get(j.job_id):
-                self.scheduler.retire_workers(workers[j.job_id], "scale-down")
+                # Drained, not dropped: results only its workers hold move to peers first.
+                self.scheduler.drain(workers[j.job_id], "scale-down")
             else:
                 to_cancel.append(j.job_id)
         if to_cancel:

@@ -72,6 +72,7 @@ class Scheduler:
         self.heartbeat_ttl = heartbeat_ttl
         self.walltime_margin = walltime_margin
         self._retiring: set[str] = set()
+        self._drain_intent: dict[str, str] = {}          # worker -> why it drains
         self.limits = limits or Limits()
         self.clock = clock
         self.listener: Listener | None = None
@@ -170,7 +171,7 @@ class Scheduler:
                 for addr, ws in list(st.workers.items()):
                     if ws.draining and addr not in self._retiring and st.drain_step(addr):
                         self._retiring.add(addr)
-                        self.retire_workers([addr], "walltime drain")
+                        self.retire_workers([addr], self._drain_intent.pop(addr, "walltime drain"))
                 self._flush()
             except Exception:
                 logger.exception("deadline check failed")
@@ -179,6 +180,7 @@ class Scheduler:
         """A worker is gone: judge on what we know now; later evidence may refine it."""
         self.streams.pop(addr, None)
         self._retiring.discard(addr)
+        self._drain_intent.pop(addr, None)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self._flush()
 
@@ -349,6 +351,15 @@ class Scheduler:
             logger.warning("%s failed: %s", msg["op"], exc)
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self._reply(cid, msg, result)
+
+    def drain(self, addresses, intent: str) -> None:
+        """Retire workers gracefully: no new tasks, unstarted ones handed back, results no one
+        else holds copied to peers, then retired with `intent` (scale-down, adapt)."""
+        for addr in addresses:
+            if addr in self.state.workers:
+                self._drain_intent[addr] = intent
+                self.state.start_drain(addr)
+        self._flush()
 
     def retire_workers(self, addresses, intent: str) -> None:
         """Ask workers to leave; their deaths are recorded as `retired` with this intent."""
