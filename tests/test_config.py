@@ -473,11 +473,11 @@ def test_check_reports_each_file_and_passes(shell, capsys):
     assert "site used by default: lab" in out and "all good" in out
 
 
-def test_check_fails_with_every_error(shell, capsys):
+def test_check_fails_with_every_error(shell, capsys, monkeypatch):
     shell.write(shell.system_file, SYSTEM)
     shell.write(shell.user_file, "sites:\n  lab:\n    walltim: 1h\n")
     shell.write(shell.cwd_file, "sites: [\n")
-    os.environ["HPC_CLUSTER_MEMORY"] = "16 parsecs"
+    monkeypatch.setenv("HPC_CLUSTER_MEMORY", "16 parsecs")      # undone after the test
     assert main(["config", "check"]) == 1
     err = capsys.readouterr().err
     assert "3 problem(s)" in err
@@ -491,10 +491,10 @@ def test_check_with_a_missing_named_file(shell, capsys, tmp_path):
     assert "missing.yaml: no such config file" in capsys.readouterr().err
 
 
-def test_show_prints_values_and_sources(shell, capsys):
+def test_show_prints_values_and_sources(shell, capsys, monkeypatch):
     shell.write(shell.system_file, SYSTEM)
     shell.write(shell.user_file, USER)
-    os.environ["HPC_CLUSTER_ALLOWED_FAILURES"] = "9"
+    monkeypatch.setenv("HPC_CLUSTER_ALLOWED_FAILURES", "9")
     assert main(["config", "show", "--site", "lab"]) == 0
     out = capsys.readouterr().out
     assert "site: lab  (chosen by: keyword)" in out
