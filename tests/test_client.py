@@ -212,3 +212,15 @@ def test_scheduler_info_lists_workers(client, cluster):
     assert len(info["workers"]) == 2
     assert all(w["nthreads"] == 2 for w in info["workers"].values())
     assert sum(client.nthreads().values()) == 4
+
+
+def test_local_cluster_context_leaves_no_process_behind():
+    import psutil
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as c:
+        c.submit(inc, 1).result(10)
+        pids = [cluster._scheduler.pid, *cluster.worker_pids().values()]
+        children = [p.pid for pid in pids for p in psutil.Process(pid).children(recursive=True)]
+        everything = pids + children                     # scheduler, nannies, worker processes
+        assert len(everything) == 5
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in everything), what="all cluster processes to exit")
