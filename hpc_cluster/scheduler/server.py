@@ -80,7 +80,6 @@ class Scheduler:
         self.streams: dict[str, BatchedSend] = {}    # worker address / client id -> stream
         self.comms: dict[str, Comm] = {}
         self._client_ids = itertools.count(1)
-        self.exit_reports: list[dict] = []
         self.deaths = EvidenceCollector(self.state, self.clock, self._flush)
         self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
         # Extra client ops added by whoever runs us (deploy's job manager): op -> async fn(msg).
@@ -270,7 +269,6 @@ class Scheduler:
                 raise ProtocolError("register-nanny needs a string nanny_id")
             self.nannies[msg["nanny_id"]] = BatchedSend(comm)
         elif op == "exit-report" and isinstance(msg.get("report"), dict):
-            self.exit_reports.append(msg["report"])
             self.deaths.exit_report(msg["report"])
         else:
             raise ProtocolError(f"unknown op {op!r} from nanny")

@@ -70,7 +70,6 @@ class Worker:
         self.address: str | None = None
         self.scheduler: BatchedSend | None = None
         self.closed = asyncio.Event()
-        self.close_reason = ""
         self.exit_code = 0
         self.logs = _LogBuffer.install()
 
@@ -101,7 +100,6 @@ class Worker:
     async def close(self, reason: str = "closing", report: bool = True) -> None:
         if self.closed.is_set():
             return
-        self.close_reason = reason
         if report and self.scheduler is not None and not self.scheduler_comm.closed:
             self.scheduler.send({"op": "goodbye", "reason": reason})
             await self.scheduler.drain()
