@@ -478,7 +478,7 @@ def test_check_fails_with_every_error(shell, capsys, monkeypatch):
     shell.write(shell.user_file, "sites:\n  lab:\n    walltim: 1h\n")
     shell.write(shell.cwd_file, "sites: [\n")
     monkeypatch.setenv("HPC_CLUSTER_MEMORY", "16 parsecs")      # undone after the test
-    assert main(["config", "check"]) == 1
+    assert main(["config", "check"]) == 2
     err = capsys.readouterr().err
     assert "3 problem(s)" in err
     assert f"{shell.user_file}, line 3: unknown key 'walltim' in site 'lab'; did you mean 'walltime'?" in err
@@ -487,7 +487,7 @@ def test_check_fails_with_every_error(shell, capsys, monkeypatch):
 
 
 def test_check_with_a_missing_named_file(shell, capsys, tmp_path):
-    assert main(["config", "check", "--config", str(tmp_path / "missing.yaml")]) == 1
+    assert main(["config", "check", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml: no such config file" in capsys.readouterr().err
 
 
@@ -524,7 +524,7 @@ def test_show_writes_maps_lists_and_parsed_times(shell, capsys):
 
 def test_show_with_an_unknown_site_fails(shell, capsys):
     shell.write(shell.system_file, SYSTEM)
-    assert main(["config", "show", "--site", "nope"]) == 1
+    assert main(["config", "show", "--site", "nope"]) == 2
     assert "available sites: gpu, lab" in capsys.readouterr().err
 
 
@@ -534,7 +534,7 @@ def test_cli_entry_point_in_a_subprocess(place):
     env.update(place.environ, PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-m", "hpc_cluster.deploy.cli", "config", "check"],
                          cwd=place.work, env=env, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert f"{place.user_file}, line 3: cores=-1 must be a whole number greater than 0" in res.stderr
 
 

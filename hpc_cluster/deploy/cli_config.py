@@ -79,7 +79,7 @@ def _check(args, out, err) -> int:
         print(f"\n{len(problems)} problem(s):", file=err)
         for p in problems:
             print(f"  {p}", file=err)
-        return 1
+        return 2                                    # bad configuration, as for every command
     print("all good" if files else "no config files found: the defaults apply "
           "(`hpc-cluster config init` writes a starter file)", file=out)
     return 0
@@ -91,7 +91,7 @@ def _show(args, out, err) -> int:
     except cfg.ConfigError as e:
         for p in e.problems:
             print(p, file=err)
-        return 1
+        return 2
     print(f"site: {rc.site or 'none (defaults only)'}  (chosen by: {rc.site_source})", file=out)
     print("files, highest priority first: " + (", ".join(rc.files) or "none"), file=out)
     print("precedence: keyword > env > files > default\n", file=out)
