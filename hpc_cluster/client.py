@@ -479,7 +479,7 @@ class Client(ClusterToolsMixin):
 def _seconds(duration) -> float | None:
     if duration is None:
         return None
-    from .adapters.units import parse_walltime
+    from .units import parse_walltime
     return float(parse_walltime(duration, "duration"))
 
 

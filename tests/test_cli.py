@@ -19,6 +19,7 @@ import pytest
 from hpc_cluster import progress
 from hpc_cluster.deploy import cli_cluster
 from hpc_cluster.deploy.cli import main
+from hpc_cluster.deploy.cli_lookup import plan_file
 from hpc_cluster.deploy.cli_views import job_event, jobs_table, print_deaths
 from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
 
@@ -143,7 +144,7 @@ def test_not_found_lists_the_running_clusters(capsys):
 
 def test_list_removes_stale_cluster_files_and_says_so(capsys):
     stale = fake_cluster("old", dead_pid())
-    plan = cli_cluster.plan_file("old")
+    plan = plan_file("old")
     plan.write_text("{}")
     code, out, err = run(capsys, "list")
     assert code == 3

@@ -132,9 +132,7 @@ class BatchAdapter:
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
-            # Runners live in deploy/ (they are also used for SSH); runner.py imports nothing
-            # of ours, so this lazy import does not pull deploy's layer into the adapters.
-            from ..deploy.runner import LocalRunner
+            from .local_runner import LocalRunner      # it imports base: hence here, not on top
             runner = LocalRunner()
         self.runner = runner
 

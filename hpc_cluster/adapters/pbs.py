@@ -18,7 +18,7 @@ import re
 from typing import Sequence
 
 from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus
-from .units import format_walltime
+from ..units import format_walltime
 
 # -- states ---------------------------------------------------------------------------
 _STATE_MAP = {

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                    StepRecord)
-from .units import format_walltime
+from ..units import format_walltime
 
 COMMAND_TIMEOUT = 60.0
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from .cli_lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _processes,
-                         _remove_leftovers, cluster_names, find_cluster, plan_file)
+                         _remove_leftovers, cluster_names, find_cluster)
 from .cli_views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
                         tail_lines)
 from .cluster import ClusterError, _alive, control

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..adapters.units import format_memory, format_walltime
+from ..units import format_memory, format_walltime
 from .config_schema import (ALIASES, OPTION_BY_NAME, OPTIONS, SETTINGS_NAMES,  # noqa: F401
                             TOP_LEVEL_KEYS, ConfigError, Option, _LineError, canonical_key,
                             default_values, did_you_mean, options_markdown, parse_value)

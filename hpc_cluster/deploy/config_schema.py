@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..adapters.units import UnitError, parse_memory, parse_walltime
+from ..units import UnitError, parse_memory, parse_walltime
 
 class ConfigError(ValueError):
     """One or more problems in config files, environment variables or keyword arguments."""

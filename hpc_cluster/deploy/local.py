@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from ..adapters.units import parse_memory
+from ..units import parse_memory
 from ..protocol.secret import SECRET_ENV, new_secret
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])

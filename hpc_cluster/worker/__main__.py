@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from ..adapters.units import parse_memory
+from ..units import parse_memory
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_cluster.adapters.units import (MEMORY_FORMS, UnitError, format_memory, format_walltime,
+from hpc_cluster.units import (MEMORY_FORMS, UnitError, format_memory, format_walltime,
                                         parse_memory, parse_walltime)
 
 

@@ -9,7 +9,6 @@ Both run at once (they take minutes of wall time, little CPU).
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import subprocess
 import time
 import uuid
