@@ -199,3 +199,52 @@ def test_a_stopped_worker_with_a_nanny_is_final_once_we_stop_asking(monkeypatch)
     assert record["final_at"] == 1000.0
     col.exit_report({"nanny_id": "n1", "signal": 9, "exit_code": None})   # a late report still refines
     assert record["cause"] == "unknown" and "SIGKILL" in record["text"]
+
+
+class _Growing(_Batch):
+    """sacct as seen on the real cluster: the first final record lacks ReqMem and Timelimit."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), 0
+
+    async def accounting(self, job_ids):
+        self.calls += 1
+        return {"5": self.answers[min(self.calls, len(self.answers)) - 1]}
+
+
+def _collect_from(source, monkeypatch):
+    """Run the collector on one lost worker of job 5 until it stops asking `source`."""
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+    from hpc_cluster.scheduler.state import SchedulerState
+
+    monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 6)
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    col.source = source
+    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"job_id": "5"})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        await asyncio.wait_for(col._task, 5)
+        return record
+
+    return asyncio.run(run())
+
+
+def test_a_final_record_without_the_request_is_asked_for_again(monkeypatch):
+    oom = acct("out-of-memory", "OUT_OF_MEMORY", job_id="5", max_rss=int(1.02 * 2**30))
+    source = _Growing([oom, {**oom, "requested_memory": 2**30, "time_limit": 600}])
+    record = _collect_from(source, monkeypatch)
+    assert source.calls == 2 and record["final_at"] == 1000.0
+    assert "MaxRSS 1.02 GiB of 1.00 GiB requested" in record["text"], record["text"]
+
+
+def test_a_record_that_never_gains_the_request_still_becomes_final(monkeypatch):
+    from hpc_cluster.scheduler.evidence import FINAL_ROUNDS
+
+    source = _Growing([acct("out-of-memory", "OUT_OF_MEMORY", job_id="5", max_rss=2**30)])
+    record = _collect_from(source, monkeypatch)
+    assert source.calls == FINAL_ROUNDS and record["final_at"] == 1000.0
+    assert record["cause"] == "memory-batch" and "MaxRSS 1.00 GiB)" in record["text"], record["text"]

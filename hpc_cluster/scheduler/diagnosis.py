@@ -138,7 +138,8 @@ def _memory_numbers(ev: Evidence) -> str:
     rss = a.get("max_rss") or _nanny(ev).get("peak_rss")
     req = a.get("requested_memory")
     shown = fmt_bytes(rss) if rss else "not recorded"
-    return f"MaxRSS {shown} of {fmt_bytes(req)} requested" if req else f"peak RSS {shown}"
+    name = "MaxRSS" if a.get("max_rss") else "peak RSS"        # sacct's name, or the nanny's
+    return f"{name} {shown} of {fmt_bytes(req)} requested" if req else f"{name} {shown}"
 
 
 # Each rule: (predicate over evidence, builder of (cause, text)). First match wins; the

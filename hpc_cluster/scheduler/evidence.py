@@ -19,6 +19,14 @@ from .state import SchedulerState
 logger = logging.getLogger("hpc_cluster.evidence")
 
 BACKOFF = (0.5, 1, 1, 2, 2, 4, 4, 8, 8, 15, 15, 30)     # ~90 s in all, then we stop asking
+# sacct's first final record of a job can still lack ReqMem and Timelimit (seen on the
+# real cluster), which the explanation quotes ("MaxRSS 1.02 GiB of 1.00 GiB requested");
+# ask up to this many rounds for a record that has them.
+FINAL_ROUNDS = 3
+
+
+def _complete(record: dict) -> bool:
+    return record.get("requested_memory") is not None and record.get("time_limit") is not None
 
 
 class EvidenceSource(Protocol):
@@ -37,6 +45,7 @@ class EvidenceCollector:
         self._death_of_nanny: dict[str, int] = {}            # nanny id -> its worker's latest death
         self._early_reports: dict[str, dict] = {}            # reports that beat the connection close
         self._waiting: dict[int, int] = {}                   # death id -> accounting attempts so far
+        self._final_rounds: dict[int, int] = {}              # death id -> final records seen so far
         self._gave_up: set[int] = set()                      # deaths we stopped asking about
         self._task: asyncio.Task | None = None
 
@@ -136,19 +145,24 @@ class EvidenceCollector:
                 ev = self.evidence[death_id]
                 rec = records.get(ev.job_id)
                 self._waiting[death_id] += 1
+                final = rec is not None and bool(rec.get("final"))
                 if rec is not None:
                     ev.accounting = rec
-                    if rec.get("final"):
-                        try:
-                            ev.log_tail = await self.source.log_tail(ev.job_id)
-                        except Exception as exc:
-                            logger.warning("could not read the log of job %s: %s", ev.job_id, exc)
-                # Done when the record is final; or when the job lives on after a nanny
-                # restart (its state will not explain this death); or when we gave up.
-                done = (rec is not None and (rec.get("final") or ev.nanny is not None)) \
+                if final:
+                    self._final_rounds[death_id] = self._final_rounds.get(death_id, 0) + 1
+                    try:
+                        ev.log_tail = await self.source.log_tail(ev.job_id)
+                    except Exception as exc:
+                        logger.warning("could not read the log of job %s: %s", ev.job_id, exc)
+                # Done when the record is final (and complete, or we asked enough); or when the
+                # job lives on after a nanny restart (its state will not explain this death);
+                # or when we gave up.
+                done = (final and (_complete(rec) or self._final_rounds[death_id] >= FINAL_ROUNDS)) \
+                    or (rec is not None and not final and ev.nanny is not None) \
                     or self._waiting[death_id] >= len(BACKOFF)
                 if done:
                     del self._waiting[death_id]
+                    self._final_rounds.pop(death_id, None)
                     if rec is None or not (rec.get("final") or ev.nanny is not None):
                         self._gave_up.add(death_id)
                 if rec is not None or done:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -94,6 +95,8 @@ def test_task_over_the_jobs_memory_is_a_batch_memory_fault(outcomes, nanny):
     assert "raise memory=" in err["advice"]
     assert any("OUT_OF_MEMORY" in e or "oom-kill" in e or "cgroup OOM" in e for e in err["evidence"]), err
     assert "'hog-1GB'" in o["death"]["text"]
+    if not nanny:   # the job itself ended OUT_OF_MEMORY: sacct's numbers, request included
+        assert re.search(r"MaxRSS [\d.]+ [KMG]iB of 28\d\.\d\d MiB requested", o["death"]["text"]), o["death"]["text"]
     # Only the hog is charged: the 20 tasks queued behind it on the same worker all finish.
     all_correct(o)
     assert "memory-batch" in o["why"]
