@@ -87,6 +87,9 @@ CASES = [
     ("SIGKILL from outside", Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=9)),
      "unknown", False),
     ("heartbeat silence", Evidence(connection="heartbeat-lost", executing=RUNNING), "heartbeat-lost", False),
+    ("heartbeat silence, then the nanny ended the stopped process", Evidence(
+        connection="heartbeat-lost", executing=RUNNING, nanny=nanny(signal=9, unresponsive={"status": "stopped"})),
+     "heartbeat-lost", False),
     ("connection closed, nothing else", Evidence(connection="closed", executing=RUNNING),
      "connection-lost", False),
     ("no evidence at all", Evidence(), "unknown", False),
@@ -140,6 +143,13 @@ def test_log_lines_become_evidence():
     v = diagnose(ev)
     assert v.cause == "memory-batch"
     assert any("oom-kill event" in e for e in v.evidence)
+
+
+def test_a_worker_ended_for_silence_says_what_state_its_process_was_in():
+    v = diagnose(Evidence(connection="heartbeat-lost", executing=["f-1"],
+                          nanny=nanny(signal=9, unresponsive={"status": "stopped"})))
+    assert "its nanny found the process stopped and ended it" in v.text and "'f-1'" in v.text
+    assert any("after the scheduler lost its heartbeat (process stopped)" in e for e in v.evidence), v.evidence
 
 
 def test_exit_code_without_nanny_is_named_from_sacct():

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from hpc_cluster import CancelledError, Client, KilledWorker, LocalCluster, LostDataError
@@ -88,12 +89,16 @@ def test_nanny_memory_kill_is_reported_and_blamed():
         assert c.submit(inc, 1).result(30) == 2
 
 
+def busy_worker(c) -> str:
+    """The address of a worker executing a task, once one is."""
+    return wait_until(lambda: next((a for a, w in c.scheduler_info()["workers"].items() if w["executing"]), None),
+                      what="a task to start")
+
+
 def test_sigkill_from_outside_is_noticed_at_once_and_not_charged():
     with LocalCluster(n_workers=2, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
         long = c.submit(slow, 42, 3.0, pure=False)
-        wait_until(lambda: any(w["executing"] for w in c.scheduler_info()["workers"].values()),
-                   what="the task to start")
-        victim = next(a for a, w in c.scheduler_info()["workers"].items() if w["executing"])
+        victim = busy_worker(c)
         killed_at = time.time()
         os.kill(worker_pids(c)[victim], signal.SIGKILL)
         assert long.result(60) == 42                      # rerun elsewhere, not failed
@@ -107,9 +112,7 @@ def test_sigstopped_worker_is_lost_after_heartbeat_ttl():
     with LocalCluster(n_workers=2, threads_per_worker=1, heartbeat_ttl=2.0, nanny=False) as cluster, \
             Client(cluster) as c:
         long = c.submit(slow, 7, 2.0, pure=False)
-        wait_until(lambda: any(w["executing"] for w in c.scheduler_info()["workers"].values()),
-                   what="the task to start")
-        victim = next(a for a, w in c.scheduler_info()["workers"].items() if w["executing"])
+        victim = busy_worker(c)
         pid = worker_pids(c)[victim]
         stopped_at = time.time()
         os.kill(pid, signal.SIGSTOP)
@@ -121,6 +124,55 @@ def test_sigstopped_worker_is_lost_after_heartbeat_ttl():
             assert 1.5 <= death["time"] - stopped_at < 10
         finally:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_a_silent_worker_is_ended_by_its_nanny_and_replaced():
+    with LocalCluster(n_workers=2, threads_per_worker=1, heartbeat_ttl=2.0) as cluster, Client(cluster) as c:
+        long = c.submit(slow, 7, 2.0, pure=False)
+        victim = busy_worker(c)
+        pid = worker_pids(c)[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert long.result(30) == 7
+            death = wait_until(lambda: [d for d in c.deaths() if d["worker"] == victim and d["final_at"]],
+                               timeout=20, what="a final verdict")[0]
+            assert death["cause"] == "heartbeat-lost" and not death["blame"]
+            assert "its nanny found the process stopped and ended it" in death["text"], death["text"]
+            # The verdict no longer waits on a batch system that would keep saying "running".
+            assert death["final_at"] - death["time"] < 5
+            wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+                       what="the stopped process to be gone")
+            wait_until(lambda: len(c.scheduler_info()["workers"]) == 2, timeout=30,
+                       what="the nanny's fresh worker")
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def test_the_nanny_restarts_a_worker_killed_again_and_again():
+    # Found by the chaos test: nannies gave up after 5 deaths within a minute, leaving no
+    # worker at all. A worker that was running is restarted however often it dies.
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as c:
+        for i in range(7):
+            pid = wait_until(lambda: list(worker_pids(c).values()), what=f"worker {i + 1} to connect")[0]
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: pid not in worker_pids(c).values(), what="the death to be noticed")
+        assert c.submit(inc, 1).result(30) == 2
+        assert len(c.deaths()) == 7
+
+
+def test_a_nanny_whose_worker_cannot_start_gives_up():
+    import asyncio
+
+    from hpc_cluster.worker.nanny import Nanny
+
+    nanny = Nanny(["--no-such-option"], max_startup_failures=3)      # argparse exits 2 at once
+    assert asyncio.run(asyncio.wait_for(nanny.run(), 60)) == 1
+    assert len(nanny.reports) == 3
+    assert all(r["exit_code"] == 2 and not r["registered"] for r in nanny.reports)
+    assert "python -m hpc_cluster.worker: error:" in nanny.reports[-1]["log_tail"][-1]
 
 
 def test_results_lost_with_a_worker_are_recomputed_from_lineage():

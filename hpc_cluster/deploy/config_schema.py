@@ -210,7 +210,8 @@ OPTIONS: tuple[Option, ...] = (
     # Scheduler and nanny knobs: valid in a site and in top-level `settings`.
     Option("allowed_failures", "int >= 0", _int(0), 3, "worker deaths a task may cause before it is failed", "both"),
     Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),
-    Option("heartbeat_ttl", "seconds", _seconds(False), 5, "a worker silent this long is declared lost", "both"),
+    Option("heartbeat_ttl", "seconds", _seconds(False), 5,
+           "a worker silent this long is declared lost; its nanny ends and replaces it", "both"),
     Option("memory_terminate_fraction", "0 < x <= 1", _fraction, 0.95,
            "the nanny stops a worker above this fraction of its memory budget", "both"),
     Option("memory_limit", "size", _size, None, "memory budget per worker; unset: memory / processes", "both",

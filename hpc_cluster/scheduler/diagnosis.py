@@ -187,6 +187,10 @@ RULES = [
      and (_acct(ev).get("exit_code") or 0) != 0,
      lambda ev: ("crash", f"the worker process (the job's batch step) exited with code "
                           f"{_acct(ev)['exit_code']} {_running(ev)}")),
+    # The scheduler lost its heartbeat and asked the nanny to end it: the SIGKILL is ours.
+    (lambda ev: _nanny(ev).get("unresponsive"),
+     lambda ev: ("heartbeat-lost", f"the worker stopped answering heartbeats {_running(ev)}; its nanny found "
+                                   f"the process {_nanny(ev)['unresponsive'].get('status', '?')} and ended it")),
     (lambda ev: _nanny(ev).get("signal") is not None,
      lambda ev: ("unknown", f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
@@ -217,7 +221,9 @@ def facts_of(ev: Evidence) -> list[str]:
                else f"exit code {n.get('exit_code')}")
         out.append(f"nanny: worker pid {n.get('pid')} ended with {how}, peak RSS {fmt_bytes(n.get('peak_rss'))}"
                    + (", killed by the nanny over its memory budget" if n.get("killed_by_nanny") else "")
-                   + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else ""))
+                   + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else "")
+                   + (f", ended by the nanny after the scheduler lost its heartbeat (process "
+                      f"{n['unresponsive'].get('status', '?')})" if n.get("unresponsive") else ""))
     a = ev.accounting
     if a:
         code = f" {a.get('exit_code')}:{a.get('signal') or 0}" if a.get("exit_code") is not None else ""

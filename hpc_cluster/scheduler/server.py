@@ -152,7 +152,9 @@ class Scheduler:
             await asyncio.sleep(max(0.05, self.heartbeat_ttl / 5))
             for addr in self.state.silent_workers(self.clock(), self.heartbeat_ttl):
                 logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
+                info = self.state.workers[addr].info
                 self._remove_worker(addr, "heartbeat-lost")
+                self._end_unresponsive(info)
                 comm = self.comms.pop(addr, None)
                 if comm is not None:
                     comm.close()
@@ -174,6 +176,14 @@ class Scheduler:
                 self._flush()
             except Exception:
                 logger.exception("deadline check failed")
+
+    def _end_unresponsive(self, info: dict) -> None:
+        """A silent worker still holds its job's slot: its nanny (if any) ends it and reports
+        what state the process was in, which also makes the verdict final in a second
+        instead of after the ~90 s of asking the batch system about a job that runs on."""
+        stream = self.nannies.get(info.get("nanny_id") or "")
+        if stream is not None and isinstance(info.get("pid"), int):
+            stream.send({"op": "end-unresponsive", "pid": info["pid"]})
 
     def _remove_worker(self, addr: str, connection: str) -> None:
         """A worker is gone: judge on what we know now; later evidence may refine it."""

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nanny", dest="nanny", action="store_true", default=True)
     p.add_argument("--no-nanny", dest="nanny", action="store_false")
     p.add_argument("--nanny-id", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)   # the nanny's pipe
     p.add_argument("--heartbeat-interval", type=float, default=0.5)
     p.add_argument("--memory-terminate-fraction", type=float, default=0.95)
     p.add_argument("--max-message-bytes", type=int, default=2**31)
@@ -106,6 +107,20 @@ def _number(text: str | None) -> float | None:
         return None
 
 
+def _ready_signal(fd: int | None):
+    """Tell the nanny, through the pipe it gave us, that the scheduler accepted this worker."""
+    if fd is None:
+        return None
+
+    def signal_ready() -> None:
+        try:
+            os.write(fd, b"1")
+            os.close(fd)
+        except OSError:
+            pass
+    return signal_ready
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -137,7 +152,7 @@ def main(argv=None) -> int:
                       host=args.host, resources=parse_resources(args.resources),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
                       limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
-                      death_timeout=args.death_timeout)
+                      death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd))
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     sys.stdout.flush()

@@ -82,19 +82,20 @@ def tree_rss(proc: psutil.Process) -> int:
 
 class Nanny:
     def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
-                 name: str | None = None, max_quick_restarts: int = 5):
+                 name: str | None = None, max_startup_failures: int = 5):
         self.child_argv = child_argv
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
         self.name = name
         self.id = uuid.uuid4().hex[:12]
-        self.max_quick_restarts = max_quick_restarts
+        self.max_startup_failures = max_startup_failures
         self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
         self.reports: list[dict] = []
         self.stopping = False
         self.restarting = False
         self.proc: asyncio.subprocess.Process | None = None
+        self.unresponsive: dict | None = None       # set when we end a worker the scheduler lost
         self.on_report = None                       # set by whoever forwards reports to the scheduler
 
     async def _pump_log(self, stream: asyncio.StreamReader) -> None:
@@ -109,14 +110,23 @@ class Nanny:
 
     async def run_once(self) -> dict:
         """Start the worker, watch it until it exits, return the exit report."""
-        argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id]
-        self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
-                                                         start_new_session=False)
+        # The worker writes a byte to this pipe once the scheduler accepted it: a worker that
+        # never got that far is a startup failure, which restarting will not cure.
+        ready_r, ready_w = os.pipe()
+        os.set_blocking(ready_r, False)
+        argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id,
+                "--ready-fd", str(ready_w)]
+        try:
+            self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
+                                                             start_new_session=False, pass_fds=(ready_w,))
+        finally:
+            os.close(ready_w)
         pid = self.proc.pid
         cgroup = cgroup_memory_dir(pid)
         oom_before = oom_kills(cgroup)
         pump = asyncio.create_task(self._pump_log(self.proc.stderr))
         started, peak, killed_by_nanny = time.time(), 0, False
+        self.unresponsive = None
         self.samples.clear()
         try:
             ps = psutil.Process(pid)
@@ -141,15 +151,21 @@ class Nanny:
                 self._kill_tree(ps)
         code = await self.proc.wait()
         await asyncio.wait_for(pump, 5)
+        try:
+            registered = os.read(ready_r, 1) == b"1"
+        except BlockingIOError:
+            registered = False
+        finally:
+            os.close(ready_r)
         oom_after = oom_kills(cgroup)
         report = {
             "nanny_id": self.id, "pid": pid, "name": self.name, "started": started, "ended": time.time(),
             "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
             "peak_rss": peak, "memory_limit": self.memory_limit, "samples": list(self.samples),
-            "killed_by_nanny": killed_by_nanny, "memory_budget": budget,
+            "killed_by_nanny": killed_by_nanny, "memory_budget": budget, "unresponsive": self.unresponsive,
             "cgroup_oom": (oom_after - oom_before) > 0 if None not in (oom_before, oom_after) else None,
             "cgroup": str(cgroup) if cgroup else None, "stopping": self.stopping,
-            "log_tail": list(self.log_tail)[-40:],
+            "log_tail": list(self.log_tail)[-40:], "registered": registered,
         }
         self.reports.append(report)
         return report
@@ -169,7 +185,7 @@ class Nanny:
                 pass
 
     async def run(self) -> int:
-        quick = collections.deque(maxlen=self.max_quick_restarts)
+        startup_failures = 0                        # in a row: workers that never registered
         while True:
             report = await self.run_once()
             if self.on_report is not None:
@@ -183,10 +199,13 @@ class Nanny:
                 # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
                 logger.info("worker ended (%s); nanny exits", why)
                 return report["exit_code"] or 0
-            quick.append(time.time())
-            if len(quick) == quick.maxlen and quick[-1] - quick[0] < 60:
-                logger.error("worker died %d times within a minute (last: %s); giving up",
-                             len(quick), why)
+            # Deaths of workers that were running are restarted however often they come (a
+            # task that keeps killing its worker is the scheduler's to fail); a worker that
+            # cannot even start is not going to start next time either.
+            startup_failures = 0 if report["registered"] else startup_failures + 1
+            if startup_failures >= self.max_startup_failures:
+                logger.error("the worker failed %d times in a row before reaching the scheduler "
+                             "(last: %s); giving up", startup_failures, why)
                 return 1
             logger.warning("worker ended unexpectedly (%s); restarting", why)
 
@@ -198,6 +217,24 @@ class Nanny:
         """Stop the worker; run() starts a fresh one (client.restart())."""
         self.restarting = True
         self._terminate()
+
+    def end_unresponsive(self, pid) -> None:
+        """The scheduler stopped hearing from our worker: note the state its process is in
+        (stopped, blocked in the kernel, running a GIL-holding loop...), then SIGKILL it,
+        which works on a stopped process too; run() restarts a fresh one."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None or proc.pid != pid:
+            return                                  # already gone, or a successor: leave it
+        try:
+            ps = psutil.Process(pid)
+            status = ps.status()
+        except psutil.Error:
+            return
+        self.unresponsive = {"status": status}
+        msg = f"nanny: the scheduler lost the worker's heartbeat; its process is {status}. Ending it"
+        logger.warning(msg)
+        self.log_tail.append(msg)
+        self._kill_tree(ps)
 
     def _terminate(self, grace: float = 10.0) -> None:
         proc = self.proc
@@ -253,6 +290,8 @@ class SchedulerLink:
                 for msg in await comm.read():
                     if msg.get("op") == "restart":
                         self.nanny.restart()
+                    elif msg.get("op") == "end-unresponsive":
+                        self.nanny.end_unresponsive(msg.get("pid"))
         except Exception as exc:  # the connection is gone; reports reconnect
             logger.debug("nanny link closed: %s", exc)
 

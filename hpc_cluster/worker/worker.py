@@ -20,6 +20,7 @@ import threading
 import time
 import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from ..protocol import serialize
 from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
@@ -408,11 +409,13 @@ def _pickle_exception(exc: BaseException) -> bytes:
         return serialize.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
 
 
-def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0, **kwargs) -> int:
+def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
+               on_registered: Callable[[], None] | None = None, **kwargs) -> int:
     """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
 
     The scheduler may not be reachable yet (or for a moment); keep trying for
-    `death_timeout` seconds before giving up with exit code 3.
+    `death_timeout` seconds before giving up with exit code 3. `on_registered` is called
+    once the scheduler has accepted the worker (the nanny learns it that way).
     """
     import signal
 
@@ -432,6 +435,8 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0, **kwa
                     worker.listener.stop()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if on_registered is not None:
+            on_registered()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(
