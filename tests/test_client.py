@@ -200,6 +200,28 @@ def test_dask_collections_run_on_our_cluster(client):
     assert b.compute(scheduler=client.get) == [v for v in range(1, 101) if v % 2 == 0]
 
 
+def test_dask_graphs_are_submitted_in_dask_order():
+    pytest.importorskip("dask")
+    from operator import add
+
+    from hpc_cluster.graph import graph_tasks, wire_key
+
+    # Listed level by level, all leaves first; dask.order runs such a tree depth-first.
+    dsk = {f"leaf-{i}": (inc, i) for i in range(16)}
+    dsk.update({f"pair-{i}": (add, f"leaf-{2 * i}", f"leaf-{2 * i + 1}") for i in range(8)})
+    dsk.update({f"quad-{i}": (add, f"pair-{2 * i}", f"pair-{2 * i + 1}") for i in range(4)})
+    dsk["total"] = (sum, [f"quad-{i}" for i in range(4)])
+    tasks, wire, _ = graph_tasks(dsk, lambda f: b"")
+    submitted = [wire_key(k) for k in tasks]
+    def first(prefix):
+        return min(i for i, k in enumerate(submitted) if k.startswith(prefix))
+
+    last_leaf = max(i for i, k in enumerate(submitted) if k.startswith("leaf-"))
+    assert first("pair-") < last_leaf and first("quad-") < last_leaf    # depth-first
+    for k, (_blob, deps) in tasks.items():                             # inputs before users
+        assert all(submitted.index(d) < submitted.index(wire_key(k)) for d in deps)
+
+
 def test_client_from_address_needs_the_secret(cluster):
     with pytest.raises(ValueError, match="no secret"):
         Client(cluster.scheduler_address)
