@@ -476,3 +476,46 @@ def test_site_template_file(tmp_path):
     assert script.rstrip().endswith("exec python3 -m w")
     with pytest.raises(BatchError, match="no such file"):
         render(JobSpec(worker_command="w", template=str(tmp_path / "missing.j2")))
+
+
+# The body behaves as SLURM's does (tests/adapters/test_slurm_template.py): run it with bash.
+def run_script(script: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=cwd,
+                          env={"PATH": "/usr/bin:/bin", "PBS_JOBID": "77.pbs-head"})
+
+
+def test_without_an_epilogue_the_worker_is_execed():
+    script = render(SPECS[0])
+    assert f"exec {SPECS[0].worker_command}\n" in script
+    assert script.rstrip().endswith(f"exec {SPECS[0].worker_command}")
+
+
+def test_epilogue_runs_and_keeps_worker_status(tmp_path):
+    marker = tmp_path / "epilogue-ran"
+    spec = JobSpec(worker_command="bash -c 'exit 7'", prologue=["echo prologue"],
+                   epilogue=[f"touch {marker}"])
+    script = render(spec)
+    assert "exec " not in script
+    bash_n(script)
+    proc = run_script(script, tmp_path)
+    assert proc.returncode == 7 and marker.exists() and "prologue" in proc.stdout
+
+
+def test_failing_prologue_stops_the_job(tmp_path):
+    marker = tmp_path / "worker-ran"
+    epilogue = tmp_path / "epilogue-ran"
+    for epi in ([], [f"touch {epilogue}"]):
+        script = render(JobSpec(worker_command=f"touch {marker}", prologue=["true", "false", "echo after"],
+                                epilogue=epi))
+        proc = run_script(script, tmp_path)
+        assert proc.returncode != 0 and not marker.exists() and not epilogue.exists()
+        assert "after" not in proc.stdout
+
+
+def test_deadline_variables_are_set_before_the_prologue(tmp_path):
+    # The prologue sees them (the clock started before it) and so does the worker.
+    script = render(JobSpec(worker_command='echo "worker $HPC_CLUSTER_JOB_ID $HPC_CLUSTER_JOB_WALLTIME"',
+                            walltime=61, prologue=['echo "prologue $HPC_CLUSTER_JOB_START"']))
+    lines = run_script(script, tmp_path).stdout.split("\n")
+    assert int(lines[0].split()[1]) > 1_600_000_000
+    assert lines[1] == "worker 77.pbs-head 61"

@@ -101,13 +101,22 @@ def test_completed_job(sim, tmp_path):
 
 
 def test_exit_code_three_is_failed(sim, tmp_path):
-    _, rec = run_to_end(PBSAdapter(LocalRunner()), spec(tmp_path, "exit 3"))
+    # The worker command is exec'd (no epilogue): it must be a program, not a shell builtin.
+    _, rec = run_to_end(PBSAdapter(LocalRunner()), spec(tmp_path, "bash -c 'exit 3'"))
     assert (rec.state, rec.exit_code, rec.raw_state) == ("failed", 3, "F Exit_status=3")
 
 
-def test_segfault_inside_the_script(sim, tmp_path):
+def test_segfault_of_the_execd_worker(sim, tmp_path):
+    # Without an epilogue the worker is the job's top process: the MOM records 256 + 11.
     command = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)'"
     _, rec = run_to_end(PBSAdapter(LocalRunner()), spec(tmp_path, command))
+    assert (rec.state, rec.exit_code, rec.signal) == ("failed", 267, 11)
+
+
+def test_segfault_inside_the_script(sim, tmp_path):
+    # With an epilogue the shell stays and exits with the worker's status, 128 + 11.
+    command = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)'"
+    _, rec = run_to_end(PBSAdapter(LocalRunner()), spec(tmp_path, command, epilogue=["echo epilogue"]))
     assert (rec.state, rec.exit_code, rec.signal) == ("failed", 139, 11)
 
 
@@ -170,7 +179,7 @@ def test_many_jobs_in_one_qstat_call(sim, tmp_path):
             return super().run(argv, *args, **kw)
 
     adapter = PBSAdapter(CountingRunner())
-    ids = [adapter.submit(adapter.render(spec(tmp_path, f"exit {n}"))) for n in range(3)]
+    ids = [adapter.submit(adapter.render(spec(tmp_path, f"bash -c 'exit {n}'"))) for n in range(3)]
     calls.clear()
     records = wait_for(lambda: (r := adapter.accounting(ids)) and all(x.final for x in r.values())
                        and len(r) == 3 and r, 20, "three jobs to end")
@@ -184,7 +193,7 @@ def test_simulator_text_and_json_read_the_same(sim, tmp_path, monkeypatch):
     # A long PATH becomes a long PBS_O_PATH in Variable_List, which qstat wraps.
     monkeypatch.setenv("PATH", os.environ["PATH"] + "".join(f":/opt/tool{n}/bin" for n in range(20)))
     adapter = PBSAdapter(LocalRunner())
-    job_id, _ = run_to_end(adapter, spec(tmp_path, "exit 5"))
+    job_id, _ = run_to_end(adapter, spec(tmp_path, "bash -c 'exit 5'"))
     runner = LocalRunner()
     text = runner.run(["qstat", "-x", "-f", job_id]).stdout
     assert "\n\t" in text                           # wrapped continuation lines
