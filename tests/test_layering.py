@@ -1,8 +1,12 @@
-"""DESIGN.md's layering, checked on every import statement (lazy ones included).
+"""DESIGN.md's layering and principles, checked on every import statement (lazy ones included).
 
 `deploy` uses `adapters` and starts `scheduler` and `worker`; `scheduler` and `worker` use
 `protocol`; `client` uses `protocol`. Nothing below imports `deploy`; `adapters` never
 import `scheduler`. `units.py` is a pure leaf that any layer may use.
+
+Principles checked here as well: the scheduler never unpickles user data (nothing it
+imports brings in a pickler or our serializer), and the state machine and the batch
+systems' parsers are pure (nothing they import reads a clock or does I/O).
 """
 
 from __future__ import annotations
@@ -33,20 +37,79 @@ def layer_of(module: str) -> str | None:
     return "client" if parts[1] in CLIENT_MODULES else parts[1]
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    package = module.split(".")[:-1]            # what a relative import is relative to
+def module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def path_of(module: str) -> Path | None:
+    """Our module's file ('hpc_cluster.scheduler' -> its __init__.py); None if not ours."""
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if module.split(".")[0] == "hpc_cluster" and p.is_file():
+            return p
+    return None
+
+
+def _runs_at_import(tree: ast.Module) -> list[ast.AST]:
+    """The nodes that run when the module is imported: all but function bodies."""
+    out, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imports_of(path: Path, module: str | None = None, at_import_only: bool = False) -> list[tuple[int, str]]:
+    """(line, module name) for every import in the file, lazy ones too unless at_import_only.
+
+    `from a import b` yields both `a` and `a.b` (b may be a module); `__import__("x")` and
+    `importlib.import_module("x")` with a literal name count as imports of x.
+    """
+    module = module or module_of(path)
+    is_package = path.name == "__init__.py"
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    tree = ast.parse(path.read_text())
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in (_runs_at_import(tree) if at_import_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             out.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = package[:len(package) - node.level + 1] if node.level else []
             name = ".".join([*base, node.module] if node.module else base)
-            if node.module is None:        # `from . import x`: each x may be a module
-                out.extend((node.lineno, f"{name}.{alias.name}") for alias in node.names)
-            else:
+            if node.module is not None:
                 out.append((node.lineno, name))
+            out.extend((node.lineno, f"{name}.{alias.name}") for alias in node.names if alias.name != "*")
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                   or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))):
+            out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def imported_closure(path: Path, module: str | None = None) -> list[tuple[str, int, str]]:
+    """(where, line, name) for every import of the file (lazy ones too) and, through each of
+    our modules it imports, every import that runs when that module is loaded.
+
+    The package root is not followed: Python runs hpc_cluster/__init__.py (which re-exports
+    the client, hence cloudpickle) before any of our modules, so it would flag everything.
+    """
+    seen: set[Path] = {path}
+    out = []
+    todo = [(path, module or module_of(path), False)]
+    while todo:
+        p, mod, at_import_only = todo.pop()
+        for line, name in imports_of(p, mod, at_import_only):
+            out.append((mod, line, name))
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):         # hpc_cluster.a.b loads hpc_cluster.a too
+                dep = path_of(".".join(parts[:i]))
+                if dep is not None and dep not in seen:
+                    seen.add(dep)
+                    todo.append((dep, module_of(dep), True))
     return out
 
 
@@ -55,13 +118,126 @@ def test_the_resolver_sees_relative_imports():
     assert "hpc_cluster.units" in found
 
 
-SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if layer_of(
-    ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)) in FORBIDDEN)
+def test_the_resolver_sees_names_imported_from_a_package_and_dynamic_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from ..protocol import serialize\nfrom . import state\n"
+                   "def f():\n    import time\n    return __import__('random')\n")
+    names = [n for _, n in imports_of(src, "hpc_cluster.scheduler.m")]
+    assert {"hpc_cluster.protocol.serialize", "hpc_cluster.scheduler.state", "time", "random"} <= set(names)
+    assert [n for _, n in imports_of(src, "hpc_cluster.scheduler.m", at_import_only=True)
+            if n in ("time", "random")] == []
+
+
+# What importing the package root brings in (hpc_cluster/__init__.py re-exports client and deploy).
+ROOT_LAYERS = {layer_of(name) for _, name in imports_of(PACKAGE / "__init__.py")} - {None}
+
+
+def layers_imported(name: str) -> set[str]:
+    layer = layer_of(name)
+    if name == "hpc_cluster" or (layer is not None and path_of(name) is None
+                                 and path_of(name.rsplit(".", 1)[0]) == PACKAGE / "__init__.py"):
+        return ROOT_LAYERS                        # `from hpc_cluster import Client`
+    return {layer} if layer else set()
+
+
+def layer_violations(path: Path, module: str | None = None) -> list[str]:
+    layer = layer_of(module or module_of(path))
+    return [f"line {line}: {name}" for line, name in imports_of(path, module)
+            if layers_imported(name) & FORBIDDEN[layer]]
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if layer_of(module_of(p)) in FORBIDDEN)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(PACKAGE)) for p in SOURCES])
 def test_no_import_crosses_the_layers(path):
-    layer = layer_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
-    bad = [f"line {line}: {name}" for line, name in imports_of(path)
-           if layer_of(name) in FORBIDDEN[layer]]
-    assert not bad, f"{path.relative_to(PACKAGE)} ({layer}) imports across DESIGN.md's layers: {bad}"
+    bad = layer_violations(path)
+    assert not bad, (f"{path.relative_to(PACKAGE)} ({layer_of(module_of(path))}) imports across "
+                     f"DESIGN.md's layers: {bad}")
+
+
+def test_importing_the_package_root_counts_as_importing_what_it_re_exports(tmp_path):
+    assert {"client", "deploy"} <= ROOT_LAYERS
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from .. import Client\n")
+    assert layer_violations(src, "hpc_cluster.scheduler.m") == ["line 2: hpc_cluster.Client"]
+
+
+# -- principle 2: the scheduler never unpickles user data ------------------------------------
+PICKLERS = {"pickle", "_pickle", "cloudpickle", "dill", "shelve", "hpc_cluster.protocol.serialize"}
+
+
+def _is_one_of(name: str, modules: set[str]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def pickling_imports(path: Path, module: str | None = None) -> list[str]:
+    return [f"{where} line {line}: {name}" for where, line, name in imported_closure(path, module)
+            if _is_one_of(name, PICKLERS)]
+
+
+SCHEDULER = sorted((PACKAGE / "scheduler").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SCHEDULER, ids=[p.name for p in SCHEDULER])
+def test_the_scheduler_imports_no_pickler(path):
+    bad = pickling_imports(path)
+    assert not bad, f"scheduler/{path.name} brings in a pickler (DESIGN.md principle 2): {bad}"
+
+
+def test_the_pickler_check_catches_direct_lazy_and_indirect_imports(tmp_path):
+    for text in ("import cloudpickle\n", "def f():\n    import pickle\n",
+                 "from ..protocol import serialize\n", "from ..protocol.serialize import loads\n",
+                 "from ..client import Client\n"):          # client.py imports serialize
+        src = tmp_path / "m.py"
+        src.write_text(text)
+        assert pickling_imports(src, "hpc_cluster.scheduler.m"), text
+    assert pickling_imports(PACKAGE / "worker" / "worker.py")  # the worker does unpickle
+
+
+# -- principle 1 (and 4): pure state machine and parsers -----------------------------------
+CLOCKS_AND_IO = {"time", "datetime", "socket", "asyncio", "tornado", "subprocess", "random"}
+IO_BUILTINS = {"open", "input", "print"}
+STATE_MACHINE = ["scheduler/state.py", "scheduler/placement.py", "scheduler/drain.py",
+                 "scheduler/replicas.py", "scheduler/diagnosis.py"]
+
+
+def parser_modules() -> list[str]:
+    """The adapters' modules that define parse_* functions."""
+    out = []
+    for p in sorted((PACKAGE / "adapters").glob("*.py")):
+        tree = ast.parse(p.read_text())
+        if any(isinstance(n, ast.FunctionDef) and n.name.startswith("parse_") for n in tree.body):
+            out.append(str(p.relative_to(PACKAGE)))
+    return out
+
+
+PURE = STATE_MACHINE + parser_modules()
+
+
+def impurities(path: Path, module: str | None = None) -> list[str]:
+    found = [f"{where} line {line}: imports {name}" for where, line, name in imported_closure(path, module)
+             if name.split(".")[0] in CLOCKS_AND_IO]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in IO_BUILTINS:
+            found.append(f"line {node.lineno}: calls {node.func.id}()")
+    return found
+
+
+def test_the_parsers_are_found():
+    assert {"adapters/slurm.py", "adapters/pbs.py"} <= set(parser_modules())
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_modules_read_no_clock_and_do_no_io(name):
+    bad = impurities(PACKAGE / name)
+    assert not bad, f"{name} must be pure (DESIGN.md principles 1 and 4), but: {bad}"
+
+
+def test_the_purity_check_catches_clocks_however_imported(tmp_path):
+    for text in ("import time\n", "from datetime import datetime\n", "import tornado.ioloop\n",
+                 "def f():\n    from random import random\n", "x = __import__('socket')\n",
+                 "def f():\n    print('x')\n", "from .server import Scheduler\n"):    # server reads a clock
+        src = tmp_path / "m.py"
+        src.write_text(text)
+        assert impurities(src, "hpc_cluster.scheduler.m"), text
