@@ -99,3 +99,34 @@ def test_pbs_cluster_scale_compute_close(sim, tmp_path):
     # The job logs landed where log_directory said, named <name>.o<seq> / .e<seq>.
     for j in job_ids:
         assert (logs / f"hpc-cluster.e{j.split('.')[0]}").exists()
+
+
+def test_n_workers_starts_whole_jobs_and_scale_counts_jobs(sim, tmp_path):
+    """n_workers=3 with processes=2 is two jobs (four workers) from the start; scale(jobs=1)
+    then keeps one job, whatever `processes` is."""
+    cluster = PBSCluster(cores=2, processes=2, n_workers=3, memory="1GB", walltime="00:10:00",
+                         log_directory=str(tmp_path / "logs"))
+    job_ids: list[str] = []
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(4, timeout=120)
+            jobs = cluster.jobs
+            job_ids = sorted(jobs)
+            assert len(job_ids) == 2 and {r["state"] for r in jobs.values()} == {"running"}
+            names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+            assert names == sorted(f"hpc-cluster-{j}-{i}" for j in job_ids for i in (0, 1))
+
+            cluster.scale(jobs=1)
+
+            def one_job_two_workers():
+                live = [j for j, r in cluster.jobs.items() if r["state"] in ("pending", "running")]
+                return len(live) == 1 and len(client.scheduler_info()["workers"]) == 2 and live
+            (kept,) = wait_until(one_job_two_workers, 60, "scale(jobs=1) to leave one job of two workers")
+            assert client.submit(_inc, 1).result(timeout=60) == 2
+            cluster.scale(3)                                   # workers: rounded up to 2 jobs
+            wait_until(lambda: len(client.scheduler_info()["workers"]) == 4, 120, "4 workers again")
+            job_ids = sorted(cluster.jobs)
+            assert len([j for j, r in cluster.jobs.items() if r["state"] == "running"]) == 2
+    finally:
+        cluster.close()
+    assert set(qstat_finished(sim, job_ids).values()) == {"F"}

@@ -36,14 +36,36 @@ class ClusterError(RuntimeError):
     """The cluster could not start, or a request to it failed; the message says what to do."""
 
 
+# What a job runs when `python` is unset and jobs are submitted over SSH: the laptop's own
+# interpreter path means nothing on the cluster, the login shell's python3 usually does.
+REMOTE_DEFAULT_PYTHON = "python3"
+
+
+def worker_python(cfg: ResolvedConfig) -> str:
+    """The interpreter the job script starts: `python`, else this one, else (ssh) python3."""
+    v = cfg.values
+    if v["python"]:
+        return v["python"]
+    return REMOTE_DEFAULT_PYTHON if v["ssh"] else sys.executable
+
+
+def shell_word(path: str) -> str:
+    """`path` quoted for the job's shell, keeping a leading '~/' unquoted so the node expands it."""
+    # bash expands '~' only when nothing up to the first slash is quoted.
+    if path == "~":
+        return path
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:]) if path[2:] else "~/"
+    return shlex.quote(path)
+
+
 def worker_command(cfg: ResolvedConfig, cluster_file: str) -> str:
     """The command a job runs: the worker(s), each under a nanny unless nanny=False."""
     v = cfg.values
     processes = v["processes"]
     nthreads = max(1, v["cores"] // processes)
     memory_limit = v["memory_limit"] or v["memory"] // processes
-    python = v["python"] or sys.executable
-    args = [python, "-m", "hpc_cluster.worker", "--cluster-file", cluster_file,
+    args = ["-m", "hpc_cluster.worker", "--cluster-file", cluster_file,
             "--nthreads", str(nthreads), "--memory-limit", str(memory_limit),
             "--heartbeat-interval", str(v["heartbeat_interval"]),
             "--memory-terminate-fraction", str(v["memory_terminate_fraction"]),
@@ -57,9 +79,14 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str) -> str:
         args += ["--interface", v["interface"]]
     else:
         args += ["--host", "0.0.0.0"]
+    if v["local_directory"]:
+        # Expanded ('~', $TMPDIR) and created by the worker on the node, not here.
+        args += ["--local-directory", v["local_directory"]]
     args += list(v["worker_extra_args"])
-    # The name carries the job id, which only the running job knows: leave it to the shell.
-    return shlex.join(args) + ' --name "' + v["name"] + '-${HPC_CLUSTER_JOB_ID}"'
+    # The name carries the job id, which only the running job knows: the shell appends it
+    # to the quoted name, so spaces, quotes and '$' in a name stay literal.
+    name = shlex.quote(v["name"] + "-") + '"${HPC_CLUSTER_JOB_ID}"'
+    return f"{shell_word(worker_python(cfg))} {shlex.join(args)} --name {name}"
 
 
 def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
@@ -70,7 +97,7 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
                    account=v["account"], extra_directives=list(v["job_extra_directives"]),
                    directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
                    epilogue=list(v["job_script_epilogue"]), log_directory=v["log_directory"],
-                   python=v["python"] or sys.executable, nanny=v["nanny"], env=env,
+                   python=worker_python(cfg), nanny=v["nanny"], env=env,
                    working_directory=v["working_directory"], template=v["template"])
 
 

@@ -84,6 +84,14 @@ def _str(key, v):
     return v
 
 
+def _one_line(key, v):
+    v = _str(key, v)
+    if any(ord(c) < 32 for c in v):
+        raise ValueError(f"{key}={v!r} must be one line of printable characters (it becomes a "
+                         "job name and a worker name)")
+    return v
+
+
 def _path(key, v):
     return os.path.expanduser(_str(key, v))
 
@@ -192,13 +200,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
     Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "
-           "unset: the Python running hpc-cluster", example="~/venv/bin/python"),
-    Option("local_directory", "path", _path, None, "node-local scratch directory for worker files", example="/tmp"),
+           "unset: the Python running hpc-cluster (with ssh: python3 from the job's PATH)",
+           example="~/venv/bin/python"),
+    Option("local_directory", "path", _str, None, "node-local scratch directory for worker files: created if "
+           "missing, the workers' working directory; '~' and $VARS are expanded on the node", example="$TMPDIR"),
     Option("worker_extra_args", "list of str", _str_list, [], "extra arguments to the worker command"),
     Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
     Option("death_timeout", "seconds", _seconds(False), 60, "seconds a worker waits for an unreachable scheduler before exiting"),
-    Option("name", "str", _str, "hpc-cluster", "job name"),
-    Option("n_workers", "int >= 0", _int(0), 0, "jobs submitted when the cluster starts"),
+    Option("name", "str", _one_line, "hpc-cluster", "job name; workers are named NAME-JOBID"),
+    Option("n_workers", "int >= 0", _int(0), 0, "workers started with a cluster from Python (rounded up to "
+           "whole jobs of `processes`)"),
     Option("template", "path", _path, None, "the site's own jinja2 job-script template (relative: to the config file)",
            example="job.sh.j2"),
     Option("env", "map str->str", _env_map, {}, "environment variables exported in the job before the prologue"),

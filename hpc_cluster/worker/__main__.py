@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on for peers")
     p.add_argument("--interface", default=None, help="listen on this network interface's address (e.g. ib0)")
     p.add_argument("--nworkers", type=int, default=1, help="worker processes to start (each with its nanny)")
+    p.add_argument("--local-directory", default=None, metavar="DIR",
+                   help="scratch directory for the worker's files, created if missing and made the "
+                        "working directory; '~' and $VARIABLES are expanded here, on the node")
     p.add_argument("--death-timeout", type=float, default=60.0,
                    help="seconds to keep trying to reach the scheduler before giving up")
     p.add_argument("--resources", default=None, help="abstract resources, e.g. 'GPU=2'")
@@ -100,6 +103,23 @@ def _drop_option(argv: list[str], option: str) -> list[str]:
     return out
 
 
+def use_local_directory(path: str) -> str:
+    """Create `path` (after expanding ~ and $VARS in this job's environment) and chdir into it."""
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    if "$" in expanded:
+        raise SystemExit(f"--local-directory {path!r}: {expanded!r} still names an unset variable "
+                         "on this node; set local_directory to a directory that exists here, or "
+                         "one whose variables the job sets")
+    try:
+        os.makedirs(expanded, exist_ok=True)
+        os.chdir(expanded)
+    except OSError as e:
+        raise SystemExit(f"--local-directory {path!r}: cannot use {expanded!r} on this node: "
+                         f"{e.strerror or e}; set local_directory to a writable node-local directory "
+                         "(/tmp, $TMPDIR)") from None
+    return os.getcwd()
+
+
 def _number(text: str | None) -> float | None:
     try:
         return float(text) if text else None
@@ -124,6 +144,15 @@ def _ready_signal(fd: int | None):
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    # Paths are made absolute before the chdir into the local directory, in argv too: the
+    # nanny and the other workers of the job run the same argv from there.
+    if args.cluster_file:
+        args.cluster_file = os.path.abspath(args.cluster_file)
+        argv = _drop_option(argv, "--cluster-file") + ["--cluster-file", args.cluster_file]
+    if args.local_directory:
+        # Before the nanny or the other workers start: they inherit it as their cwd.
+        args.local_directory = use_local_directory(args.local_directory)
+        argv = _drop_option(argv, "--local-directory") + ["--local-directory", args.local_directory]
     if args.nworkers > 1:
         return run_several(argv, args.nworkers, args.name)
     if args.interface:
