@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import shlex
 import select
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 
 from hpc_cluster import progress
 from hpc_cluster.deploy import cli_cluster
-from hpc_cluster.deploy.cli import main
+from hpc_cluster.deploy.cli import build_parser, main
 from hpc_cluster.deploy.cli_lookup import plan_file
 from hpc_cluster.deploy.cli_views import job_event, jobs_table, print_deaths
 from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
@@ -90,12 +92,41 @@ def test_bad_cluster_name_is_a_usage_error(capsys):
     assert not (cluster_file_for("x").parent.parent / "escape.json").exists()
 
 
-@pytest.mark.parametrize("command", ["up", "status", "scale", "list", "logs", "why", "job-script", "down"])
+def example_commands(help_text: str) -> list[list[str]]:
+    """The hpc-cluster invocations in a help's examples: env prefixes, comments (two spaces or
+    more), redirections and `&& other` commands cut off."""
+    commands = []
+    for line in help_text.split("examples:")[1].split("exit codes:")[0].splitlines():
+        for part in line.split("&&"):
+            part = re.split(r" {2,}| > | \| ", part.strip())[0]
+            words = shlex.split(part)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words.pop(0)
+            if words[:1] == ["hpc-cluster"]:
+                commands.append(words[1:])
+    return commands
+
+
+@pytest.mark.parametrize("command", ["up", "status", "scale", "list", "logs", "why", "job-script", "down",
+                                     "config", "config check", "config init", "config show"])
 def test_each_subcommand_help_has_real_examples_and_exit_codes(capsys, command):
-    code, out, _ = run(capsys, command, "--help")
+    code, out, _ = run(capsys, *command.split(), "--help")
     assert code == 0
     assert "examples:" in out and f"hpc-cluster {command}" in out.split("examples:")[1]
-    assert "3  no such cluster" in out
+    examples = example_commands(out)
+    own = [argv for argv in examples if " ".join(argv).startswith(command)]
+    assert len(own) >= (1 if command in ("list", "config") else 2), out
+    # Every example is a command line the parser accepts.
+    parser = build_parser()
+    for argv in examples:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"help example `hpc-cluster {' '.join(argv)}` is not a valid command line")
+    if command != "config":
+        assert "exit codes:" in out and "0  " in out.split("exit codes:")[1]
+    if not command.startswith("config"):
+        assert "3  no such cluster" in out
 
 
 def test_console_script_is_installed_and_documents_exit_codes():
@@ -206,6 +237,19 @@ def test_job_script_for_a_pbs_site(capsys, tmp_path):
     code, out, _ = run(capsys, "job-script", "--config", str(cfg))
     assert code == 0 and "#PBS -l select=1:ncpus=4" in out
     assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0
+
+
+def test_a_template_with_an_undefined_variable_is_a_config_error(capsys, tmp_path):
+    template = tmp_path / "site.sh.j2"
+    template.write_text("#!/bin/bash\n{{ sitee_modules }}\nexec {{ worker_command }}\n")
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text(f"default: p\nsites:\n  p:\n    batch: slurm\n    template: {template}\n")
+    for command in (["job-script"], ["up", "-n", "1", "--name", "tpl"]):
+        code, out, err = run(capsys, *command, "--config", str(cfg))
+        assert code == 2, (command, out, err)
+        assert f"template={str(template)!r}, line 2: 'sitee_modules' is undefined" in err
+    # `up` refused before starting anything.
+    assert not cluster_file_for("tpl").exists() and not plan_file("tpl").exists()
 
 
 # -- logs: which files belong to a job ---------------------------------------------------

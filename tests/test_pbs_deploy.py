@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,7 @@ def test_pbs_cluster_scale_compute_close(sim, tmp_path):
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(logs))
     job_ids: list[str] = []
     try:
+        assert stat.S_IMODE(cluster.cluster_file.stat().st_mode) == 0o600   # it holds the secret
         script = cluster.job_script()
         assert "#PBS -l walltime=00:10:00" in script and f"#PBS -o {logs}/" in script
         cluster.scale(2)

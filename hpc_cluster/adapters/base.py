@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -123,6 +124,15 @@ class AccountingRecord:
 _TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
+def _template_line(error: BaseException, path: Path) -> int | None:
+    """The template line an error was raised at (jinja2 maps its frames back to the file)."""
+    line = None
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        if frame.f_code.co_filename == str(path):
+            line = lineno
+    return line
+
+
 class BatchAdapter:
     """Base for batch systems. Subclasses set `name`, `template_name` and the commands."""
 
@@ -150,17 +160,27 @@ class BatchAdapter:
             lstrip_blocks=True,
         )
         env.filters["quote"] = shlex.quote
+        context = dataclasses.asdict(spec)
+        context.update(self.template_context(spec))
         if spec.template:
-            path = Path(spec.template).expanduser()
+            path = Path(spec.template).expanduser().resolve()
             if not path.is_file():
                 raise BatchError(f"template={spec.template!r}: no such file; point it at a jinja2 job-script "
                                  f"template or remove it to use the built-in {self.template_name}")
-            template = env.from_string(path.read_text())
+            what = f"template={spec.template!r}" + (f" ({path})" if str(path) != spec.template else "")
         else:
-            template = env.get_template(self.template_name)
-        context = dataclasses.asdict(spec)
-        context.update(self.template_context(spec))
-        return template.render(**context)
+            path = _TEMPLATES / self.template_name
+            what = f"the built-in template {path}"
+        try:
+            # Loaded by its path, so errors carry its file name and line.
+            env.loader = jinja2.FileSystemLoader([str(path.parent), str(_TEMPLATES)])
+            return env.get_template(path.name).render(**context)
+        except jinja2.TemplateSyntaxError as e:
+            raise BatchError(f"{what}, line {e.lineno}: {e.message}") from None
+        except jinja2.UndefinedError as e:
+            line = _template_line(e, path)
+            raise BatchError(f"{what}{f', line {line}' if line else ''}: {e.message}. A job template "
+                             f"can use: {', '.join(sorted(context))}") from None
 
     def log_patterns(self, job_id: str) -> list[str]:
         """Glob patterns (in the log directory) of a job's stdout/stderr files."""

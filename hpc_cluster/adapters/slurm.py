@@ -306,6 +306,14 @@ def parse_scontrol_job(text: str) -> list[AccountingRecord]:
     return out
 
 
+_ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.IGNORECASE)
+
+
+def accounting_disabled(sacct_stderr: str) -> bool:
+    """Whether sacct's complaint means this cluster keeps no accounting (so ask scontrol)."""
+    return bool(_ACCOUNTING_DISABLED.search(sacct_stderr or ""))
+
+
 def status_from_accounting(record: AccountingRecord) -> JobStatus:
     return JobStatus(job_id=record.job_id, state=record.state, raw_state=record.raw_state,
                      node=record.node, elapsed=record.elapsed, time_limit=record.time_limit)
@@ -418,7 +426,7 @@ class SLURMAdapter(BatchAdapter):
         result = self._run(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
         if result.returncode == 0:
             records = parse_sacct(result.stdout)
-        elif re.search(r"accounting storage is disabled", result.stderr, re.I):
+        elif accounting_disabled(result.stderr):
             result = self._run(["scontrol", "-o", "show", "job", *([] if len(ids) > 1 else ids)])
             if result.returncode != 0 and "Invalid job id" not in result.stderr:
                 raise BatchError(f"scontrol show job failed (exit {result.returncode}): "

@@ -344,8 +344,7 @@ def _death_matches(d: dict, target: str) -> bool:
 
 
 def cmd_job_script(args, out, err) -> int:
-    from ..adapters import get_adapter
-    from .cluster import job_spec
+    from .cluster import render_job_script
     from .config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]
@@ -353,7 +352,7 @@ def cmd_job_script(args, out, err) -> int:
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
                            "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
     name = _check_name(args.name)
-    print(get_adapter(batch).render(job_spec(cfg, str(cluster_file_for(name)))), file=out, end="")
+    print(render_job_script(cfg, str(cluster_file_for(name))), file=out, end="")
     return OK
 
 

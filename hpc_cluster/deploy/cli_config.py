@@ -16,18 +16,55 @@ from pathlib import Path
 from . import config as cfg
 
 
+_EXAMPLES = {
+    "check": ("""\
+  hpc-cluster config check                 every file a command would read, and HPC_CLUSTER_*
+  hpc-cluster config check --config ./site.yaml
+  hpc-cluster config check && hpc-cluster up -n 4     gate a deployment script on it
+""", """exit codes:
+  0  every file is valid
+  2  a file (or HPC_CLUSTER_* variable) has problems; each is printed with its file and line
+"""),
+    "init": ("""\
+  hpc-cluster config init                  ~/.config/hpc-cluster/config.yaml, batch system detected
+  hpc-cluster config init --site mylab --path ./hpc-cluster.yaml
+  hpc-cluster config init --force          replace the existing user file
+""", """exit codes:
+  0  written
+  1  the file exists (pass --force or --path)
+"""),
+    "show": ("""\
+  hpc-cluster config show                  the default site: every key, its value and its source
+  hpc-cluster config show --site gpu
+  HPC_CLUSTER_CORES=8 hpc-cluster config show --config ./site.yaml
+""", """exit codes:
+  0  ok
+  2  bad configuration (the problems are printed)
+"""),
+}
+
+
+def _action(sub, name: str, help: str):
+    examples, codes = _EXAMPLES[name]
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                          epilog="examples:\n" + examples + "\n" + codes,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_config_commands(subparsers) -> None:
     p = subparsers.add_parser("config", help="check, create or show the site configuration",
                               description="Config files, HPC_CLUSTER_* variables and keyword "
-                              "arguments: see docs/configuration.md.")
+                              "arguments: see docs/configuration.md.",
+                              epilog="examples:\n" + "".join(e.splitlines(True)[0] for e, _ in _EXAMPLES.values()),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    check = sub.add_parser("check", help="validate every config file that would be read")
+    check = _action(sub, "check", "validate every config file that would be read")
     check.add_argument("--config", metavar="PATH", help="check this file (plus the system file)")
-    init = sub.add_parser("init", help="write a commented starter file for this machine")
+    init = _action(sub, "init", "write a commented starter file for this machine")
     init.add_argument("--path", metavar="P", help="where to write (default: the user config dir)")
     init.add_argument("--force", action="store_true", help="replace an existing file")
     init.add_argument("--site", metavar="S", default="mysite", help="name of the site (default: mysite)")
-    show = sub.add_parser("show", help="print the merged settings and where each came from")
+    show = _action(sub, "show", "print the merged settings and where each came from")
     show.add_argument("--config", metavar="PATH", help="read this file (plus the system file)")
     show.add_argument("--site", metavar="S", help="the site to show (default: the file's default)")
 

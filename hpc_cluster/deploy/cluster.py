@@ -25,9 +25,9 @@ import uuid
 from pathlib import Path
 
 from ..adapters import get_adapter
-from ..adapters.base import JobSpec
+from ..adapters.base import BatchError, JobSpec
 from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
-from .config import ResolvedConfig, resolve
+from .config import ConfigError, ResolvedConfig, resolve
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -101,6 +101,14 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
                    working_directory=v["working_directory"], template=v["template"])
 
 
+def render_job_script(cfg: ResolvedConfig, cluster_file: str) -> str:
+    """The job script `cfg` makes; a template or value the adapter refuses is a ConfigError."""
+    try:
+        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file))
+    except BatchError as e:
+        raise ConfigError([f"site {cfg.site or '(defaults)'}: {e}"]) from None
+
+
 def scheduler_host(cfg: ResolvedConfig) -> str:
     if cfg.values["interface"]:
         from ..worker.__main__ import interface_address
@@ -134,6 +142,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
     cluster_file = cluster_file_for(name)
+    render_job_script(cfg, str(cluster_file))   # a broken template fails here, not in every submit
     if cluster_file.exists():
         try:
             pid = read_cluster_file(cluster_file).get("pid")
@@ -229,8 +238,7 @@ class JobQueueCluster:
 
     # -- the dask-jobqueue surface --------------------------------------------------------
     def job_script(self) -> str:
-        adapter = get_adapter(self.batch)
-        return adapter.render(job_spec(self.config, str(self.cluster_file)))
+        return render_job_script(self.config, str(self.cluster_file))
 
     def scale(self, n: int | None = None, jobs: int | None = None) -> None:
         """`scale(n)` workers (rounded up to whole jobs), or `scale(jobs=k)` jobs."""

@@ -120,3 +120,29 @@ def test_site_template(adapter, tmp_path):
     path.write_text("#!/bin/bash\n{% for d in directives %}{{ d }}\n{% endfor %}{{ worker_command }}\n")
     script = adapter.render(JobSpec(worker_command="w", template=str(path)))
     assert script.splitlines()[-1] == "w" and "#SBATCH --mem=954M" in script
+
+
+def test_site_template_with_an_undefined_variable_names_file_line_and_variable(adapter, tmp_path):
+    path = tmp_path / "site.j2"
+    path.write_text("#!/bin/bash\n{% for d in directives %}{{ d }}\n{% endfor %}\n"
+                    "module load {{ module_list }}\nexec {{ worker_command }}\n")
+    with pytest.raises(BatchError) as info:
+        adapter.render(JobSpec(worker_command="w", template=str(path)))
+    message = str(info.value)
+    assert f"template={str(path)!r}, line 4: 'module_list' is undefined" in message
+    assert "worker_command" in message and "slurm_walltime_seconds" in message   # what it may use
+
+
+def test_site_template_syntax_error_names_file_and_line(adapter, tmp_path):
+    path = tmp_path / "site.j2"
+    path.write_text("#!/bin/bash\n\n{{ worker_command }\n")
+    with pytest.raises(BatchError, match=rf"template={str(path)!r}, line 3: unexpected '}}'"):
+        adapter.render(JobSpec(worker_command="w", template=str(path)))
+
+
+def test_site_template_may_include_the_built_in_one(adapter, tmp_path):
+    # Loaded by path, with ours on the search path: a site can wrap our template.
+    path = tmp_path / "site.j2"
+    path.write_text("{% include 'slurm.sh.j2' %}# site footer\n")
+    script = adapter.render(JobSpec(worker_command="w", template=str(path)))
+    assert "exec w\n" in script and script.endswith("# site footer\n")

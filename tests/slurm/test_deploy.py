@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
         pid = json.loads(cluster_file.read_text())["pid"]
         assert _alive(pid)
+        assert stat.S_IMODE(cluster_file.stat().st_mode) == 0o600     # it holds the secret
         job_ids = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
         assert len(job_ids) == 2, up.stdout
         connected = re.findall(r"^worker (hpc-cluster-(\d+)) connected \(job (\d+)\)", up.stdout, re.M)
