@@ -49,7 +49,10 @@ def ensure_sshd() -> str:
 
 
 class SSHD:
-    def __init__(self, tmp: Path, sshd: str):
+    """`set_env`: variables every session gets (sshd's SetEnv, applied after HOME etc., so
+    HOME here makes the login node's home another directory than ours)."""
+
+    def __init__(self, tmp: Path, sshd: str, set_env: dict[str, str] | None = None):
         self.dir = tmp
         self.port = _free_port()
         self.user = getpass.getuser()
@@ -79,7 +82,7 @@ UsePAM no
 StrictModes no
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
-""")
+""" + ("SetEnv " + " ".join(f'"{k}={v}"' for k, v in set_env.items()) + "\n" if set_env else ""))
         os.makedirs("/run/sshd", exist_ok=True) if os.geteuid() == 0 else None
         # -D: stay in the foreground, so the pid we hold is the daemon's and we stop only it.
         self.proc = subprocess.Popen([sshd, "-D", "-f", str(config), "-E", str(self.log)],

@@ -11,22 +11,28 @@ Exit codes are part of the interface (scripts test them): see EXIT_CODES.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import os
 import re
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from .cli_lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _processes,
-                         _remove_leftovers, cluster_names, find_cluster)
+                         _remove_leftovers, cluster_names, find_cluster, plan_file)
 from .cli_views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
                         tail_lines)
+from ..adapters.base import BatchError
 from .cluster import ClusterError, _alive, control
 from .config import ConfigError
+from .remote import job_log_names, job_logs
+from .runner import SSHRunner
 
 
 def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
@@ -36,6 +42,18 @@ def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
         raise CommandError(f"cluster {name!r} (pid {info.get('pid')}) does not answer: {exc}\n"
                            f"its log: {info.get('daemon_log') or '?'}; `hpc-cluster down {name}` "
                            "stops it", FAILED) from None
+
+
+@contextlib.contextmanager
+def _notes(err):
+    """Warnings raised while preparing (e.g. an ssh site without `python`) as plain notes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                print(f"note: {w.message}", file=err, flush=True)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -58,7 +76,8 @@ def cmd_up(args, out, err) -> int:
           f"x {processes} worker(s), {v['cores']} cores, {mem(v['memory'])}, walltime "
           f"{dur(v['walltime'])}", file=out, flush=True)
     try:
-        proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
+        with _notes(err):
+            proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
     except ClusterError:
         # A daemon that died starting leaves its pid-less placeholder file: not a cluster.
         state, info = _liveness(name)
@@ -261,30 +280,38 @@ def cmd_logs(args, out, err) -> int:
 
 
 def _job_log_files(directory: Path, job_id: str) -> list[Path]:
-    seq = re.escape(job_id.split(".")[0])
-    # SLURM (our template): <name>-<id>.out/.err, or slurm-<id>.out without a log_directory;
-    # PBS: <name>.o<seq> / <name>.e<seq>.
-    pattern = re.compile(rf"(?:-{seq}\.(?:out|err)|\.[oe]{seq})$")
     try:
-        return sorted(p for p in directory.iterdir() if p.is_file() and pattern.search(p.name))
+        names = [p.name for p in directory.iterdir() if p.is_file()]
     except OSError:
         return []
+    return [directory / n for n in job_log_names(names, job_id)]
 
 
 def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
     log_dir = info.get("log_directory")
-    directory = Path(log_dir).expanduser() if log_dir else Path.cwd()
-    files = _job_log_files(directory, job_id)
-    if not files:
-        where = (f"in {directory}" if log_dir else
-                 f"in {directory} (the cluster has no log_directory, so the batch system wrote them "
+    if info.get("ssh"):
+        # The files are on the cluster, which may share no filesystem with us: read them
+        # over SSH, as the daemon does (the plan holds the ssh settings and the login node).
+        plan = json.loads(plan_file(name).read_text())
+        directory = log_dir or plan["login"]["cwd"]
+        host = f" on {plan['ssh']['host']}"
+        try:
+            with SSHRunner(**plan["ssh"]) as runner:
+                found = job_logs(runner, directory, job_id, tail)
+        except BatchError as e:
+            raise CommandError(f"could not read the logs of job {job_id}{host}: {e}") from None
+    else:
+        directory = Path(log_dir).expanduser() if log_dir else Path.cwd()
+        host = ""
+        found = [(str(f), tail_lines(f, tail)) for f in _job_log_files(directory, job_id)]
+    if not found:
+        where = (f"in {directory}{host}" if log_dir else
+                 f"in {directory}{host} (the cluster has no log_directory, so the batch system wrote them "
                  "to the job's working directory; set log_directory in the site to keep them together)")
         raise CommandError(f"no log files of job {job_id} {where}. A job that has not started yet "
-                           f"has none; `hpc-cluster status {name}` lists the jobs"
-                           + ("; with ssh submission they are on the login node" if info.get("ssh") else ""))
-    for f in files:
-        print(f"== {f} ==", file=out)
-        lines = tail_lines(f, tail)
+                           f"has none; `hpc-cluster status {name}` lists the jobs")
+    for path, lines in found:
+        print(f"== {path} ==", file=out)
         print("\n".join(lines) if lines else "(empty)", file=out)
     return OK
 
@@ -344,7 +371,7 @@ def _death_matches(d: dict, target: str) -> bool:
 
 
 def cmd_job_script(args, out, err) -> int:
-    from .cluster import render_job_script
+    from .cluster import for_submission, render_job_script
     from .config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]
@@ -352,7 +379,10 @@ def cmd_job_script(args, out, err) -> int:
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
                            "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
     name = _check_name(args.name)
-    print(render_job_script(cfg, str(cluster_file_for(name))), file=out, end="")
+    render_job_script(cfg, str(cluster_file_for(name)))     # template problems first, before any SSH
+    with _notes(err):
+        cfg, cluster_file, _ = for_submission(cfg, name, cluster_file_for(name), create=False)
+    print(render_job_script(cfg, cluster_file), file=out, end="")
     return OK
 
 

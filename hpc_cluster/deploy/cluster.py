@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 from ..adapters import get_adapter
@@ -116,15 +117,46 @@ def scheduler_host(cfg: ResolvedConfig) -> str:
     return "0.0.0.0"
 
 
-def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int) -> dict:
+def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
+                   create: bool = True) -> tuple[ResolvedConfig, str, dict | None]:
+    """(config, cluster file path, login node) as the jobs will see them.
+
+    Locally that is `cfg` and `cluster_file` as they are. With `ssh`, the jobs run on a cluster
+    that may share no filesystem with this machine: paths are resolved on the login node
+    (its home, not ours), the cluster file goes under its config directory, and with
+    `create` the directories are made there (the log directory too).
+    """
     v = cfg.values
-    remote = str(cluster_file)
-    spec = job_spec(cfg, remote)
-    if spec.log_directory:
-        Path(spec.log_directory).expanduser().mkdir(parents=True, exist_ok=True)
+    if not v["ssh"]:
+        if create and v["log_directory"]:
+            Path(v["log_directory"]).expanduser().mkdir(parents=True, exist_ok=True)
+        return cfg, str(cluster_file), None
+    if not v["python"]:
+        warnings.warn(f"site {cfg.site or '(defaults)'} submits over SSH and sets no `python`: jobs will "
+                      f"start workers with `{REMOTE_DEFAULT_PYTHON}` from the compute node's PATH (after "
+                      "job_script_prologue); set `python` to the cluster's interpreter that has hpc_cluster "
+                      "installed, e.g. python: ~/venv/bin/python", UserWarning, stacklevel=3)
+    from .remote import make_directories, on_login_node, probe
+    from .runner import SSHRunner
+    try:
+        with SSHRunner(**v["ssh"]) as runner:
+            login = probe(runner)
+            cfg = on_login_node(cfg, login)
+            if create:
+                make_directories(runner, login, name, [d for d in [cfg.values["log_directory"]] if d])
+    except BatchError as e:
+        raise ClusterError(f"site {cfg.site or '(defaults)'}: preparing the login node over SSH failed: "
+                           f"{e}") from None
+    return cfg, login.cluster_file(name), login.as_dict()
+
+
+def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int) -> dict:
+    cfg, job_cluster_file, login = for_submission(cfg, name, cluster_file)
+    v = cfg.values
+    spec = job_spec(cfg, job_cluster_file)
     return {
-        "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"],
-        "cluster_file": str(cluster_file), "remote_cluster_file": remote if v["ssh"] else None,
+        "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"], "login": login,
+        "cluster_file": str(cluster_file), "remote_cluster_file": job_cluster_file if v["ssh"] else None,
         "scheduler": {"host": scheduler_host(cfg), "allowed_failures": v["allowed_failures"],
                       "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
                       "walltime_margin": v["walltime_margin"],
@@ -155,7 +187,11 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     write_cluster_file(cluster_file, "", new_secret(), name=name)
     run_dir = cluster_file.parent
     plan_path = run_dir / f".{name}.plan.json"
-    plan = make_plan(cfg, name, cluster_file, n_jobs)
+    try:
+        plan = make_plan(cfg, name, cluster_file, n_jobs)
+    except BaseException:
+        _forget(cluster_file)
+        raise
     log_path = run_dir / f"{name}.log"
     plan.update(daemon_log=str(log_path), plan_file=str(plan_path),
                 owner_pid=None if detach else os.getpid())
@@ -230,6 +266,8 @@ class JobQueueCluster:
         self.processes = v["processes"]
         self.status = "starting"
         self._proc, self.cluster_file = launch(self.config, self.name, n_jobs=0)
+        # What the jobs get (with ssh: paths on the login node), for job_script().
+        self._job = json.loads((self.cluster_file.parent / f".{self.name}.plan.json").read_text())["job"]
         info = read_cluster_file(self.cluster_file)
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.status = "running"
@@ -238,7 +276,8 @@ class JobQueueCluster:
 
     # -- the dask-jobqueue surface --------------------------------------------------------
     def job_script(self) -> str:
-        return render_job_script(self.config, str(self.cluster_file))
+        """The script the cluster submits (with ssh: the paths on the login node)."""
+        return get_adapter(self.batch).render(JobSpec(**self._job))
 
     def scale(self, n: int | None = None, jobs: int | None = None) -> None:
         """`scale(n)` workers (rounded up to whole jobs), or `scale(jobs=k)` jobs."""

@@ -78,7 +78,8 @@ async def run(plan: dict) -> int:
     write_cluster_file(cluster_file, address, secret, **meta)
     remote = plan.get("remote_cluster_file")
     if plan.get("ssh") and remote:
-        # Workers on the remote side read the secret from their own (shared) filesystem.
+        # Workers read the secret from the login node's copy (its home, shared with the
+        # compute nodes); launch() made its directory there (deploy/remote.py).
         text = json.dumps({"address": address, "secret": secret.hex(), **meta})
         await asyncio.to_thread(runner.write_file, remote, text, 0o600)
     loop = asyncio.get_running_loop()
