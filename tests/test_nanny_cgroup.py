@@ -1,4 +1,5 @@
-"""A real kernel OOM kill inside a memory cgroup, as SLURM's task/cgroup would cause."""
+"""Reading the kernel's OOM-kill count of a memory cgroup (v1 and v2 files), and a real
+kernel OOM kill inside a memory cgroup, as SLURM's task/cgroup would cause."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from hpc_cluster import Client, KilledWorker, LocalCluster
 from hpc_cluster.deploy.local import _child_env
-from hpc_cluster.worker.nanny import cgroup_memory_dir, oom_kills
+from hpc_cluster.worker.nanny import cgroup_memory_dir, oom_kills, parse_oom_kills
 from waiting import wait_until
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -27,6 +28,37 @@ def hog(nbytes):
 
 def inc(x):
     return x + 1
+
+
+# cgroup v1 memory.oom_control as read on this machine (Linux 6.x); kernels before 4.13 lack
+# the oom_kill line. cgroup v2 memory.events as documented for Linux 5.17+ (oom_group_kill is
+# the newest line); `oom` counts OOM events, `oom_kill` the processes the OOM killer ended.
+V1_OOM_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"
+V1_BEFORE_4_13 = "oom_kill_disable 0\nunder_oom 0\n"
+V2_EVENTS = "low 0\nhigh 12\nmax 40\noom 7\noom_kill {n}\noom_group_kill 0\n"
+
+
+def test_parse_oom_kills_reads_the_oom_kill_line_only():
+    assert parse_oom_kills(V1_OOM_CONTROL.format(n=3)) == 3
+    assert parse_oom_kills(V2_EVENTS.format(n=2)) == 2          # not `oom 7`, not `oom_group_kill`
+    assert parse_oom_kills(V1_BEFORE_4_13) is None                # no count kept: unknown, not zero
+    assert parse_oom_kills("") is None
+    assert parse_oom_kills("oom_kill lots\n") is None
+
+
+def test_oom_kills_reads_a_v1_or_v2_cgroup_directory(tmp_path):
+    v1, v2, old, empty = (tmp_path / d for d in ("v1", "v2", "old", "empty"))
+    for d in (v1, v2, old, empty):
+        d.mkdir()
+    (v1 / "memory.oom_control").write_text(V1_OOM_CONTROL.format(n=0))
+    (v2 / "memory.events").write_text(V2_EVENTS.format(n=1))
+    (old / "memory.oom_control").write_text(V1_BEFORE_4_13)
+    assert oom_kills(v1) == 0 and oom_kills(v2) == 1
+    # Read afresh each time: the nanny compares the count before and after its worker's life.
+    (v1 / "memory.oom_control").write_text(V1_OOM_CONTROL.format(n=1))
+    assert oom_kills(v1) == 1
+    assert oom_kills(old) is None and oom_kills(empty) is None
+    assert oom_kills(tmp_path / "gone") is None and oom_kills(None) is None
 
 
 def _cgroup_v1_usable() -> str | None:

@@ -50,6 +50,16 @@ def cgroup_memory_dir(pid: int) -> Path | None:
     return None
 
 
+def parse_oom_kills(text: str) -> int | None:
+    """The `oom_kill N` count in a cgroup v1 `memory.oom_control` or v2 `memory.events`
+    file; None when the kernel does not count (v1 before Linux 4.13 has no such line)."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "oom_kill" and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
 def oom_kills(cgroup: Path | None) -> int | None:
     """The kernel's count of OOM kills in this cgroup (v1 memory.oom_control, v2 memory.events)."""
     if cgroup is None:
@@ -59,24 +69,28 @@ def oom_kills(cgroup: Path | None) -> int | None:
             text = (cgroup / name).read_text()
         except OSError:
             continue
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == "oom_kill":
-                return int(parts[1])
+        count = parse_oom_kills(text)
+        if count is not None:
+            return count
     return None
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
+def tree_rss(proc: psutil.Process | None) -> int | None:
+    """RSS of the process and its descendants; None once the process cannot be read (gone)."""
+    if proc is None:
+        return None
     try:
         total = proc.memory_info().rss
-        for child in proc.children(recursive=True):
-            try:
-                total += child.memory_info().rss
-            except psutil.Error:
-                pass
+        children = proc.children(recursive=True)
     except psutil.Error:
-        pass
+        return None
+    if total == 0:                  # a zombie: it has exited and holds no memory
+        return None
+    for child in children:
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            pass
     return total
 
 
@@ -125,6 +139,7 @@ class Nanny:
         cgroup = cgroup_memory_dir(pid)
         oom_before = oom_kills(cgroup)
         pump = asyncio.create_task(self._pump_log(self.proc.stderr))
+        exited = asyncio.ensure_future(self.proc.wait())
         started, peak, killed_by_nanny = time.time(), 0, False
         self.unresponsive = None
         self.samples.clear()
@@ -133,23 +148,30 @@ class Nanny:
         except psutil.Error:
             ps = None
         budget = int(self.memory_limit * self.terminate_fraction) if self.memory_limit else 0
-        while self.proc.returncode is None:
-            try:
-                await asyncio.wait_for(self.proc.wait(), SAMPLE_INTERVAL)
-                break
-            except asyncio.TimeoutError:
-                pass
-            rss = tree_rss(ps) if ps is not None else 0
-            peak = max(peak, rss)
-            self.samples.append((round(time.time(), 2), rss))
-            if budget and rss > budget and not killed_by_nanny:
+        # Samples fall on fixed deadlines (t0, t0 + 0.1 s, ...) so the rate stays 10 Hz however
+        # long a sample takes; a loop late by more than a slot samples at once and skips the rest.
+        t0, tick = time.monotonic(), 0
+        while True:
+            rss = tree_rss(ps)                      # None: it is exiting; not a sample
+            if rss is not None:
+                peak = max(peak, rss)
+                self.samples.append((round(time.time(), 3), rss))
+            if budget and rss is not None and rss > budget and not killed_by_nanny:
                 pct = round(self.terminate_fraction * 100)
                 logger.warning("Worker exceeded %d%% memory budget. Restarting", pct)
                 self.log_tail.append(f"nanny: Worker exceeded {pct}% memory budget ({rss} of "
                                      f"{self.memory_limit} bytes). Restarting")
                 killed_by_nanny = True
                 self._kill_tree(ps)
-        code = await self.proc.wait()
+            tick += 1
+            now = time.monotonic()
+            if now - (t0 + tick * SAMPLE_INTERVAL) > SAMPLE_INTERVAL:
+                tick = int((now - t0) / SAMPLE_INTERVAL)
+            done, _ = await asyncio.wait({exited}, timeout=max(0.0, t0 + tick * SAMPLE_INTERVAL - now))
+            if done:
+                break
+        ended = time.time()
+        code = exited.result()
         await asyncio.wait_for(pump, 5)
         try:
             registered = os.read(ready_r, 1) == b"1"
@@ -159,7 +181,7 @@ class Nanny:
             os.close(ready_r)
         oom_after = oom_kills(cgroup)
         report = {
-            "nanny_id": self.id, "pid": pid, "name": self.name, "started": started, "ended": time.time(),
+            "nanny_id": self.id, "pid": pid, "name": self.name, "started": started, "ended": ended,
             "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
             "peak_rss": peak, "memory_limit": self.memory_limit, "samples": list(self.samples),
             "killed_by_nanny": killed_by_nanny, "memory_budget": budget, "unresponsive": self.unresponsive,
