@@ -8,8 +8,8 @@ from .deploy.cluster import PBSCluster, SLURMCluster
 from .deploy.local import LocalCluster
 from .progress import progress
 from .exceptions import (CancelledError, HPCClusterError, KilledWorker, LostDataError, TaskCrashedError,
-                         TaskMemoryError, TaskWalltimeError, TimeoutError)
+                         TaskMemoryError, TaskTooLongError, TaskWalltimeError, TimeoutError)
 
 __all__ = ["Client", "Future", "as_completed", "wait", "LocalCluster", "SLURMCluster", "PBSCluster", "CancelledError",
            "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError", "TaskMemoryError",
-           "TaskWalltimeError", "TimeoutError", "progress", "__version__"]
+           "TaskTooLongError", "TaskWalltimeError", "TimeoutError", "progress", "__version__"]

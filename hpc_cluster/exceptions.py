@@ -67,11 +67,23 @@ class TaskWalltimeError(KilledWorker):
     """The task never finished within a job's walltime: innocent deaths, but it will never fit."""
 
     def _headline(self) -> str:
-        runs = ", ".join(f"{a['ran_for']:.0f} s" for a in self.attempts
-                         if a.get("cause") == "walltime" and a.get("ran_for") is not None)
+        hits = [a for a in self.attempts if a.get("cause") == "walltime"]
+        runs = ", ".join(f"{a['ran_for']:.0f} s" for a in hits if a.get("ran_for") is not None)
         limit = f"{self.walltime:.0f} s" if self.walltime else "the walltime"
         return (f"Task {self.key!r} is too long for the job's walltime ({limit}): it was still running "
-                f"when the job's time ran out {len(self.attempts)} times (it had run {runs or '?'}).")
+                f"when the job's time ran out {len(hits)} times (it had run {runs or '?'}).")
+
+
+class TaskTooLongError(HPCClusterError):
+    """The task is expected to run longer than any worker's whole walltime, so it was not
+    started (it would only die at the time limit) and not left waiting forever either."""
+
+    def __init__(self, key: str, text: str, walltime: float | None = None, expected: float | None = None):
+        self.key, self.walltime, self.expected = key, walltime, expected
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.key, str(self), self.walltime, self.expected))
 
 
 def format_death(d: dict, indent: str = "  ") -> str:
@@ -152,6 +164,8 @@ def error_from_record(key: str, err: dict, load) -> BaseException:
         return killed_worker_error(key, err)
     if kind == "lost-data":
         return LostDataError(key, err.get("text", ""))
+    if kind == "too-long":
+        return TaskTooLongError(key, err.get("text", ""), err.get("walltime"), err.get("expected"))
     if kind == "cancelled":
         return CancelledError(key, err.get("text", "cancelled"))
     return HPCClusterError(f"{key!r}: {err.get('text') or err}")

@@ -145,6 +145,81 @@ def test_log_lines_become_evidence():
     assert any("oom-kill event" in e for e in v.evidence)
 
 
+def test_the_last_traceback_line_of_a_job_log_is_evidence():
+    tail = ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>',
+            "ModuleNotFoundError: No module named 'numpyy'"]
+    v = diagnose(Evidence(registered=False, job_id="7", log_tail=tail,
+                          accounting=acct("failed", "FAILED", exit_code=1, signal=0)))
+    assert v.cause == "startup"
+    assert "log: ModuleNotFoundError: No module named 'numpyy'" in v.evidence, v.evidence
+    # A line that merely mentions an error is not taken for one.
+    v = diagnose(Evidence(connection="closed", log_tail=["retrying after a ConnectionError in 1 s"]))
+    assert not any(e.startswith("log:") for e in v.evidence)
+
+
+def test_the_nanny_log_tail_is_read_for_evidence():
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+    from hpc_cluster.scheduler.state import SchedulerState
+
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"nanny_id": "n1"})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        col.exit_report({"nanny_id": "n1", "signal": 11, "exit_code": None, "peak_rss": 2**20,
+                         "log_tail": ["worker log line", "Fatal Python error: Segmentation fault"]})
+        return record
+
+    record = asyncio.run(run())
+    assert record["cause"] == "crash" and record["final_at"] == 1000.0
+    assert "log: Fatal Python error: Segmentation fault" in record["evidence"], record["evidence"]
+    assert record["log_tail"][-1] == "Fatal Python error: Segmentation fault"
+
+
+def test_a_new_death_is_asked_about_at_once_while_an_older_one_backs_off(monkeypatch):
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+    from hpc_cluster.scheduler.state import SchedulerState
+
+    monkeypatch.setattr(evidence, "BACKOFF", (0.05, 30.0, 30.0))
+    asked = []
+
+    class Source(_Batch):
+        async def accounting(self, job_ids):
+            asked.append(sorted(job_ids))
+            return {j: {**acct("running", "RUNNING", job_id=j), "final": False} for j in job_ids
+                    if j == "1"} | {j: acct("out-of-memory", "OUT_OF_MEMORY", job_id=j, requested_memory=1,
+                                            time_limit=60) for j in job_ids if j == "2"}
+
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    col.source = Source({})
+    state.add_worker("tcp://w:1", 1, 990.0, name="w1", info={"job_id": "1"})
+    state.add_worker("tcp://w:2", 1, 990.0, name="w2", info={"job_id": "2"})
+
+    async def run():
+        col.worker_removed("tcp://w:1", "heartbeat-lost", None)
+        await asyncio.wait_for(_until(lambda: asked == [["1"]]), 5)       # job 1 now waits 30 s
+        second = col.worker_removed("tcp://w:2", "closed", None)
+        await asyncio.wait_for(_until(lambda: second["final_at"] is not None), 5)
+        col._task.cancel()
+        return second
+
+    second = asyncio.run(run())
+    assert asked == [["1"], ["2"]] and second["cause"] == "memory-batch"
+
+
+async def _until(predicate):
+    import asyncio
+
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
 def test_a_worker_ended_for_silence_says_what_state_its_process_was_in():
     v = diagnose(Evidence(connection="heartbeat-lost", executing=["f-1"],
                           nanny=nanny(signal=9, unresponsive={"status": "stopped"})))

@@ -242,3 +242,110 @@ def test_a_cancelled_task_still_running_keeps_its_slot_until_the_thread_is_free(
     assert computes(out, "w") == []                      # the thread is still busy with 'long'
     s.abandoned_done("w", "long")
     assert computes(s.take_outbox(), "w") == ["next"]
+
+
+def test_a_task_released_while_running_and_submitted_again_is_finished_by_the_running_thread():
+    # Found in an audit: the same key submitted again while its abandoned thread still ran
+    # went back to that worker, which ignored the compute; the task stayed processing forever.
+    s = SchedulerState(prefetch=1)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("pure")], ["pure"])
+    s.take_outbox()
+    s.task_started("w", "pure", now=1)
+    s.client_releases("c", ["pure"])                     # the future was dropped
+    assert "pure" not in s.tasks and s.workers["w"].abandoned == {"pure"}
+    s.update_graph("c", [task("pure")], ["pure"])        # ... and the same key submitted again
+    assert computes(s.take_outbox(), "w") == ["pure"]    # the worker takes over its running thread
+    s.task_started("w", "pure", now=2)
+    s.task_finished("w", "pure", 8, duration=3.0)
+    out = s.take_outbox()
+    assert [m["key"] for m in ops(out, "c", "key-in-memory")] == ["pure"]
+    assert s.workers["w"].abandoned == set()             # its slot is free again
+    assert s.workers["w"] in s._free
+
+
+def test_replicas_are_restored_when_a_new_worker_joins():
+    s = SchedulerState()
+    s.add_worker("w1", nthreads=1, now=0)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.scatter("c", {"d": ["w1"]}, {"d": 10})
+    s.replicate(["d"], 2)
+    assert [m["key"] for m in ops(s.take_outbox(), "w2", "fetch-replica")] == ["d"]
+    s.add_replica("w2", "d", 10)
+    s.remove_worker("w1", now=1, death={"cause": "connection-lost", "blame": False})
+    assert not ops(s.take_outbox(), "w2", "fetch-replica")        # no spare worker: one copy left
+    s.add_worker("w3", nthreads=1, now=2)                         # a replacement joins
+    fetch = ops(s.take_outbox(), "w3", "fetch-replica")
+    assert fetch and fetch[0]["key"] == "d" and fetch[0]["holders"] == ["w2"]
+    s.add_replica("w3", "d", 10)
+    assert {ws.address for ws in s.tasks["d"].who_has} == {"w2", "w3"}
+
+
+def test_a_task_is_failed_only_on_final_verdicts_and_held_back_until_then():
+    s = SchedulerState(prefetch=0, allowed_failures=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.update_graph("c", [task("t")], ["t"])
+    first = [w for w, msgs in s.take_outbox().items() if any(m["op"] == "compute" for m in msgs)][0]
+    other = "w2" if first == "w1" else "w1"
+    s.task_started(first, "t", now=1)
+    # The nanny said SIGSEGV at once; accounting is still to come (final_at None).
+    s.remove_worker(first, now=2, death={"cause": "crash", "blame": True, "text": "SIGSEGV",
+                                         "final_at": None})
+    out = s.take_outbox()
+    assert s.tasks["t"].state == "queued" and not ops(out, "c", "task-erred")
+    assert computes(out, other) == []                    # held back: not started on another worker yet
+    # sacct: the job was cancelled by a user; the task did nothing wrong.
+    s.refine_death(0, "cancelled", False, "job 5 was cancelled by uid 0", final_at=3)
+    assert computes(s.take_outbox(), other) == ["t"]
+    s.task_started(other, "t", now=4)
+    s.remove_worker(other, now=5, death={"cause": "crash", "blame": True, "text": "SIGSEGV", "final_at": None})
+    assert s.tasks["t"].state == "queued"
+    s.refine_death(1, "crash", True, "signal 11 (SIGSEGV), sacct FAILED 0:11", final_at=6)
+    err = s.tasks["t"].error
+    assert s.tasks["t"].state == "erred" and err["kind"] == "killed-worker"
+    assert [(a["cause"], a["blame"]) for a in err["attempts"]] == [("cancelled", False), ("crash", True)]
+    assert err["attempts"][1]["text"] == "signal 11 (SIGSEGV), sacct FAILED 0:11"
+
+
+def test_a_task_that_meets_the_walltime_every_time_fails_with_the_walltime():
+    from hpc_cluster.exceptions import TaskWalltimeError, error_from_record
+
+    s = SchedulerState(prefetch=0, walltime_failures=1)
+    s.update_graph("c", [task("long")], ["long"])
+    for i, cause in enumerate(["crash-free", "walltime", "walltime"]):
+        w = f"w{i}"
+        s.add_worker(w, nthreads=1, now=100 * i, info={"job_walltime": 60})
+        s.take_outbox()
+        s.task_started(w, "long", now=100 * i)
+        death = ({"cause": "connection-lost", "blame": False} if cause == "crash-free"
+                 else {"cause": "walltime", "blame": False, "text": "job reached its time limit"})
+        s.remove_worker(w, now=100 * i + 58, death=death)
+        if i < 2:
+            assert s.tasks["long"].state == "queued"     # innocent: retried without charge
+    err = s.tasks["long"].error
+    assert err["walltime_exceeded"] and err["walltime"] == 60 and err["ran_for"] == [58, 58]
+    exc = error_from_record("long", err, load=None)
+    assert isinstance(exc, TaskWalltimeError)
+    # Three deaths, of which two were the walltime: the message counts those two.
+    assert "(60 s)" in str(exc) and "ran out 2 times" in str(exc) and "58 s, 58 s" in str(exc), str(exc)
+
+
+def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever():
+    from hpc_cluster.exceptions import TaskTooLongError, error_from_record
+
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0, deadline=60, info={"job_walltime": 60})
+    s.update_graph("c", [{**task("huge"), "duration": 600}, {**task("fits"), "duration": 30}], ["huge", "fits"])
+    out = s.take_outbox()
+    assert computes(out, "w") == ["fits"]
+    err = ops(out, "c", "task-erred")[0]["error"]
+    assert err["kind"] == "too-long" and err["walltime"] == 60 and err["expected"] == 600
+    exc = error_from_record("huge", err, load=None)
+    assert isinstance(exc, TaskTooLongError) and "walltime=" in str(exc) and "600 s" in str(exc)
+    # Where a worker without a walltime exists (or may come), a long task waits for it instead.
+    s2 = SchedulerState(prefetch=0)
+    s2.add_worker("w", nthreads=1, now=0, deadline=60, info={"job_walltime": 60})
+    s2.add_worker("local", nthreads=1, now=0)
+    s2.update_graph("c", [{**task("huge"), "duration": 600}], ["huge"])
+    assert computes(s2.take_outbox(), "local") == ["huge"]

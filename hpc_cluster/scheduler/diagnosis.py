@@ -49,6 +49,9 @@ LOG_PATTERNS = [
     ("memory-batch", re.compile(r"oom[-_ ]kill event|Out Of Memory|job killed: mem|exceeded memory limit", re.I)),
     ("crash", re.compile(r"Segmentation fault|core dumped|Fatal Python error", re.I)),
     ("cancelled", re.compile(r"CANCELLED AT \S+\s*\*\*\*", re.I)),
+    # Not a cause: the last line of a Python traceback (an ImportError in a job's prologue,
+    # an exception in the worker) is shown as evidence.
+    ("error", re.compile(r"^\s*(\w+\.)*\w*(Error|Exception)(: .*)?$")),
 ]
 
 

@@ -19,6 +19,7 @@ from .state import SchedulerState
 logger = logging.getLogger("hpc_cluster.evidence")
 
 BACKOFF = (0.5, 1, 1, 2, 2, 4, 4, 8, 8, 15, 15, 30)     # ~90 s in all, then we stop asking
+COALESCE = 0.25     # deaths due this soon are asked about in the same batch command
 # sacct's first final record of a job can still lack ReqMem and Timelimit (seen on the
 # real cluster), which the explanation quotes ("MaxRSS 1.02 GiB of 1.00 GiB requested");
 # ask up to this many rounds for a record that has them.
@@ -45,6 +46,8 @@ class EvidenceCollector:
         self._death_of_nanny: dict[str, int] = {}            # nanny id -> its worker's latest death
         self._early_reports: dict[str, dict] = {}            # reports that beat the connection close
         self._waiting: dict[int, int] = {}                   # death id -> accounting attempts so far
+        self._due: dict[int, float] = {}                     # death id -> when to ask next (loop time)
+        self._wake = asyncio.Event()                         # a new death may be due sooner
         self._final_rounds: dict[int, int] = {}              # death id -> final records seen so far
         self._gave_up: set[int] = set()                      # deaths we stopped asking about
         self._task: asyncio.Task | None = None
@@ -58,17 +61,28 @@ class EvidenceCollector:
         ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
                       nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
                       job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None)
+        if ev.nanny:
+            ev.log_tail = list(ev.nanny.get("log_tail") or [])
         verdict = diagnose(ev)
-        record = self.state.remove_worker(addr, self.clock(), {
+        asking = self.source is not None and needs_accounting(ev)
+        awaiting_nanny = bool(nanny_id) and ev.nanny is None
+        now = self.clock()
+        # The state needs to know at once whether this verdict may still change: only final
+        # verdicts end a task.
+        record = self.state.remove_worker(addr, now, {
             "cause": verdict.cause, "blame": verdict.blame, "text": verdict.text,
-            "evidence": verdict.evidence, "advice": verdict.advice})
+            "evidence": verdict.evidence, "advice": verdict.advice,
+            "final_at": None if asking or awaiting_nanny else now})
+        if ev.nanny:
+            record["log_tail"] = ev.log_tail[-40:]
         self.evidence[record["id"]] = ev
-        if nanny_id and ev.nanny is None:
+        if awaiting_nanny:
             self._death_of_nanny[nanny_id] = record["id"]
-        if self.source is not None and needs_accounting(ev):
+        if asking:
             self._waiting[record["id"]] = 0
+            self._due[record["id"]] = asyncio.get_running_loop().time() + BACKOFF[0]
+            self._wake.set()
             self._ensure_loop()
-        record["final_at"] = None if self._expecting(record["id"]) else record["time"]
         logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
         return record
 
@@ -82,7 +96,11 @@ class EvidenceCollector:
             return
         ev = self.evidence[death_id]
         ev.nanny = report
-        self.state.deaths[death_id]["log_tail"] = report.get("log_tail") or []
+        # The worker's own last lines (a traceback, "Segmentation fault") are evidence too;
+        # the job log, once read, replaces them.
+        if not ev.log_tail:
+            ev.log_tail = list(report.get("log_tail") or [])
+        self.state.deaths[death_id]["log_tail"] = (report.get("log_tail") or [])[-40:]
         self._refine(death_id)
 
     def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str]) -> dict:
@@ -130,28 +148,39 @@ class EvidenceCollector:
             self._task = asyncio.create_task(self._accounting_loop())
 
     async def _accounting_loop(self) -> None:
-        """Ask the batch system about every recently lost job, in one call per round."""
-        step = 0
+        """Ask the batch system about recently lost jobs: one call per round for every death
+        that is due, each death on its own backoff (a new death is asked about in 0.5 s even
+        while an older one waits 30 s for its next try)."""
+        loop = asyncio.get_running_loop()
         while self._waiting:
-            await asyncio.sleep(BACKOFF[min(step, len(BACKOFF) - 1)])
-            step += 1
-            jobs = {self.evidence[d].job_id for d in self._waiting}
+            self._wake.clear()
+            wait = min(self._due[d] for d in self._waiting) - loop.time()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                    continue                              # a new death: recompute who is due
+                except asyncio.TimeoutError:
+                    pass
+            now = loop.time()
+            due = [d for d in self._waiting if self._due[d] <= now + COALESCE]
+            jobs = {self.evidence[d].job_id for d in due}
             try:
                 records = await self.source.accounting(sorted(jobs))
             except Exception as exc:  # the batch system may be slow or down: try again later
                 logger.warning("accounting query failed: %s", exc)
                 records = {}
-            for death_id in list(self._waiting):
+            for death_id in due:
                 ev = self.evidence[death_id]
                 rec = records.get(ev.job_id)
                 self._waiting[death_id] += 1
+                tries = self._waiting[death_id]
                 final = rec is not None and bool(rec.get("final"))
                 if rec is not None:
                     ev.accounting = rec
                 if final:
                     self._final_rounds[death_id] = self._final_rounds.get(death_id, 0) + 1
                     try:
-                        ev.log_tail = await self.source.log_tail(ev.job_id)
+                        ev.log_tail = await self.source.log_tail(ev.job_id) or ev.log_tail
                     except Exception as exc:
                         logger.warning("could not read the log of job %s: %s", ev.job_id, exc)
                 # Done when the record is final (and complete, or we asked enough); or when the
@@ -159,11 +188,13 @@ class EvidenceCollector:
                 # or when we gave up.
                 done = (final and (_complete(rec) or self._final_rounds[death_id] >= FINAL_ROUNDS)) \
                     or (rec is not None and not final and ev.nanny is not None) \
-                    or self._waiting[death_id] >= len(BACKOFF)
+                    or tries >= len(BACKOFF)
                 if done:
-                    del self._waiting[death_id]
+                    del self._waiting[death_id], self._due[death_id]
                     self._final_rounds.pop(death_id, None)
                     if rec is None or not (rec.get("final") or ev.nanny is not None):
                         self._gave_up.add(death_id)
+                else:
+                    self._due[death_id] = loop.time() + BACKOFF[min(tries, len(BACKOFF) - 1)]
                 if rec is not None or done:
                     self._refine(death_id)

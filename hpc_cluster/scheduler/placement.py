@@ -15,11 +15,16 @@ FIT_FACTOR = 1.1
 FIT_SLACK = 1.0
 
 _TOKEN = re.compile(r"-[0-9a-f]{8,}$")
+_TUPLE_KEY = re.compile(r"""^\(['"]([^'"]+)['"],""")      # a dask key such as "('sum-3a9c...', 0, 1)"
 
 
 def key_prefix(key: str) -> str:
-    """'inc-3a9c0d1e...' -> 'inc': tasks of one function share a learned duration."""
-    return _TOKEN.sub("", key) if isinstance(key, str) else str(key)
+    """'inc-3a9c0d1e...' -> 'inc', "('sum-3a9c...', 0, 1)" -> 'sum': tasks of one function
+    share a learned duration."""
+    if not isinstance(key, str):
+        return str(key)
+    m = _TUPLE_KEY.match(key)
+    return _TOKEN.sub("", m.group(1) if m else key)
 
 
 class TaskDurations:

@@ -151,13 +151,16 @@ class Scheduler:
         while True:
             await asyncio.sleep(max(0.05, self.heartbeat_ttl / 5))
             for addr in self.state.silent_workers(self.clock(), self.heartbeat_ttl):
-                logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
-                info = self.state.workers[addr].info
-                self._remove_worker(addr, "heartbeat-lost")
-                self._end_unresponsive(info)
-                comm = self.comms.pop(addr, None)
-                if comm is not None:
-                    comm.close()
+                try:
+                    logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
+                    info = self.state.workers[addr].info
+                    self._remove_worker(addr, "heartbeat-lost")
+                    self._end_unresponsive(info)
+                    comm = self.comms.pop(addr, None)
+                    if comm is not None:
+                        comm.close()
+                except Exception:     # one bad removal must not end silence detection for all
+                    logger.exception("removing silent worker %s failed", addr)
 
     async def _watch_deadlines(self) -> None:
         """Drain workers ahead of their job's walltime, then retire them once nothing is lost."""
@@ -208,7 +211,7 @@ class Scheduler:
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
                 "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),
-                "job_walltime": first.get("job_walltime"), "job_start": first.get("job_start")}
+                "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start"))}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
                               info=info, deadline=_deadline(info))

@@ -24,6 +24,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from .blame import BlameMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
 from .placement import TaskDurations, pick_worker
@@ -82,7 +83,7 @@ class WorkerState:
         return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
 
 
-class SchedulerState(DrainMixin, ReplicaMixin):
+class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
@@ -252,6 +253,9 @@ class SchedulerState(DrainMixin, ReplicaMixin):
         self.set_time(now)
         self.workers[address] = ws
         self._update_free(ws)
+        for ts in self.tasks.values():       # copies lost with earlier deaths, when no spare was left
+            if ts.replicas > 1:
+                self._ensure_replicas(ts)
         self._schedule()
 
     def heartbeat(self, address: str, now: float) -> None:
@@ -275,7 +279,9 @@ class SchedulerState(DrainMixin, ReplicaMixin):
                   "executing": sorted(ts.key for ts in ws.executing),
                   "processing": sorted(ts.key for ts in ws.processing),
                   "job_id": ws.info.get("job_id"), "walltime": ws.info.get("job_walltime"),
-                  "evidence": death.get("evidence") or [], "advice": death.get("advice", "")}
+                  "evidence": death.get("evidence") or [], "advice": death.get("advice", ""),
+                  # None while more evidence may change the verdict; only final verdicts end tasks.
+                  "final_at": death.get("final_at", now)}
         self.deaths.append(record)
         lost = []
         for ts in ws.has_what:
@@ -314,39 +320,6 @@ class SchedulerState(DrainMixin, ReplicaMixin):
         self.deaths.append(record)
         return record
 
-    def refine_death(self, death_id: int, cause: str, blame: bool, text: str, **more) -> None:
-        """Later evidence (nanny report, batch accounting) changes a death's verdict."""
-        if not 0 <= death_id < len(self.deaths):
-            return
-        record = self.deaths[death_id]
-        record.update(cause=cause, blame=bool(blame), text=text, **more)
-        for key in record["executing"]:
-            ts = self.tasks.get(key)
-            if ts is not None and ts.state in ACTIVE:
-                self._over_limits(ts)
-        self._schedule()
-
-    def _over_limits(self, ts: TaskState) -> bool:
-        """Fail the task if its deaths say it must: too many caused by it, or walltime every time."""
-        charged = sum(1 for a in ts.attempts if a["death"]["blame"])
-        walltime = [a for a in ts.attempts if a["death"]["cause"] == "walltime"]
-        if charged > self.allowed_failures:
-            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
-                           "allowed_failures": self.allowed_failures})
-            return True
-        if len(walltime) > self.walltime_failures:
-            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts), "walltime_exceeded": True,
-                           "allowed_failures": self.allowed_failures,
-                           "walltime": walltime[-1]["death"].get("walltime"),
-                           "ran_for": [a["ran_for"] for a in walltime]})
-            return True
-        return False
-
-    @staticmethod
-    def _attempts(ts: TaskState) -> list[dict]:
-        keys = ("worker", "name", "time", "cause", "blame", "text", "job_id", "evidence", "advice", "walltime")
-        return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"]) for a in ts.attempts]
-
     def _data_lost(self, ts: TaskState) -> None:
         """The last copy of a result is gone: recompute it if anyone needs it."""
         ts.state = "released"
@@ -384,14 +357,19 @@ class SchedulerState(DrainMixin, ReplicaMixin):
             return
         if duration is not None:
             self.durations.learn(key, float(duration))
+        freed = self._thread_done(ws, key)
         if ts is None or ts.state in ("released", "erred") and ts.processing_on is not ws:
             self._send(address, {"op": "free-keys", "keys": [key]})
+            if freed:
+                self._schedule()
             return
         if ts.processing_on is ws:
             self._unassign(ts)
         ts.who_has.add(ws)
         ws.has_what.add(ts)
         if ts.state == "memory":                     # a duplicate result: one more copy
+            if freed:
+                self._schedule()
             return
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
         for dep in ts.dependencies:
@@ -411,7 +389,10 @@ class SchedulerState(DrainMixin, ReplicaMixin):
         ws = self.workers.get(address)
         ts = self.tasks.get(key)
         if ws is None or ts is None or ts.processing_on is not ws:
+            if ws is not None and self._thread_done(ws, key):
+                self._schedule()
             return
+        self._thread_done(ws, key)
         self._unassign(ts)
         if ts.retries > 0:
             ts.retries -= 1
@@ -496,10 +477,17 @@ class SchedulerState(DrainMixin, ReplicaMixin):
 
     def abandoned_done(self, address: str, key: str) -> None:
         ws = self.workers.get(address)
-        if ws is not None and key in ws.abandoned:
-            ws.abandoned.discard(key)
-            self._update_free(ws)
+        if ws is not None and self._thread_done(ws, key):
             self._schedule()
+
+    def _thread_done(self, ws: WorkerState, key: str) -> bool:
+        """The thread running `key` on `ws` is free. A key given up on and then submitted
+        again may be taken over by the thread still running it: its result ends it then."""
+        if key not in ws.abandoned:
+            return False
+        ws.abandoned.discard(key)
+        self._update_free(ws)
+        return True
 
     def _err(self, root: TaskState, error: dict) -> None:
         """Fail `root` and every active task that depends on it."""
@@ -567,9 +555,16 @@ class SchedulerState(DrainMixin, ReplicaMixin):
             ts = self.tasks.get(key)
             if ts is None or ts.state != "queued" or ts.priority != prio:
                 continue
-            ws = pick_worker(ts, self._free, self.durations.expected(ts), self.now)
+            if self._awaiting_verdict(ts):
+                deferred.append((prio, key))          # refine_death schedules it again
+                continue
+            expected = self.durations.expected(ts)
+            ws = pick_worker(ts, self._free, expected, self.now)
             if ws is None:
-                deferred.append((prio, key))
+                if self._fits_nowhere(ts, expected):
+                    self._err(ts, self._too_long_error(ts, expected))
+                else:
+                    deferred.append((prio, key))      # waits for a worker with time (or a slot) for it
                 continue
             self._assign(ts, ws)
         for item in deferred:

@@ -150,7 +150,14 @@ class Worker:
 
     def _add_task(self, msg: dict) -> None:
         key = msg["key"]
-        if key in self.tasks:
+        known = self.tasks.get(key)
+        if known is not None:
+            if known.state == "cancelled":
+                # Given up on while its thread ran, now wanted again: let that thread's
+                # result count instead of running it twice. It is executing: say so.
+                known.state = "executing"
+                self.scheduler.send({"op": "task-started", "key": key})
+                self.scheduler.flush()
             return
         if key in self.nbytes:                   # we already hold it: say so again
             self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})

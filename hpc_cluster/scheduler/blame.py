@@ -1,0 +1,86 @@
+"""Which deaths a task is charged with, and when they end it. Mixed into SchedulerState.
+
+A death counts against a task only if the task was *executing* on the worker and the
+verdict blames it (`memory-*`, `crash`). Verdicts are refined as evidence arrives (the
+nanny's report at once, accounting seconds later), so a task is failed only on *final*
+verdicts: the user sees the final cause, and a death first judged a crash but later
+found to be a cancel never fails anyone. While a verdict that would end the task is still
+open, the task is held back (not started again) rather than risk another worker on it.
+
+Walltime deaths are innocent, but a task that runs into the walltime on every try will
+never finish: after `walltime_failures` + 1 such final verdicts it fails with the job's
+walltime and how long it ran. So does a task expected to run longer than any worker's
+whole walltime: it would wait forever for a worker with enough time left.
+"""
+
+from __future__ import annotations
+
+from .placement import FIT_FACTOR, FIT_SLACK
+
+
+def _final(attempt: dict) -> bool:
+    return attempt["death"].get("final_at") is not None
+
+
+class BlameMixin:
+    def refine_death(self, death_id: int, cause: str, blame: bool, text: str, **more) -> None:
+        """Later evidence (nanny report, batch accounting) changes a death's verdict."""
+        if not 0 <= death_id < len(self.deaths):
+            return
+        record = self.deaths[death_id]
+        record.update(cause=cause, blame=bool(blame), text=text, **more)
+        for key in record["executing"]:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state in ("waiting", "queued", "processing"):
+                self._over_limits(ts)
+        self._schedule()
+
+    def _over_limits(self, ts) -> bool:
+        """Fail the task if its final verdicts say it must: too many caused by it, or walltime every time."""
+        charged = sum(1 for a in ts.attempts if a["death"]["blame"] and _final(a))
+        walltime = [a for a in ts.attempts if a["death"]["cause"] == "walltime" and _final(a)]
+        if charged > self.allowed_failures:
+            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
+                           "allowed_failures": self.allowed_failures})
+            return True
+        if len(walltime) > self.walltime_failures:
+            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts), "walltime_exceeded": True,
+                           "allowed_failures": self.allowed_failures,
+                           "walltime": walltime[-1]["death"].get("walltime"),
+                           "ran_for": [a["ran_for"] for a in walltime]})
+            return True
+        return False
+
+    def _awaiting_verdict(self, ts) -> bool:
+        """Would an open verdict, once final, end this task? Then do not start it again yet."""
+        if not ts.attempts:
+            return False
+        blamed = sum(1 for a in ts.attempts if a["death"]["blame"])
+        walltime = sum(1 for a in ts.attempts if a["death"]["cause"] == "walltime")
+        return ((blamed > self.allowed_failures or walltime > self.walltime_failures)
+                and not all(_final(a) for a in ts.attempts))
+
+    def _fits_nowhere(self, ts, expected: float | None) -> bool:
+        """Every worker has a walltime, and the task is longer than even a fresh job's whole
+        walltime: waiting for a new worker would be waiting forever."""
+        if expected is None or not self.workers:
+            return False
+        walltimes = [ws.info.get("job_walltime") for ws in self.workers.values()]
+        if any(not w for w in walltimes):
+            return False
+        return expected * FIT_FACTOR + FIT_SLACK > max(walltimes)
+
+    def _too_long_error(self, ts, expected: float) -> dict:
+        walltime = max(ws.info["job_walltime"] for ws in self.workers.values())
+        said = "you said it takes" if ts.duration is not None else "tasks like it took"
+        return {"kind": "too-long", "walltime": walltime, "expected": expected,
+                "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a job's whole "
+                        f"walltime is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "
+                        f"expected time + {FIT_SLACK:.0f} s left). Raise walltime= (or the site's walltime), "
+                        f"split the task, or correct duration=."}
+
+    @staticmethod
+    def _attempts(ts) -> list[dict]:
+        keys = ("worker", "name", "time", "cause", "blame", "text", "job_id", "evidence", "advice", "walltime",
+                "final_at")
+        return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"]) for a in ts.attempts]
