@@ -139,3 +139,125 @@ def test_adapt_grows_at_once_and_shrinks_only_when_polls_agree():
     assert jm.desired() == 5                                           # 300 s of work / (30 s x 2 threads)
     state.client_releases("c", [f"t{i}" for i in range(30)])
     assert [jm.desired() for _ in range(3)] == [5, 5, 1]               # down after 3 agreeing polls
+
+
+def test_dask_keys_learn_durations_by_their_name():
+    assert key_prefix("('sum-aggregate-0123456789abcdef0123456789abcdef', 0, 1)") == "sum-aggregate"
+    assert key_prefix("('random_sample-0123456789abcdef', 3)") == "random_sample"
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0, deadline=1000)
+    first, second = "('slow-0123456789abcdef', 0)", "('slow-0123456789abcdef', 1)"
+    s.update_graph("c", [task(first)], [first])
+    s.take_outbox()
+    s.task_started("w", first, now=0)
+    s.task_finished("w", first, 8, duration=50.0)
+    s.set_time(960)                                                    # 40 s left on w
+    s.update_graph("c", [task(second)], [second])
+    assert computes(s.take_outbox(), "w") == []
+
+
+class _CountingAdapter(_FakeAdapter):
+    """Numbers each submission; reports every job in `states` (default: running)."""
+
+    def __init__(self):
+        self.submitted, self.states = [], {}
+
+    def submit(self, script):
+        self.submitted.append(str(len(self.submitted) + 1))
+        return self.submitted[-1]
+
+    def status(self, job_ids):
+        from hpc_cluster.adapters.base import JobStatus
+        return {j: JobStatus(j, self.states.get(j, "running"), self.states.get(j, "running").upper())
+                for j in job_ids}
+
+
+def _manager_with(adapter, now=1000, **kw):
+    state = SchedulerState()
+    sched = types.SimpleNamespace(state=state, walltime_margin=60, retire_workers=lambda *a: None,
+                                  drain=lambda *a: None, deaths=types.SimpleNamespace(never_started=[]))
+    sched.deaths.job_never_started = lambda jid, rec, tail: sched.deaths.never_started.append(jid)
+    clock = {"t": now}
+    jm = JobManager(sched, adapter, JobSpec(worker_command="true", walltime=60, cores=1),
+                    clock=lambda: clock["t"], **kw)
+    jm.accounting = _no_accounting
+    jm.log_tail = _no_log
+    return jm, state, clock
+
+
+async def _no_accounting(job_ids):
+    return {}
+
+
+async def _no_log(job_id, lines=40):
+    return []
+
+
+def test_renewal_submits_replacements_before_the_deadline_and_counts_them():
+    import asyncio
+
+    adapter = _CountingAdapter()
+    jm, _, clock = _manager_with(adapter)
+
+    async def run():
+        await jm.scale(2)
+        assert adapter.submitted == ["1", "2"]
+        await jm.poll_once()                             # both running from t = 1000, 60 s walltime
+        clock["t"] = 1020
+        await jm.reconcile()
+        assert adapter.submitted == ["1", "2"]           # far from the deadline: nothing to renew
+        clock["t"] = 1044                                # lead = 12 s margin + 0 s wait + 5 s start
+        await jm.reconcile()
+        assert adapter.submitted == ["1", "2", "3", "4"] and jm.renewals == 2
+        await jm.reconcile()
+        assert len(adapter.submitted) == 4               # no second round of replacements
+
+    asyncio.run(run())
+
+
+def test_the_queue_cap_counts_pending_and_running_jobs():
+    import asyncio
+
+    adapter = _CountingAdapter()
+    jm, _, _ = _manager_with(adapter, max_jobs_in_queue=3)
+
+    async def run():
+        await jm.scale(2)
+        await jm.poll_once()                             # two running
+        await jm.scale(5)
+        assert adapter.submitted == ["1", "2", "3"]      # 2 running + 1 pending = the cap of 3
+        adapter.states["1"] = "completed"
+        await jm.poll_once()
+        await jm.reconcile()
+        assert adapter.submitted == ["1", "2", "3", "4"]  # a finished job frees a place
+
+    asyncio.run(run())
+
+
+def test_a_worker_that_joined_and_died_between_polls_is_not_a_startup_failure():
+    # Found in an audit: a worker that registered and died within one poll interval (a task
+    # that segfaults at once) made its job count as "ended before its worker registered",
+    # and three of those halted the cluster before the task's own KilledWorker.
+    import asyncio
+
+    adapter = _CountingAdapter()
+    jm, state, _ = _manager_with(adapter)
+
+    async def run():
+        await jm.scale(1)
+        await jm.poll_once()
+        state.add_worker("tcp://w:1", 1, 1000.5, info={"job_id": "1"})
+        state.remove_worker("tcp://w:1", 1001, {"cause": "crash", "blame": True, "text": "SIGSEGV"})
+        adapter.states["1"] = "failed"
+        await jm.poll_once()
+        await asyncio.sleep(0)
+        assert jm.jobs["1"].registered and jm.failed_starts == 0
+        assert jm.scheduler.deaths.never_started == []
+        # A job that really never ran its worker still counts.
+        await jm.reconcile()
+        adapter.states["2"] = "failed"
+        await jm.poll_once()
+        await asyncio.sleep(0)
+        assert jm.failed_starts == 1 and jm.scheduler.deaths.never_started == ["2"]
+
+    asyncio.run(run())

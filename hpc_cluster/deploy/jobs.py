@@ -161,9 +161,11 @@ class JobManager:
                 await self._shrink(len(current) - desired, current)
 
     async def _submit(self, n: int) -> None:
-        queued = sum(1 for j in self.jobs.values() if j.state == "pending")
         if self.max_jobs_in_queue is not None:
-            n = min(n, max(0, self.max_jobs_in_queue - queued))
+            # Sites limit jobs in the queue whatever their state (SLURM's MaxSubmitJobs counts
+            # pending and running ones), so count every job of ours not finished yet.
+            in_queue = sum(1 for j in self.jobs.values() if not j.final)
+            n = min(n, max(0, self.max_jobs_in_queue - in_queue))
         for _ in range(n):
             script = self.adapter.render(self.spec)
             try:
@@ -238,12 +240,17 @@ class JobManager:
                 logger.exception("job poll failed; trying again")
             await asyncio.sleep(self.poll_interval)
 
-    async def poll_once(self) -> None:
-        ids = [j.job_id for j in self.jobs.values() if not j.final]
-        workers = self.workers_of()
-        for jid in workers:
+    def _mark_registered(self) -> None:
+        """Jobs whose worker joined: alive now, or already dead (between two polls a worker
+        can join and die, say of a task that segfaults at once: a job that ran its worker)."""
+        seen = set(self.workers_of())
+        seen.update(str(d["job_id"]) for d in self.scheduler.state.deaths if d.get("worker") and d.get("job_id"))
+        for jid in seen:
             if jid in self.jobs:
                 self.jobs[jid].registered = True
+
+    async def poll_once(self) -> None:
+        ids = [j.job_id for j in self.jobs.values() if not j.final]
         if not ids:
             return
         try:
@@ -251,6 +258,7 @@ class JobManager:
         except BatchError as exc:
             logger.warning("could not read job states: %s", exc)
             return
+        self._mark_registered()               # after the (slow) status call: judged on the latest
         now = self.clock()
         for jid in ids:
             job, st = self.jobs[jid], statuses.get(jid)
