@@ -314,13 +314,18 @@ class Client(ClusterToolsMixin):
                                  lambda o: serialize.loads(o.data if isinstance(o, Opaque) else o))
 
     def gather(self, futures, errors: str = "raise", timeout: float | None = None):
-        """Results of a Future or of a (nested) list/dict of them, in the same shape."""
+        """Results of a Future or of a (nested) list/tuple/set/dict of them, in the same shape.
+
+        errors="skip" leaves failed (or cancelled) futures out: from lists, tuples and sets
+        at any depth, and their entries from dicts; a lone failed Future gives None.
+        """
         if errors not in ("raise", "skip"):
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
         _flatten(futures, flat)
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict[str, Any] = {}
+        skipped: set[str] = set()
         pending = list(dict.fromkeys(f.key for f in flat))
         delay = 0.01
         while pending:
@@ -334,6 +339,7 @@ class Client(ClusterToolsMixin):
                     if errors == "raise":
                         raise self._error(key)
                     failed.append(key)
+            skipped.update(failed)
             fetch = [k for k in pending if k not in failed]
             got, missing = self._lt.run(self._fetch(fetch)) if fetch else ({}, [])
             values.update(got)
@@ -341,13 +347,9 @@ class Client(ClusterToolsMixin):
             if missing:                  # lost in flight: the scheduler recomputes and tells us
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
-        if errors == "skip":
-            skip = object()
-            out = _rebuild(futures, {k: values.get(k, skip) for k in (f.key for f in flat)})
-            if isinstance(out, list):
-                return [v for v in out if v is not skip]
-            return out
-        return _rebuild(futures, values)
+        if isinstance(futures, Future) and futures.key in skipped:
+            return None
+        return _rebuild(futures, values, skipped)
 
     async def _fetch(self, keys: list[str]) -> tuple[dict, list]:
         who_has = await self._request({"op": "who-has", "keys": keys})

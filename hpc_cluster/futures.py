@@ -92,13 +92,17 @@ def _flatten(obj, out: list) -> None:
             _flatten(o, out)
 
 
-def _rebuild(obj, values: dict):
+def _rebuild(obj, values: dict, dropped: frozenset | set = frozenset()):
+    """`obj` with each Future replaced by its value; futures whose keys are in `dropped`
+    are left out of the lists, tuples, sets and dicts that hold them, at any depth."""
     if isinstance(obj, Future):
         return values[obj.key]
     if isinstance(obj, (list, tuple, set)):
-        return type(obj)(_rebuild(o, values) for o in obj)
+        return type(obj)(_rebuild(o, values, dropped) for o in obj
+                         if not (isinstance(o, Future) and o.key in dropped))
     if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items()}
+        return {k: _rebuild(v, values, dropped) for k, v in obj.items()
+                if not (isinstance(v, Future) and v.key in dropped)}
     return obj
 
 

@@ -78,11 +78,20 @@ def test_exception_is_reraised_with_remote_traceback_for_future_and_dependents(c
     assert client.submit(inc, 41).result(10) == 42          # the cluster carries on
 
 
-def test_gather_errors_skip(client):
-    fs = [client.submit(inc, 1), client.submit(boom, 1), client.submit(inc, 2)]
-    assert client.gather(fs, errors="skip") == [2, 3]
+def test_gather_errors_skip_drops_failed_futures_at_any_depth(client):
+    ok1, bad, ok2 = client.submit(inc, 1), client.submit(boom, 1), client.submit(inc, 2)
+    assert client.gather([ok1, bad, ok2], errors="skip") == [2, 3]
+    assert client.gather((ok1, bad), errors="skip") == (2,)
+    assert client.gather({ok1, bad}, errors="skip") == {2}
+    assert client.gather({"a": ok1, "b": bad, "c": 7}, errors="skip") == {"a": 2, "c": 7}
+    nested = client.gather([[ok1, bad], (bad, ok2), {"x": bad, "y": [bad]}, 5], errors="skip")
+    assert nested == [[2], (3,), {"y": []}, 5]
+    assert client.gather(bad, errors="skip") is None
+    cancelled = client.submit(slow_inc, 1, 30, pure=False)
+    cancelled.cancel()
+    assert client.gather([cancelled, ok1], errors="skip") == [2]
     with pytest.raises(ZeroDivisionError):
-        client.gather(fs)
+        client.gather([ok1, bad])
 
 
 def test_retries(client, tmp_path):
