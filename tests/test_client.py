@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from hpc_cluster import CancelledError, Client, Future, LocalCluster, TimeoutError, as_completed, wait
-from hpc_cluster.protocol.serialize import SerializationError
+from hpc_cluster.protocol.serialize import SerializationError, loads
 from waiting import wait_until
 
 
@@ -165,13 +165,33 @@ def test_wait_first_completed(client):
     assert fast in done and slow in not_done
 
 
+def _who_has(client, keys) -> dict[str, list[str]]:
+    return client._lt.run(client._request({"op": "who-has", "keys": list(keys)}))
+
+
+def _held_by(client, worker: str, keys) -> dict:
+    """What the worker itself answers for these keys (not what anyone says it holds)."""
+    reply = client._lt.run(client._worker_request(worker, {"op": "get-data", "keys": list(keys)}))
+    return {k: loads(v.data) for k, v in reply["data"].items()}
+
+
 def test_scatter_and_broadcast(client):
     [a, b] = client.scatter([10, 20])
     assert client.submit(add, a, b).result(10) == 30
+    assert len(_who_has(client, [a.key])[a.key]) == 1           # not broadcast: one copy
     data = client.scatter({"x": 1, "y": 2})
     assert set(data) == {"x", "y"} and data["x"].result(10) == 1
-    big = client.scatter(list(range(1000)) and "payload", broadcast=True)
-    assert big.result(10) == "payload"
+    payload = list(range(1000))
+    big = client.scatter(payload, broadcast=True)               # a list: one future per element
+    one = client.scatter("payload", broadcast=True)
+    workers = sorted(client.scheduler_info()["workers"])
+    assert len(workers) == 2
+    keys = [one.key, *(f.key for f in big)]
+    who_has = _who_has(client, keys)
+    assert all(sorted(who_has[k]) == workers for k in keys), who_has
+    for w in workers:                                           # and each worker really has them
+        assert _held_by(client, w, keys) == {one.key: "payload", **{f.key: v for f, v in zip(big, payload)}}
+    assert one.result(10) == "payload" and client.gather(big) == payload
 
 
 def test_results_are_released_when_no_future_refers_to_them(cluster):

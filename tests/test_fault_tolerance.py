@@ -260,15 +260,36 @@ def test_worker_logs_including_a_dead_workers_last_lines():
         wait_until(lambda: any("died: crash" in k for k in c.get_worker_logs()), what="the dead worker's tail")
 
 
+def one_over_pred(v):
+    return 1 / (v - 1)
+
+
+def _frames(tb) -> list[tuple[str, str]]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_name, tb.tb_frame.f_code.co_filename))
+        tb = tb.tb_next
+    return out
+
+
 def test_recreate_error_locally_reruns_with_real_inputs(client):
     x = client.submit(inc, 0)
-    bad = client.submit(lambda v: 1 / (v - 1), x)
+    bad = client.submit(one_over_pred, x)
     dependent = client.submit(inc, bad)
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(ZeroDivisionError) as remote:
         dependent.result(10)
+    # Re-raised from the worker, the error has no frame of the task's function here...
+    assert ("one_over_pred", __file__) not in _frames(remote.tb)
     with pytest.raises(ZeroDivisionError) as info:
         client.recreate_error_locally(dependent)
-    assert info.tb.tb_next is not None                 # raised here, in this process
+    # ...run again in this process, the traceback ends in it, called with the real input (1).
+    frames = _frames(info.tb)
+    assert frames[-1] == ("one_over_pred", __file__), frames
+    assert info.tb.tb_next is not None
+    last = info.tb
+    while last.tb_next is not None:
+        last = last.tb_next
+    assert last.tb_frame.f_locals["v"] == 1
 
 
 def test_versions_are_reported_and_strict_refuses_a_mismatch(cluster):
