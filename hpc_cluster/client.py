@@ -105,9 +105,12 @@ class Client(ClusterToolsMixin):
         self._pool: ConnectionPool | None = None          # to workers, made on the loop
         self._funcs: collections.OrderedDict = collections.OrderedDict()
         self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpc-callbacks")
+        self._versions_seen: set[str] = set()             # workers whose versions were checked
         self.status = "connecting"
         self._lt.run(self._start(), timeout)
         self.status = "running"
+        versions = self._lt.run(self._request({"op": "versions"}), timeout)
+        self._warn_on_other_versions(versions["scheduler"], versions["workers"], stacklevel=2)
 
     # -- connection --------------------------------------------------------------
     @property
@@ -436,16 +439,20 @@ class Client(ClusterToolsMixin):
         self._loop.call_soon_threadsafe(add)
 
     def scheduler_info(self) -> dict:
+        return self._scheduler_info(stacklevel=2)
+
+    def _scheduler_info(self, stacklevel: int) -> dict:
         workers = self._lt.run(self._request({"op": "workers"}), self.timeout)
+        self._warn_on_other_versions(None, {w["address"]: w.get("versions") for w in workers}, stacklevel + 1)
         return {"address": self.scheduler_address, "workers": {w["address"]: w for w in workers}}
 
     def nthreads(self) -> dict[str, int]:
-        return {a: w["nthreads"] for a, w in self.scheduler_info()["workers"].items()}
+        return {a: w["nthreads"] for a, w in self._scheduler_info(stacklevel=2)["workers"].items()}
 
     def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
-        while len(self.scheduler_info()["workers"]) < n:
+        while len(self._scheduler_info(stacklevel=2)["workers"]) < n:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {n} workers after {timeout} s")
             time.sleep(delay)

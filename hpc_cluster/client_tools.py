@@ -12,7 +12,7 @@ import warnings
 from .exceptions import TimeoutError, format_death
 from .futures import Future, _flatten, wait
 from .protocol import serialize
-from .protocol.versions import format_table, get_versions, mismatches
+from .protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
 
 
 class ClusterToolsMixin:
@@ -81,17 +81,33 @@ class ClusterToolsMixin:
                                f"after restart: {', '.join(reply['missing'])}")
 
     def get_versions(self, check: bool = False) -> dict:
-        """Package versions of this client, the scheduler and every worker."""
+        """Package versions of this client, the scheduler and every worker.
+
+        With check=True, raise RuntimeError (with a table) when any of them differ from
+        this client's in a way that matters.
+        """
         out = self._lt.run(self._request({"op": "versions"}), self.timeout)
         out["client"] = get_versions()
         if check:
-            rows = []
-            for name, vers in [("scheduler", out["scheduler"]), *out["workers"].items()]:
-                rows += [(f"{pkg} ({name})", a, b) for pkg, a, b in mismatches(out["client"], vers or {})]
+            rows = grouped_mismatches(out["client"], _peers(out["scheduler"], out["workers"]))
             if rows:
-                raise RuntimeError("package versions differ across the cluster:\n"
-                                   + format_table(rows, "client", "other"))
+                raise RuntimeError("package versions differ across the cluster:\n" + format_grouped(rows))
         return out
+
+    def _warn_on_other_versions(self, scheduler: dict | None, workers: dict, stacklevel: int) -> None:
+        """Warn (once per worker) when the scheduler or workers run other versions than we do.
+
+        The scheduler refuses mismatched peers when its `versions` setting is 'strict'; by
+        default it only logs them, and this is where the user hears of it.
+        """
+        new = {a: v for a, v in workers.items() if a not in self._versions_seen}
+        self._versions_seen.update(new)
+        rows = grouped_mismatches(self._info["versions"], _peers(scheduler, new))
+        if rows:
+            warnings.warn("package versions differ between this client and the cluster; results may "
+                          "not unpickle, or code may behave differently (set versions='strict' to "
+                          "refuse such peers):\n" + format_grouped(rows),
+                          VersionMismatchWarning, stacklevel=stacklevel + 1)
 
     def get_worker_logs(self, n: int = 200, include_dead: bool = True) -> dict[str, list[str]]:
         """Recent log lines of each worker; with include_dead, the last lines of dead ones too."""
@@ -128,3 +144,10 @@ class ClusterToolsMixin:
         func = serialize.loads(spec["func"].data)
         args, kwargs = serialize.loads_args(spec["args"].data, values.__getitem__)
         return func(*args, **kwargs)
+
+
+def _peers(scheduler: dict | None, workers: dict) -> dict[str, dict]:
+    """Labels -> versions of the peers that announced theirs."""
+    out = {"scheduler": scheduler} if scheduler else {}
+    out.update((f"worker {a}", v) for a, v in sorted(workers.items()) if v)
+    return out
