@@ -1,4 +1,5 @@
-"""Walltime awareness, pure parts: placement that fits, graceful drain, renewal, adapt sizing."""
+"""Walltime awareness, pure parts: placement that fits, graceful drain, renewal, adapt sizing;
+and the job manager around them (queue cap, startup failures, job log tails)."""
 
 from __future__ import annotations
 
@@ -261,3 +262,21 @@ def test_a_worker_that_joined_and_died_between_polls_is_not_a_startup_failure():
         assert jm.failed_starts == 1 and jm.scheduler.deaths.never_started == ["2"]
 
     asyncio.run(run())
+
+
+def test_job_logs_are_found_without_a_log_directory(tmp_path):
+    # No log_directory: SLURM writes slurm-<id>.out where sbatch ran (or in --chdir).
+    import asyncio
+
+    from hpc_cluster.adapters.local_runner import LocalRunner
+
+    adapter = _CountingAdapter()
+    adapter.runner = LocalRunner()
+    (tmp_path / "slurm-42.out").write_text("starting\nModuleNotFoundError: No module named 'numpyy'\n")
+    (tmp_path / "slurm-420.out").write_text("another job\n")
+    jm, _, _ = _manager_with(adapter, submit_directory=str(tmp_path))
+    del jm.log_tail                                      # the real one, not _manager_with's stand-in
+    assert jm.log_directory() == str(tmp_path)
+    assert asyncio.run(jm.log_tail("42")) == ["starting", "ModuleNotFoundError: No module named 'numpyy'"]
+    jm.spec = jm.spec.replace(working_directory=str(tmp_path / "work"))
+    assert jm.log_directory() == str(tmp_path / "work")  # sbatch --chdir moves them there

@@ -182,10 +182,6 @@ class BatchAdapter:
             raise BatchError(f"{what}{f', line {line}' if line else ''}: {e.message}. A job template "
                              f"can use: {', '.join(sorted(context))}") from None
 
-    def log_patterns(self, job_id: str) -> list[str]:
-        """Glob patterns (in the log directory) of a job's stdout/stderr files."""
-        return []
-
     # -- commands (subclasses) ----------------------------------------------------
     def submit(self, script: str) -> str:
         raise NotImplementedError

@@ -409,11 +409,6 @@ class PBSAdapter(BatchAdapter):
         return {"directives": kept + extra, "pbs_job_name": sanitize_job_name(spec.job_name)}
 
     # -- commands ------------------------------------------------------------------
-    def log_patterns(self, job_id: str) -> list[str]:
-        # -o/-e name a directory: PBS writes <job name>.o<sequence number> / .e<sequence number>.
-        seq = job_id.split(".")[0]
-        return [f"*.o{seq}", f"*.e{seq}"]
-
     def submit(self, script: str) -> str:
         result = self.runner.run(["qsub"], input=script, timeout=COMMAND_TIMEOUT, check=False)
         if result.returncode != 0:

@@ -372,10 +372,6 @@ class SLURMAdapter(BatchAdapter):
     def _run(self, argv: list[str], input: str | None = None):
         return self.runner.run(argv, input=input, timeout=COMMAND_TIMEOUT, check=False)
 
-    def log_patterns(self, job_id: str) -> list[str]:
-        # The template's --output/--error are %x-%j.out / %x-%j.err.
-        return [f"*-{job_id}.out", f"*-{job_id}.err"]
-
     def submit(self, script: str) -> str:
         result = self._run(["sbatch", "--parsable"], input=script)
         if result.returncode != 0:

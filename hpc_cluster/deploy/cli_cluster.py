@@ -293,7 +293,7 @@ def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
         # The files are on the cluster, which may share no filesystem with us: read them
         # over SSH, as the daemon does (the plan holds the ssh settings and the login node).
         plan = json.loads(plan_file(name).read_text())
-        directory = log_dir or plan["login"]["cwd"]
+        directory = info.get("job_log_directory") or log_dir or plan["login"]["cwd"]
         host = f" on {plan['ssh']['host']}"
         try:
             with SSHRunner(**plan["ssh"]) as runner:
@@ -301,7 +301,7 @@ def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
         except BatchError as e:
             raise CommandError(f"could not read the logs of job {job_id}{host}: {e}") from None
     else:
-        directory = Path(log_dir).expanduser() if log_dir else Path.cwd()
+        directory = Path(info.get("job_log_directory") or log_dir or Path.cwd()).expanduser()
         host = ""
         found = [(str(f), tail_lines(f, tail)) for f in _job_log_files(directory, job_id)]
     if not found:

@@ -51,8 +51,12 @@ async def run(plan: dict) -> int:
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
                     max_jobs_in_queue=plan.get("max_jobs_in_queue"),
-                    startup_failures=plan.get("startup_failures", 3))
+                    startup_failures=plan.get("startup_failures", 3),
+                    # Without a log_directory the batch system writes job logs where it was
+                    # asked to submit: our cwd, or the login node's over SSH.
+                    submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
     sched.deaths.source = jm               # accounting and job logs for the diagnosis
+    meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
 
     async def scale(msg):

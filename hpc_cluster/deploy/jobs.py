@@ -11,12 +11,12 @@ import asyncio
 import dataclasses
 import logging
 import math
-import shlex
 import time
 from dataclasses import dataclass
 
 from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 from ..scheduler.placement import workload
+from .remote import job_logs
 
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
 ADAPT_TARGET_SECONDS = 30.0    # adapt() sizes the cluster to finish the queued work in about this
@@ -51,12 +51,14 @@ class SubmitError:
 
 class JobManager:
     def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll_interval: float = 2.0,
-                 max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time):
+                 max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
+                 submit_directory: str | None = None):
         self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
         self.poll_interval = poll_interval
         self.max_jobs_in_queue = max_jobs_in_queue
         self.startup_failures = startup_failures
         self.clock = clock
+        self.submit_directory = submit_directory   # where batch commands run (their cwd)
         self.jobs: dict[str, Job] = {}
         self.target = 0
         self.errors: list[SubmitError] = []
@@ -283,17 +285,18 @@ class JobManager:
             out[jid] = d
         return out
 
+    def log_directory(self) -> str | None:
+        """Where the job's stdout/stderr are: the log directory, or else where the batch
+        system writes them by default (the job's working directory, or where we submit)."""
+        return self.spec.log_directory or self.spec.working_directory or self.submit_directory
+
     async def log_tail(self, job_id: str, lines: int = 40) -> list[str]:
         """The last lines of the job's stdout and stderr (through the runner: maybe over SSH)."""
-        directory = self.spec.log_directory
-        patterns = self.adapter.log_patterns(job_id)
-        if not directory or not patterns:
+        directory = self.log_directory()
+        if not directory:
             return []
-        d = shlex.quote(str(directory))
-        globs = " ".join(f"{d}/{p}" for p in patterns)
-        script = f"for f in {globs}; do [ -f \"$f\" ] && tail -n {int(lines)} \"$f\"; done; true"
-        result = await asyncio.to_thread(self.adapter.runner.run, ["sh", "-c", script], None, 30, False)
-        return result.stdout.splitlines()[-2 * lines:]
+        found = await asyncio.to_thread(job_logs, self.adapter.runner, directory, job_id, lines)
+        return [line for _path, tail in found for line in tail][-2 * lines:]
 
     def _ended(self, job: Job) -> None:
         if job.registered or job.retiring:
