@@ -114,7 +114,7 @@ class _FakeAdapter:
 def _manager(now, walltime=60, margin=60):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None,
-                                  drain=lambda *a: None)
+                                  drain=lambda *a: None, halt=lambda reason: None, fail_if_stranded=lambda: None)
     clock = {"t": now}
     jm = JobManager(sched, _FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
                     clock=lambda: clock["t"])
@@ -176,7 +176,9 @@ class _CountingAdapter(_FakeAdapter):
 def _manager_with(adapter, now=1000, **kw):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=60, retire_workers=lambda *a: None,
-                                  drain=lambda *a: None, deaths=types.SimpleNamespace(never_started=[]))
+                                  drain=lambda *a: None, deaths=types.SimpleNamespace(never_started=[]),
+                                  halted=[], fail_if_stranded=lambda: None)
+    sched.halt = sched.halted.append
     sched.deaths.job_never_started = lambda jid, rec, tail: sched.deaths.never_started.append(jid)
     clock = {"t": now}
     jm = JobManager(sched, adapter, JobSpec(worker_command="true", walltime=60, cores=1),
@@ -280,3 +282,40 @@ def test_job_logs_are_found_without_a_log_directory(tmp_path):
     assert asyncio.run(jm.log_tail("42")) == ["starting", "ModuleNotFoundError: No module named 'numpyy'"]
     jm.spec = jm.spec.replace(working_directory=str(tmp_path / "work"))
     assert jm.log_directory() == str(tmp_path / "work")  # sbatch --chdir moves them there
+
+
+def test_startup_failures_halt_submissions_and_tell_the_scheduler():
+    import asyncio
+
+    adapter = _CountingAdapter()
+    jm, _, _ = _manager_with(adapter)
+
+    async def run():
+        await jm.scale(1)
+        for n in range(3):
+            adapter.states[adapter.submitted[-1]] = "failed"
+            await jm.poll_once()
+            await jm.reconcile()
+        assert jm.failed_starts == 3 and adapter.submitted == ["1", "2", "3"]   # no 4th job
+        assert jm.scheduler.halted[-1].startswith("3 jobs in a row ended before their worker started")
+        await jm.scale(1)                                # the user fixed it and scales again
+        assert jm.scheduler.halted[-1] is None and adapter.submitted[-1] == "4"
+
+    asyncio.run(run())
+
+
+def test_a_halted_cluster_with_no_worker_coming_fails_waiting_work_saying_why():
+    from hpc_cluster.scheduler.server import Scheduler
+
+    sched = Scheduler(b"s" * 32)
+    sched.state.add_client("c")
+    sched.state.update_graph("c", [task("t")], ["t"])
+    jobs_alive = {"n": 1}
+    sched.expecting_workers = lambda: jobs_alive["n"] > 0
+    sched.halt("3 jobs in a row ended before their worker started")
+    assert sched.state.tasks["t"].state == "queued"      # a job still in the queue may start one
+    jobs_alive["n"] = 0
+    sched.fail_if_stranded()                             # the job manager saw the last job end
+    err = sched.state.tasks["t"].error
+    assert sched.state.tasks["t"].state == "erred" and err["kind"] == "cancelled"
+    assert "none will be started: 3 jobs in a row ended" in err["text"]

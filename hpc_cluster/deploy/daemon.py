@@ -56,6 +56,7 @@ async def run(plan: dict) -> int:
                     # asked to submit: our cwd, or the login node's over SSH.
                     submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
     sched.deaths.source = jm               # accounting and job logs for the diagnosis
+    sched.expecting_workers = lambda: bool(jm.active())
     meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
 

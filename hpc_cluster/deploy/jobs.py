@@ -114,7 +114,8 @@ class JobManager:
         self.adaptive = None                  # an explicit size ends adapt()
         if self.halted and jobs > len(self.active()):
             logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
-            self.halted, self.failed_starts = None, 0
+            self._halt(None)
+            self.failed_starts = 0
         await self.reconcile()
         return self.table()
 
@@ -176,7 +177,7 @@ class JobManager:
                 self.errors.append(SubmitError(self.clock(), str(exc)))
                 logger.error("job submission failed: %s", exc)
                 if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
-                    self.halted = f"3 submissions failed in a row; last: {exc}"
+                    self._halt(f"3 submissions failed in a row; last: {exc}")
                 return
             self.jobs[job_id] = Job(job_id, self.clock())
             logger.info("submitted job %s", job_id)
@@ -273,6 +274,8 @@ class JobManager:
             if job.final and job.ended is None:
                 job.ended = now
                 self._ended(job)
+        if self.halted:
+            self.scheduler.fail_if_stranded()    # the last job that could start a worker ended
 
     # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) ----
     async def accounting(self, job_ids: list[str]) -> dict[str, dict]:
@@ -312,11 +315,18 @@ class JobManager:
         logger.warning("job %s ended (%s) before its worker registered", job.job_id, job.raw_state)
         asyncio.ensure_future(self._report_startup_failure(job.job_id))
         if self.failed_starts >= self.startup_failures and not self.halted:
-            self.halted = (f"{self.failed_starts} jobs in a row ended before their worker started "
-                           f"(last: job {job.job_id}, {job.raw_state}); not submitting more. "
-                           "Check the job logs (hpc-cluster logs JOB), fix the environment or "
-                           "prologue, then scale again.")
-            logger.error(self.halted)
+            self._halt(f"{self.failed_starts} jobs in a row ended before their worker started "
+                       f"(last: job {job.job_id}, {job.raw_state}); not submitting more. "
+                       "Check the job logs (hpc-cluster logs JOB; client.deaths() has their last "
+                       "lines), fix the environment or prologue, then scale again.")
+
+    def _halt(self, reason: str | None) -> None:
+        """Stop (or resume) submitting; the scheduler tells clients, and fails work that no
+        worker is left to run instead of letting it wait forever."""
+        self.halted = reason
+        if reason:
+            logger.error(reason)
+        self.scheduler.halt(reason)
 
     async def _report_startup_failure(self, job_id: str) -> None:
         try:

@@ -86,6 +86,8 @@ class Scheduler:
         self.handlers: dict[str, Callable[[dict], Awaitable]] = {}
         self._intents: dict[str, str] = {}                 # worker address -> why we end it
         self._ttl_task: asyncio.Task | None = None
+        self.halted: str | None = None                     # why no new job will be submitted (deploy)
+        self.expecting_workers: Callable[[], bool] = lambda: False   # jobs still to start theirs
         self.closed = asyncio.Event()
 
     async def start(self) -> str:
@@ -194,7 +196,29 @@ class Scheduler:
         self._retiring.discard(addr)
         self._drain_intent.pop(addr, None)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
+        self.fail_if_stranded()
         self._flush()
+
+    def halt(self, reason: str | None) -> None:
+        """Whoever starts workers (deploy's job manager) stopped submitting jobs until
+        someone acts (`reason`), or resumes (None)."""
+        self.halted = reason
+        if reason:
+            logger.error("no more jobs will be submitted: %s", reason)
+            for cid in self.state.clients:
+                self._send_now(cid, {"op": "cluster-halted", "reason": reason})
+        self.fail_if_stranded()
+        self._flush()
+
+    def fail_if_stranded(self) -> None:
+        """No worker, none on its way, and no job will be submitted: waiting work would wait
+        forever. Fail it, saying why."""
+        if not self.halted or self.state.workers or self.expecting_workers():
+            return
+        keys = [k for k, ts in self.state.tasks.items() if ts.state in ("waiting", "queued", "processing")]
+        if keys:
+            self.state.cancel(keys, f"no worker is left to run it and none will be started: {self.halted}")
+            self._flush()
 
     # -- workers ---------------------------------------------------------------
     async def _serve_worker(self, comm: Comm) -> None:
@@ -314,6 +338,7 @@ class Scheduler:
             if op == "update-graph":
                 tasks = [_check_task(t) for t in msg.get("tasks", [])]
                 st.update_graph(cid, tasks, _keys(msg.get("keys", []), "keys"))
+                self.fail_if_stranded()
             elif op == "release-keys":
                 st.client_releases(cid, _keys(msg["keys"], "keys"))
             elif op == "cancel":

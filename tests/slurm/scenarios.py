@@ -155,6 +155,12 @@ def capture(fut) -> dict:
                 "attempts": getattr(exc, "attempts", None)}
 
 
+def capture_error(fut, timeout: float) -> str | None:
+    """'ExceptionType: message' of a future that failed (None if it finished)."""
+    exc = fut.exception(timeout=timeout)
+    return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
 def wrong_results(futures, expected) -> list:
     """Indexes of futures whose result is not the expected one (or that failed)."""
     bad = []
@@ -326,9 +332,13 @@ def startup(nanny: bool, log_dir: Path) -> dict:
     bad = ({"python": "/nonexistent/python"} if nanny
            else {"job_script_prologue": ["module load does-not-exist/1.0"]})
     with deployed("startup", nanny, log_dir, jobs=0, **bad) as run:
+        waiting = run.client.submit(inc, 1)              # work that no worker will ever run
         run.cluster.scale(1)
         table = wait_for(lambda: (t := run.cluster.status_table())["halted"] and t, 240,
                          "the cluster to halt submissions", interval=1)
+        # It fails, saying why, instead of waiting forever; so does work submitted now.
+        run.outcome["waiting"] = capture_error(waiting, 30)
+        run.outcome["later"] = capture_error(run.client.submit(inc, 2), 30)
         wait_for(lambda: len([d for d in run.client.deaths() if d["cause"] == "startup"]) >= 3, 60,
                  "three startup deaths")
         first = run.death(lambda d: d["cause"] == "startup")

@@ -174,6 +174,9 @@ def test_startup_failure_halts_after_three(outcomes, nanny):
     assert (o["cause"], o["blame"]) == ("startup", False)
     assert len(o["startup_deaths"]) == 3 and o["jobs_at_halt"] == o["jobs_later"] == 3
     assert "3 jobs in a row ended before their worker started" in o["halted"]
+    for what in ("waiting", "later"):                    # no worker will come: work fails, saying why
+        assert o[what] and o[what].startswith("CancelledError") and "none will be started" in o[what], o[what]
+        assert "3 jobs in a row ended before their worker started" in o[what], o[what]
     tail = "\n".join(o["death"]["log_tail"])
     assert ("/nonexistent/python" in tail) if nanny else ("module" in tail), tail
     assert "before its worker registered" in o["death"]["text"]
