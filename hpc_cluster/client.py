@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from .exceptions import TimeoutError, error_from_record
+from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_tools import ClusterToolsMixin
 from .futures import Future, _flatten, _FutureState, _rebuild
 from .protocol import serialize
@@ -106,6 +106,7 @@ class Client(ClusterToolsMixin):
         self._funcs: collections.OrderedDict = collections.OrderedDict()
         self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpc-callbacks")
         self._versions_seen: set[str] = set()             # workers whose versions were checked
+        self.halted: str | None = None                    # the cluster stopped starting workers: why
         self.status = "connecting"
         self._lt.run(self._start(), timeout)
         self.status = "running"
@@ -123,6 +124,7 @@ class Client(ClusterToolsMixin):
         first = (await self._comm.read())[0]
         self.id = first.get("client")
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
+        self.halted = first.get("halted")
         self._stream = BatchedSend(self._comm)
         self._reader = asyncio.create_task(self._read())
 
@@ -161,6 +163,10 @@ class Client(ClusterToolsMixin):
             if st is not None and st.status == "finished":
                 st.status = "pending"
                 st.event.clear()
+        elif op == "cluster-halted":                       # reason None: it starts them again
+            self.halted = msg.get("reason")
+            if self.halted:
+                logger.error("the cluster stopped starting workers: %s", self.halted)
         elif op == "reply":
             fut = self._replies.pop(msg.get("rid"), None)
             if fut is not None and not fut.done():
@@ -453,6 +459,9 @@ class Client(ClusterToolsMixin):
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while len(self._scheduler_info(stacklevel=2)["workers"]) < n:
+            if self.halted:
+                raise HPCClusterError(f"waiting for {n} workers, but the cluster stopped starting them: "
+                                      f"{self.halted}")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {n} workers after {timeout} s")
             time.sleep(delay)

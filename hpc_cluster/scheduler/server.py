@@ -205,8 +205,8 @@ class Scheduler:
         self.halted = reason
         if reason:
             logger.error("no more jobs will be submitted: %s", reason)
-            for cid in self.state.clients:
-                self._send_now(cid, {"op": "cluster-halted", "reason": reason})
+        for cid in self.state.clients:
+            self._send_now(cid, {"op": "cluster-halted", "reason": reason})
         self.fail_if_stranded()
         self._flush()
 
@@ -316,7 +316,7 @@ class Scheduler:
         self.streams[cid] = BatchedSend(comm)
         self.comms[cid] = comm
         self.state.add_client(cid)
-        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions()})
+        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions(), "halted": self.halted})
         try:
             while True:
                 msgs = await comm.read()

@@ -339,6 +339,10 @@ def startup(nanny: bool, log_dir: Path) -> dict:
         # It fails, saying why, instead of waiting forever; so does work submitted now.
         run.outcome["waiting"] = capture_error(waiting, 30)
         run.outcome["later"] = capture_error(run.client.submit(inc, 2), 30)
+        try:
+            run.client.wait_for_workers(1, timeout=30)
+        except Exception as exc:  # the scenario asserts on what it was
+            run.outcome["wait_for_workers"] = f"{type(exc).__name__}: {exc}"
         wait_for(lambda: len([d for d in run.client.deaths() if d["cause"] == "startup"]) >= 3, 60,
                  "three startup deaths")
         first = run.death(lambda d: d["cause"] == "startup")

@@ -177,6 +177,7 @@ def test_startup_failure_halts_after_three(outcomes, nanny):
     for what in ("waiting", "later"):                    # no worker will come: work fails, saying why
         assert o[what] and o[what].startswith("CancelledError") and "none will be started" in o[what], o[what]
         assert "3 jobs in a row ended before their worker started" in o[what], o[what]
+    assert o["wait_for_workers"].startswith("HPCClusterError") and "stopped starting them" in o["wait_for_workers"]
     tail = "\n".join(o["death"]["log_tail"])
     assert ("/nonexistent/python" in tail) if nanny else ("module" in tail), tail
     assert "before its worker registered" in o["death"]["text"]
