@@ -2,14 +2,33 @@
 
 __version__ = "0.1.0"
 
-from .client import Client
-from .futures import Future, as_completed, wait
-from .deploy.cluster import PBSCluster, SLURMCluster
-from .deploy.local import LocalCluster
-from .progress import progress
-from .exceptions import (CancelledError, HPCClusterError, KilledWorker, LostDataError, TaskCrashedError,
-                         TaskMemoryError, TaskTooLongError, TaskWalltimeError, TimeoutError)
+# The public names load on first use (PEP 562): a scheduler, worker or nanny process imports
+# `hpc_cluster.<its module>`, which runs this file first; eager imports here would load the
+# client, cloudpickle, jinja2 and yaml into every one of them (slower starts, and the
+# scheduler would carry a pickler it must never use).
+_EXPORTS = {
+    "Client": "client",
+    "Future": "futures", "as_completed": "futures", "wait": "futures",
+    "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster",
+    "LocalCluster": "deploy.local",
+    "progress": "progress",
+    **{name: "exceptions" for name in (
+        "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError",
+        "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},
+}
 
-__all__ = ["Client", "Future", "as_completed", "wait", "LocalCluster", "SLURMCluster", "PBSCluster", "CancelledError",
-           "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError", "TaskMemoryError",
-           "TaskTooLongError", "TaskWalltimeError", "TimeoutError", "progress", "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpc_cluster' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
