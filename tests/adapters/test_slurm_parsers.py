@@ -20,6 +20,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 JOBS = MANIFEST["jobs"]
 MiB = 2**20
+GiB = 2**30
 
 
 def fixture(name: str) -> str:
@@ -80,6 +81,25 @@ def test_sacct_memory_from_job_and_steps(sacct):
     assert oom.requested_memory == 100 * MiB
     assert oom.max_rss == 72524 * 1024
     assert sacct[JOBS["preempted"]].requested_memory == 20000 * MiB
+
+
+def test_sacct_extern_and_srun_steps_count_for_memory():
+    # Production clusters with PrologFlags=contain add an .extern step (and srun adds .0);
+    # our one-host cluster does not, so this excerpt has the shape sacct prints there.
+    text = ("JobID|JobName|State|ExitCode|ReqMem|AllocCPUS|MaxRSS|Elapsed|Timelimit|NodeList|Start|End\n"
+            "812|hpc-cluster|OUT_OF_MEMORY|0:125|4G|4||00:07:12|01:00:00|cn042|2026-11-20T10:00:00|"
+            "2026-11-20T10:07:12\n"
+            "812.batch|batch|OUT_OF_MEMORY|0:125||4|4194012K|00:07:12||cn042|2026-11-20T10:00:00|"
+            "2026-11-20T10:07:12\n"
+            "812.extern|extern|COMPLETED|0:0||4|1068K|00:07:12||cn042|2026-11-20T10:00:00|"
+            "2026-11-20T10:07:12\n"
+            "812.0|python|OUT_OF_MEMORY|0:125||4|4.10G|00:07:10||cn042|2026-11-20T10:00:02|"
+            "2026-11-20T10:07:12\n")
+    (rec,) = parse_sacct(text)
+    assert [s.step_id for s in rec.steps] == ["batch", "extern", "0"]
+    assert rec.state == "out-of-memory" and rec.requested_memory == 4 * GiB
+    assert rec.max_rss == int(4.10 * GiB)                 # the largest step's, here srun's .0
+    assert rec.steps[1].state == "completed" and rec.steps[1].max_rss == 1068 * 1024
 
 
 def test_sacct_steps_carry_their_own_states(sacct):
