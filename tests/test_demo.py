@@ -43,8 +43,9 @@ def test_the_demo_does_work_and_explains_a_worker_death(demo):
 
 
 def _shape(line: str) -> str:
-    """A message line with its particulars (keys, numbers, times) blanked out."""
-    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"'[^']*'", "'KEY'", line.strip()))
+    """A message line with its particulars (keys, numbers, times, the crash site's frames) blanked out."""
+    line = re.sub(r"\d+(\.\d+)?", "N", re.sub(r"'[^']*'", "'KEY'", line.strip()))
+    return re.sub(r"\w+ \([\w./]+:N\)", "FUNC (FILE:N)", line)
 
 
 def test_the_readmes_killedworker_sample_has_the_real_messages_shape(demo):

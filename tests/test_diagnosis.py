@@ -157,6 +157,29 @@ def test_the_last_traceback_line_of_a_job_log_is_evidence():
     assert not any(e.startswith("log:") for e in v.evidence)
 
 
+FAULTHANDLER = [   # what a worker (faulthandler on, this thread only) printed for a segfault, here
+    "2026-11-22 21:30:01 hpc_cluster.worker INFO worker tcp://127.0.0.1:4242 connected",
+    "Fatal Python error: Segmentation fault",
+    "",
+    "Stack (most recent call first):",
+    '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
+    '  File "/home/me/mylib/fast.py", line 42 in parse',
+    '  File "/home/me/venv/lib/python3.11/site-packages/hpc_cluster/worker/worker.py", line 287 in _execute',
+    '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/concurrent/futures/thread.py", line 58 in run',
+]
+
+
+def test_a_crash_names_where_the_task_was_from_the_faulthandler_stack():
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=11), log_tail=FAULTHANDLER))
+    assert v.cause == "crash" and v.blame
+    assert v.text.endswith("while running 'f-3a9c', in string_at (ctypes/__init__.py:519)"), v.text
+    assert "log: crashed in string_at (ctypes/__init__.py:519) <- parse (mylib/fast.py:42)" in v.evidence
+    assert "log: Fatal Python error: Segmentation fault" in v.evidence
+    # No stack (a worker killed before it could print one): no site, and nothing invented.
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=11)))
+    assert v.text.endswith("while running 'f-3a9c'") and not any("crashed in" in e for e in v.evidence)
+
+
 def test_the_nanny_log_tail_is_read_for_evidence():
     import asyncio
 

@@ -64,6 +64,11 @@ def test_segfault_is_a_crash_charged_to_the_task_only(tmp_path):
         deaths = [d for d in c.deaths() if d["cause"] == "crash"]
         assert len(deaths) == 2 and all(d["executing"] == [bad.key] and d["blame"] for d in deaths)
         assert any("signal 11 (SIGSEGV)" in fact for fact in deaths[0]["evidence"])
+        # The worker's faulthandler stack, kept by its nanny, says where the task crashed.
+        final = wait_until(lambda: [d for d in c.deaths() if d["cause"] == "crash" and d["final_at"]])
+        assert any("crashed in string_at (ctypes/__init__.py:" in fact
+                   and "<- segfault (tests/test_fault_tolerance.py:" in fact for fact in final[0]["evidence"]), \
+            final[0]["evidence"]
 
 
 def test_nonzero_exit_while_running_is_a_crash():

@@ -132,6 +132,29 @@ def _log_says(ev: Evidence, cause: str) -> str | None:
     return next((line for line in reversed(ev.log_tail) if pattern.search(line)), None)
 
 
+_STACK_HEAD = re.compile(r"^(Stack|Current thread \S+) \(most recent call first\):")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def crash_site(log_tail: list[str], frames: int = 3) -> str | None:
+    """Where a crashed worker was, from the stack Python's faulthandler printed (the worker
+    enables it): the innermost frames down to our own task runner, e.g.
+    "string_at (ctypes/__init__.py:519) <- parse (mylib/fast.py:42)"."""
+    for i in range(len(log_tail) - 1, -1, -1):             # the last crash in the tail
+        if _STACK_HEAD.match(log_tail[i]):
+            break
+    else:
+        return None
+    shown = []
+    for line in log_tail[i + 1:]:
+        m = _FRAME.match(line)
+        if m is None or m["file"].endswith("hpc_cluster/worker/worker.py"):
+            break
+        short = "/".join(m["file"].split("/")[-2:])
+        shown.append(f"{m['func']} ({short}:{m['line']})")
+    return " <- ".join(shown[:frames]) or None
+
+
 def _job(ev: Evidence) -> str:
     return f"job {ev.job_id or _acct(ev).get('job_id') or '?'}"
 
@@ -179,7 +202,8 @@ RULES = [
                  + f" {_running(ev)}")),
     (lambda ev: _nanny(ev).get("signal") in CRASH_SIGNALS or (not ev.nanny and _acct(ev).get("signal") in CRASH_SIGNALS),
      lambda ev: ("crash", f"the worker died of signal {_nanny(ev).get('signal') or _acct(ev).get('signal')} "
-                          f"({signal_name(_nanny(ev).get('signal') or _acct(ev).get('signal'))}) {_running(ev)}")),
+                          f"({signal_name(_nanny(ev).get('signal') or _acct(ev).get('signal'))}) {_running(ev)}"
+                          + (f", in {site}" if (site := crash_site(ev.log_tail, 1)) else ""))),
     (lambda ev: ev.connection == "goodbye",
      lambda ev: ("retired", "the worker closed itself cleanly")),
     (lambda ev: (_nanny(ev).get("exit_code") or 0) != 0 and _nanny(ev).get("signal") is None and ev.executing,
@@ -248,6 +272,9 @@ def facts_of(ev: Evidence) -> list[str]:
         hit = _log_says(ev, cause)
         if hit:
             out.append(f"log: {hit.strip()[:200]}")
+    site = crash_site(ev.log_tail)
+    if site:
+        out.append(f"log: crashed in {site}")
     if ev.connection:
         out.append(f"connection: {ev.connection}")
     return out

@@ -7,6 +7,7 @@ with --no-nanny it is the worker itself.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -174,6 +175,10 @@ def main(argv=None) -> int:
         return run_nanny(address, secret, child, memory_limit=memory_limit,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name)
     from .worker import run_worker
+    # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
+    # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
+    # Only the crashing thread, so it stays short enough for the log tail.
+    faulthandler.enable(all_threads=False)
     extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
              "job_walltime": _number(os.environ.get("HPC_CLUSTER_JOB_WALLTIME")),
              "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START"))}
