@@ -222,3 +222,15 @@ def test_an_unusable_local_directory_ends_the_worker_with_the_reason(tmp_path):
     assert proc.returncode != 0
     assert f"--local-directory '{blocker / 'sub'}': cannot use" in proc.stderr
     assert "Not a directory" in proc.stderr
+
+
+def test_resource_spec_reaches_a_pbs_job_and_is_refused_on_slurm(config):
+    from hpc_cluster.adapters.base import BatchError
+    from hpc_cluster.adapters.pbs import PBSAdapter
+
+    spec = job_spec(config(batch="pbs", cores=4, memory="16GiB", resource_spec="nodes=1:ppn={cores},mem={memory}"),
+                    CLUSTER_FILE)
+    script = PBSAdapter().render(spec)
+    assert "#PBS -l nodes=1:ppn=4,mem=16gb" in script and "select=" not in script
+    with pytest.raises(BatchError, match="resource_spec=.* is a PBS setting; on SLURM .*job_extra_directives"):
+        SLURMAdapter().render(job_spec(config(resource_spec="nodes=1"), CLUSTER_FILE))

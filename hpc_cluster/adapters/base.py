@@ -65,6 +65,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     working_directory: str | None = None
     template: str | None = None             # a site's own template file, replacing ours
+    resource_spec: str | None = None        # PBS: the -l request instead of select=1:ncpus=..:mem=..
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)

@@ -372,11 +372,8 @@ class PBSAdapter(BatchAdapter):
     template_name = "pbs.sh.j2"
     submit_command = "qsub"
 
-    def __init__(self, runner=None, resource_spec: str | None = None):
-        """`resource_spec` replaces our `select=...` request, e.g. Torque's
-        'nodes=1:ppn={cores},mem={memory}' ({cores}, {memory}, {processes} are filled in)."""
+    def __init__(self, runner=None):
         super().__init__(runner)
-        self.resource_spec = resource_spec
         self._json = True   # cleared after the first qstat that rejects -F json
 
     # -- rendering -----------------------------------------------------------------
@@ -386,9 +383,13 @@ class PBSAdapter(BatchAdapter):
                 raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
                                  f"variable name (letters, digits, '_', not starting with a digit)")
         memory = format_pbs_memory(spec.memory)
-        if self.resource_spec:
-            resources = self.resource_spec.format(cores=spec.cores, memory=memory,
-                                                  processes=spec.processes)
+        if spec.resource_spec:
+            # Replaces our select=... request, e.g. Torque's 'nodes=1:ppn={cores},mem={memory}'.
+            try:
+                resources = spec.resource_spec.format(cores=spec.cores, memory=memory, processes=spec.processes)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise BatchError(f"resource_spec={spec.resource_spec!r}: {type(exc).__name__}: {exc}; it may use "
+                                 "{cores}, {memory} and {processes}, e.g. 'nodes=1:ppn={cores},mem={memory}'") from None
         else:
             resources = f"select=1:ncpus={spec.cores}:mem={memory}"
         ours = [f"#PBS -N {sanitize_job_name(spec.job_name)}",

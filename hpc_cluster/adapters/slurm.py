@@ -337,6 +337,9 @@ class SLURMAdapter(BatchAdapter):
             if not _ENV_NAME.match(key):
                 raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
                                  f"variable name (letters, digits, '_', not starting with a digit)")
+        if spec.resource_spec:
+            raise BatchError(f"resource_spec={spec.resource_spec!r} is a PBS setting; on SLURM add what "
+                             "you need with job_extra_directives, e.g. ['--gres=gpu:1']")
         if spec.cores < 1:
             raise BatchError(f"cores={spec.cores!r}: a job needs at least one core")
         # SLURM limits are whole minutes: round up so the job gets at least what was asked.

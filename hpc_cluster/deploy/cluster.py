@@ -99,7 +99,8 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
                    directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
                    epilogue=list(v["job_script_epilogue"]), log_directory=v["log_directory"],
                    python=worker_python(cfg), nanny=v["nanny"], env=env,
-                   working_directory=v["working_directory"], template=v["template"])
+                   working_directory=v["working_directory"], template=v["template"],
+                   resource_spec=v["resource_spec"])
 
 
 def render_job_script(cfg: ResolvedConfig, cluster_file: str) -> str:

@@ -197,6 +197,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of these strings"),
     Option("job_script_prologue", "list of str", _str_list, [], "shell lines run before the worker starts (module load, venv)"),
     Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
+    Option("resource_spec", "str", _str, None, "PBS only: the -l resource request, replacing "
+           "select=1:ncpus={cores}:mem={memory} (Torque: nodes=1:ppn={cores},mem={memory})",
+           example="nodes=1:ppn={cores},mem={memory}"),
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
     Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "

@@ -455,10 +455,12 @@ def test_job_names_are_sanitized(name, expected):
 
 
 def test_resource_spec_override_for_torque():
-    spec = JobSpec(worker_command="w", cores=4, memory=16 * GiB)
-    lines = pbs_lines(render(spec, resource_spec="nodes=1:ppn={cores},mem={memory}"))
+    spec = JobSpec(worker_command="w", cores=4, memory=16 * GiB, resource_spec="nodes=1:ppn={cores},mem={memory}")
+    lines = pbs_lines(render(spec))
     assert "#PBS -l nodes=1:ppn=4,mem=16gb" in lines
     assert not any("select=" in line for line in lines)
+    with pytest.raises(BatchError, match=r"resource_spec='nodes=1:ppn=\{ncpus\}'.*\{cores\}, \{memory\}"):
+        render(spec.replace(resource_spec="nodes=1:ppn={ncpus}"))
 
 
 def test_bad_env_name_is_refused():
