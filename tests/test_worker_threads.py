@@ -34,6 +34,9 @@ def test_a_task_submitted_again_while_its_released_thread_runs_finishes_once(tmp
                    what="the scheduler to give the task up")
         again = client.submit(gated, gate, runs)
         assert again.key == key
+        # The worker takes the running thread over and says it is executing the task again.
+        wait_until(lambda: all(w["executing"] == 1 for w in client.scheduler_info()["workers"].values()),
+                   what="the worker to report the running thread as executing the task again")
         open(gate, "w").close()
         assert again.result(timeout=30) == "done"
         with open(runs) as f:
