@@ -80,3 +80,35 @@ def test_the_nanny_samples_at_10_hz_or_more_over_a_workers_life():
     assert report["peak_rss"] > 150 * MB
     assert report["peak_rss"] == max(rss for _, rss in samples)
     assert all(rss > 0 for _, rss in samples), [rss for _, rss in samples]
+
+
+def test_the_process_tree_counts_descendants_found_at_the_last_look():
+    from hpc_cluster.worker.nanny import CHILDREN_REFRESH, ProcessTree
+
+    # A parent whose child (a grandchild of this test) holds 120 MB.
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'b = bytearray(120 * 2**20); b[::4096] = b\"\\\\1\" * len(b[::4096]); "
+            "import time; time.sleep(60)']); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        ps = psutil.Process(parent.pid)
+        wait_until(lambda: ps.children() and ps.children()[0].memory_info().rss > 120 * MB,
+                   what="the child to hold its memory")
+        tree = ProcessTree(ps)
+        own = ps.memory_info().rss
+        assert tree.rss(0.0) > own + 120 * MB                  # the first look finds the child
+        child = tree.children[0]
+        child.kill()                                            # a zombie until its parent reaps it
+        wait_until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+                   what="the child to die")
+        assert tree.rss(0.5) < own + 20 * MB                    # a gone child is no longer counted
+        known = tree.children
+        assert known == [child]                                 # ... without looking again yet
+        tree.rss(CHILDREN_REFRESH)
+        assert tree.children is not known                       # a second later it looks again
+        parent.kill()
+        parent.wait(10)
+        assert tree.rss(CHILDREN_REFRESH * 2) is None           # the process itself is gone
+    finally:
+        parent.kill()
+        parent.wait(10)
