@@ -319,3 +319,32 @@ def test_a_halted_cluster_with_no_worker_coming_fails_waiting_work_saying_why():
     err = sched.state.tasks["t"].error
     assert sched.state.tasks["t"].state == "erred" and err["kind"] == "cancelled"
     assert "none will be started: 3 jobs in a row ended" in err["text"]
+
+
+def test_a_task_cut_off_by_the_walltime_needs_more_than_it_already_ran():
+    # Found on the real cluster: a 50 s task (no duration given, none learned) cut off after
+    # 43 s was restarted on a worker with 30 s left and cut off again.
+    s = SchedulerState(prefetch=0)
+    s.add_worker("old", nthreads=1, now=0, deadline=60, info={"job_walltime": 60})
+    s.update_graph("c", [task("long-x")], ["long-x"])
+    assert computes(s.take_outbox(), "old") == ["long-x"]
+    s.task_started("old", "long-x", now=17)
+    s.add_worker("half", nthreads=1, now=30, deadline=90, info={"job_walltime": 60})
+    s.remove_worker("old", now=60, death={"cause": "walltime", "blame": False})
+    assert computes(s.take_outbox(), "half") == []               # 30 s left < 43 s it already ran
+    s.add_worker("fresh", nthreads=1, now=61, deadline=120, info={"job_walltime": 60})
+    assert computes(s.take_outbox(), "fresh") == ["long-x"]      # 59 s left >= 43 x 1.1 + 1
+
+
+def test_a_task_that_ran_longer_than_a_jobs_walltime_can_hold_fails_saying_so():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("old", nthreads=1, now=0, deadline=60, info={"job_walltime": 60})
+    s.update_graph("c", [task("long-y")], ["long-y"])
+    s.take_outbox()
+    s.task_started("old", "long-y", now=2)
+    s.add_worker("fresh", nthreads=1, now=59, deadline=119, info={"job_walltime": 60})
+    s.remove_worker("old", now=60, death={"cause": "walltime", "blame": False})    # ran 58 s
+    out = s.take_outbox()
+    assert computes(out, "fresh") == []
+    err = [m for m in out.get("c", []) if m["op"] == "task-erred"][0]["error"]
+    assert err["kind"] == "too-long" and "it already ran 58 s" in err["text"], err

@@ -72,7 +72,9 @@ class BlameMixin:
 
     def _too_long_error(self, ts, expected: float) -> dict:
         walltime = max(ws.info["job_walltime"] for ws in self.workers.values())
-        said = "you said it takes" if ts.duration is not None else "tasks like it took"
+        ran = max((a["ran_for"] or 0 for a in ts.attempts), default=0)
+        said = ("it already ran" if ran >= expected else
+                "you said it takes" if ts.duration is not None else "tasks like it took")
         return {"kind": "too-long", "walltime": walltime, "expected": expected,
                 "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a job's whole "
                         f"walltime is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "

@@ -9,6 +9,8 @@ task is lost or run twice because of walltime. Mixed into SchedulerState.
 
 from __future__ import annotations
 
+from .placement import expected_duration
+
 
 def drain_margin(ws, walltime_margin: float) -> float:
     """Seconds before the deadline to start draining: the configured margin, but never more
@@ -55,7 +57,7 @@ class DrainMixin:
         self._schedule()
 
     def _finishes_in_time(self, ts, ws) -> bool:
-        expected = self.durations.expected(ts)
+        expected = expected_duration(ts, self.durations)
         if expected is None or ts.started_at is None:
             return True                       # unknown: let it try, it was started with time left
         return ts.started_at + expected <= ws.deadline

@@ -47,6 +47,15 @@ class TaskDurations:
         return self.by_prefix.get(key_prefix(ts.key))
 
 
+def expected_duration(ts, durations: TaskDurations) -> float | None:
+    """What placement assumes a task will take: what the user said or tasks like it took,
+    and never less than it already ran before a worker's death cut it off (a task the
+    walltime killed after 40 s needs more than 40 s on its next worker)."""
+    expected = durations.expected(ts)
+    ran = max((a["ran_for"] or 0 for a in ts.attempts), default=0)
+    return ran if ran and (expected is None or ran > expected) else expected
+
+
 def has_resources(ts, ws) -> bool:
     for r, n in (ts.resources or {}).items():
         if ws.resources.get(r, 0) - ws.used_resources.get(r, 0) < n:
@@ -82,6 +91,6 @@ def workload(state, unknown: float = 1.0) -> float:
     total = 0.0
     for ts in state.tasks.values():
         if ts.state in ("waiting", "queued", "processing"):
-            expected = state.durations.expected(ts)
+            expected = expected_duration(ts, state.durations)
             total += unknown if expected is None else expected
     return total

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .blame import BlameMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
-from .placement import TaskDurations, pick_worker
+from .placement import TaskDurations, expected_duration, pick_worker
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -271,6 +271,7 @@ class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
         ws = self.workers.pop(address, None)
         if ws is None:
             return None
+        self.set_time(now)
         self._free.discard(ws)
         self.outbox.pop(address, None)
         record = {"id": len(self.deaths), "worker": address, "name": ws.name, "time": now,
@@ -558,7 +559,7 @@ class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
             if self._awaiting_verdict(ts):
                 deferred.append((prio, key))          # refine_death schedules it again
                 continue
-            expected = self.durations.expected(ts)
+            expected = expected_duration(ts, self.durations)
             ws = pick_worker(ts, self._free, expected, self.now)
             if ws is None:
                 if self._fits_nowhere(ts, expected):
