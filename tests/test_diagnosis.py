@@ -202,6 +202,26 @@ def test_the_nanny_log_tail_is_read_for_evidence():
     assert record["log_tail"][-1] == "Fatal Python error: Segmentation fault"
 
 
+def test_a_death_awaiting_a_report_from_a_nanny_that_is_gone_becomes_final():
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+    from hpc_cluster.scheduler.state import SchedulerState
+
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"nanny_id": "n1"})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        assert record["final_at"] is None                  # the nanny's report may still come
+        col.nanny_gone("n1")                                # ... but the nanny died too
+        return record
+
+    record = asyncio.run(run())
+    assert record["final_at"] == 1000.0 and record["cause"] == "connection-lost"
+
+
 def test_a_new_death_is_asked_about_at_once_while_an_older_one_backs_off(monkeypatch):
     import asyncio
 

@@ -349,3 +349,31 @@ def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever()
     s2.add_worker("local", nthreads=1, now=0)
     s2.update_graph("c", [{**task("huge"), "duration": 600}], ["huge"])
     assert computes(s2.take_outbox(), "local") == ["huge"]
+
+
+def test_an_open_verdict_that_could_still_turn_blamed_holds_the_task_at_its_limit():
+    # Seen in the memory benchmark: the 4th death read connection-lost until the nanny's
+    # report came; the task was started again meanwhile and killed a 5th worker.
+    s = SchedulerState(prefetch=0, allowed_failures=1)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task("hog")], ["hog"])
+    s.take_outbox()
+    s.task_started("w1", "hog", now=1)
+    s.remove_worker("w1", now=2, death={"cause": "memory-nanny", "blame": True})            # final
+    s.add_worker("w2", nthreads=1, now=2)
+    assert computes(s.take_outbox(), "w2") == ["hog"]                  # one charge left: try again
+    s.task_started("w2", "hog", now=3)
+    s.remove_worker("w2", now=4, death={"cause": "connection-lost", "blame": False, "final_at": None})
+    s.add_worker("w3", nthreads=1, now=4)
+    assert computes(s.take_outbox(), "w3") == []                       # held: it may be the 2nd charge
+    s.refine_death(1, "memory-nanny", True, "over budget", final_at=5)
+    assert s.tasks["hog"].state == "erred"
+    # Had the verdict stayed innocent, it would have run again at once.
+    s2 = SchedulerState(prefetch=0, allowed_failures=1)
+    s2.add_worker("w1", nthreads=1, now=0)
+    s2.update_graph("c", [task("t")], ["t"])
+    s2.take_outbox()
+    s2.task_started("w1", "t", now=1)
+    s2.remove_worker("w1", now=2, death={"cause": "connection-lost", "blame": False, "final_at": None})
+    s2.add_worker("w2", nthreads=1, now=2)
+    assert computes(s2.take_outbox(), "w2") == ["t"]                   # 0 + 1 open <= 1: no need to wait

@@ -4,7 +4,7 @@ A death counts against a task only if the task was *executing* on the worker and
 verdict blames it (`memory-*`, `crash`). Verdicts are refined as evidence arrives (the
 nanny's report at once, accounting seconds later), so a task is failed only on *final*
 verdicts: the user sees the final cause, and a death first judged a crash but later
-found to be a cancel never fails anyone. While a verdict that would end the task is still
+found to be a cancel never fails anyone. While verdicts that could end the task are still
 open, the task is held back (not started again) rather than risk another worker on it.
 
 Walltime deaths are innocent, but a task that runs into the walltime on every try will
@@ -52,13 +52,17 @@ class BlameMixin:
         return False
 
     def _awaiting_verdict(self, ts) -> bool:
-        """Would an open verdict, once final, end this task? Then do not start it again yet."""
+        """Could the open verdicts, once final, end this task? Then do not start it again yet.
+        (An open verdict may still turn: a connection-lost is often a crash a moment later,
+        when the nanny's report arrives.)"""
         if not ts.attempts:
             return False
-        blamed = sum(1 for a in ts.attempts if a["death"]["blame"])
-        walltime = sum(1 for a in ts.attempts if a["death"]["cause"] == "walltime")
-        return ((blamed > self.allowed_failures or walltime > self.walltime_failures)
-                and not all(_final(a) for a in ts.attempts))
+        open_ = sum(1 for a in ts.attempts if not _final(a))
+        if not open_:
+            return False
+        blamed = sum(1 for a in ts.attempts if a["death"]["blame"] and _final(a))
+        walltime = sum(1 for a in ts.attempts if a["death"]["cause"] == "walltime" and _final(a))
+        return blamed + open_ > self.allowed_failures or walltime + open_ > self.walltime_failures
 
     def _fits_nowhere(self, ts, expected: float | None) -> bool:
         """Every worker has a walltime, and the task is longer than even a fresh job's whole

@@ -103,6 +103,13 @@ class EvidenceCollector:
         self.state.deaths[death_id]["log_tail"] = (report.get("log_tail") or [])[-40:]
         self._refine(death_id)
 
+    def nanny_gone(self, nanny_id: str) -> None:
+        """A nanny's connection closed: a report it still owed will never come."""
+        self._early_reports.pop(nanny_id, None)
+        death_id = self._death_of_nanny.pop(nanny_id, None)
+        if death_id is not None:
+            self._refine(death_id)
+
     def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str]) -> dict:
         """A job ended before its worker registered: a deployment problem, charged to no task."""
         ev = Evidence(registered=False, job_id=job_id, accounting=accounting, log_tail=log_tail)

@@ -298,6 +298,8 @@ class Scheduler:
         finally:
             if nanny_id and self.nannies.get(nanny_id) is not None and self.nannies[nanny_id].comm is comm:
                 del self.nannies[nanny_id]
+                self.deaths.nanny_gone(nanny_id)
+                self._flush()
 
     def _nanny_message(self, comm: Comm, msg: dict) -> None:
         op = msg["op"]
