@@ -180,15 +180,21 @@ def test_a_crash_names_where_the_task_was_from_the_faulthandler_stack():
     assert v.text.endswith("while running 'f-3a9c'") and not any("crashed in" in e for e in v.evidence)
 
 
-def test_the_nanny_log_tail_is_read_for_evidence():
-    import asyncio
-
+def _collector_with_a_nanny_worker():
+    """An evidence collector (clock at 1000 s, no batch system) and one worker under nanny n1."""
     from hpc_cluster.scheduler import evidence
     from hpc_cluster.scheduler.state import SchedulerState
 
     state = SchedulerState()
     col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
     state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"nanny_id": "n1"})
+    return col
+
+
+def test_the_nanny_log_tail_is_read_for_evidence():
+    import asyncio
+
+    col = _collector_with_a_nanny_worker()
 
     async def run():
         record = col.worker_removed("tcp://w:1", "closed", None)
@@ -205,12 +211,7 @@ def test_the_nanny_log_tail_is_read_for_evidence():
 def test_a_death_awaiting_a_report_from_a_nanny_that_is_gone_becomes_final():
     import asyncio
 
-    from hpc_cluster.scheduler import evidence
-    from hpc_cluster.scheduler.state import SchedulerState
-
-    state = SchedulerState()
-    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
-    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"nanny_id": "n1"})
+    col = _collector_with_a_nanny_worker()
 
     async def run():
         record = col.worker_removed("tcp://w:1", "closed", None)
