@@ -14,6 +14,16 @@ class ReplicaMixin:
             ts = self.tasks.get(key)
             if ts is not None:
                 ts.replicas = max(1, int(n))
+                self.replicated.add(key)
+                self._ensure_replicas(ts)
+
+    def _restore_replicas(self) -> None:
+        """A worker joined: copies lost when no spare worker was left can be made now."""
+        for key in list(self.replicated):
+            ts = self.tasks.get(key)
+            if ts is None or ts.replicas <= 1:
+                self.replicated.discard(key)          # forgotten, or no longer replicated
+            else:
                 self._ensure_replicas(ts)
 
     def _ensure_replicas(self, ts) -> None:

@@ -93,6 +93,7 @@ class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
         self.prefetch = prefetch
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
+        self.replicated: set[str] = set()            # keys client.replicate() asked copies of
         self._ready: list = []                       # heap of (priority, key)
         self._seq = itertools.count()
         self._free: set[WorkerState] = set()         # workers with a free slot
@@ -253,9 +254,7 @@ class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
         self.set_time(now)
         self.workers[address] = ws
         self._update_free(ws)
-        for ts in self.tasks.values():       # copies lost with earlier deaths, when no spare was left
-            if ts.replicas > 1:
-                self._ensure_replicas(ts)
+        self._restore_replicas()
         self._schedule()
 
     def heartbeat(self, address: str, now: float) -> None:
