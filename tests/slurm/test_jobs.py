@@ -163,3 +163,30 @@ def test_accounting_falls_back_to_scontrol_when_accounting_is_off(adapter, submi
     record = no_accounting.accounting([job_id, "999999999"])[job_id]
     assert (record.state, record.exit_code, record.requested_memory) == ("failed", 3, 200 * MiB)
     assert record.steps == [] and record.raw.startswith(f"JobId={job_id} ")
+
+
+def test_many_jobs_take_one_command_each_for_status_and_accounting(outcomes):
+    # Real commands, counted: a poll of N jobs must not become N squeue or sacct calls.
+    from hpc_cluster.adapters.local_runner import LocalRunner
+    from hpc_cluster.adapters.slurm import SLURMAdapter
+
+    class Counting(LocalRunner):
+        def __init__(self):
+            super().__init__()
+            self.commands = []
+
+        def run(self, argv, *args, **kwargs):
+            self.commands.append(argv[0])
+            return super().run(argv, *args, **kwargs)
+
+    records, _ = outcomes
+    ids = [r.job_id for r in records.values()]
+    runner = Counting()
+    adapter = SLURMAdapter(runner)
+    statuses = adapter.status(ids)
+    assert sorted(statuses) == sorted(ids) and all(s.state != "unknown" for s in statuses.values())
+    # squeue once; the jobs it has already forgotten come from one sacct call
+    assert runner.commands in (["squeue"], ["squeue", "sacct"]), runner.commands
+    runner.commands.clear()
+    assert sorted(adapter.accounting(ids)) == sorted(ids)
+    assert runner.commands == ["sacct"]
