@@ -15,11 +15,18 @@ whole walltime: it would wait forever for a worker with enough time left.
 
 from __future__ import annotations
 
-from .placement import FIT_FACTOR, FIT_SLACK
+from .placement import FIT_FACTOR, FIT_SLACK, ran_at_least
 
 
 def _final(attempt: dict) -> bool:
     return attempt["death"].get("final_at") is not None
+
+
+def _settled(ts) -> tuple[list, list, int]:
+    """(final charged deaths, final walltime deaths, open verdicts) of the deaths a task ran in."""
+    final = [a for a in ts.attempts if _final(a)]
+    return ([a for a in final if a["death"]["blame"]], [a for a in final if a["death"]["cause"] == "walltime"],
+            len(ts.attempts) - len(final))
 
 
 class BlameMixin:
@@ -37,9 +44,8 @@ class BlameMixin:
 
     def _over_limits(self, ts) -> bool:
         """Fail the task if its final verdicts say it must: too many caused by it, or walltime every time."""
-        charged = sum(1 for a in ts.attempts if a["death"]["blame"] and _final(a))
-        walltime = [a for a in ts.attempts if a["death"]["cause"] == "walltime" and _final(a)]
-        if charged > self.allowed_failures:
+        charged, walltime, _ = _settled(ts)
+        if len(charged) > self.allowed_failures:
             self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
                            "allowed_failures": self.allowed_failures})
             return True
@@ -57,12 +63,9 @@ class BlameMixin:
         when the nanny's report arrives.)"""
         if not ts.attempts:
             return False
-        open_ = sum(1 for a in ts.attempts if not _final(a))
-        if not open_:
-            return False
-        blamed = sum(1 for a in ts.attempts if a["death"]["blame"] and _final(a))
-        walltime = sum(1 for a in ts.attempts if a["death"]["cause"] == "walltime" and _final(a))
-        return blamed + open_ > self.allowed_failures or walltime + open_ > self.walltime_failures
+        charged, walltime, open_ = _settled(ts)
+        return open_ > 0 and (len(charged) + open_ > self.allowed_failures
+                              or len(walltime) + open_ > self.walltime_failures)
 
     def _fits_nowhere(self, ts, expected: float | None) -> bool:
         """Every worker has a walltime, and the task is longer than even a fresh job's whole
@@ -76,8 +79,7 @@ class BlameMixin:
 
     def _too_long_error(self, ts, expected: float) -> dict:
         walltime = max(ws.info["job_walltime"] for ws in self.workers.values())
-        ran = max((a["ran_for"] or 0 for a in ts.attempts), default=0)
-        said = ("it already ran" if ran >= expected else
+        said = ("it already ran" if ran_at_least(ts) >= expected else
                 "you said it takes" if ts.duration is not None else "tasks like it took")
         return {"kind": "too-long", "walltime": walltime, "expected": expected,
                 "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a job's whole "

@@ -52,8 +52,13 @@ def expected_duration(ts, durations: TaskDurations) -> float | None:
     and never less than it already ran before a worker's death cut it off (a task the
     walltime killed after 40 s needs more than 40 s on its next worker)."""
     expected = durations.expected(ts)
-    ran = max((a["ran_for"] or 0 for a in ts.attempts), default=0)
+    ran = ran_at_least(ts)
     return ran if ran and (expected is None or ran > expected) else expected
+
+
+def ran_at_least(ts) -> float:
+    """The longest the task ran before a death cut it off (0 if it never did)."""
+    return max((a["ran_for"] or 0 for a in ts.attempts), default=0)
 
 
 def has_resources(ts, ws) -> bool:
