@@ -20,7 +20,7 @@ from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_tools import ClusterToolsMixin
-from .futures import Future, _flatten, _FutureState, _rebuild
+from .futures import Future, FutureState, flatten_futures, replace_futures
 from .protocol import serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
 from .protocol.frames import Opaque
@@ -95,7 +95,7 @@ class Client(ClusterToolsMixin):
         self.scheduler_address, self._secret, self.timeout = address, secret, timeout
         self._lt = _LoopThread.get()
         self._loop = self._lt.loop
-        self._states: dict[str, _FutureState] = {}
+        self._states: dict[str, FutureState] = {}
         self._refs: collections.Counter = collections.Counter()
         self._lock = threading.RLock()
         self._outq: list = []
@@ -172,7 +172,7 @@ class Client(ClusterToolsMixin):
             if fut is not None and not fut.done():
                 fut.set_result(msg.get("result"))
 
-    def _set(self, key: str, st: _FutureState, status: str, error) -> None:
+    def _set(self, key: str, st: FutureState, status: str, error) -> None:
         st.status, st.error = status, error
         st.event.set()
         callbacks, st.callbacks = st.callbacks, []
@@ -221,18 +221,18 @@ class Client(ClusterToolsMixin):
             self._stream.extend(msgs)
 
     # -- references ------------------------------------------------------------------
-    def _state(self, key: str) -> _FutureState:
+    def future_state(self, key: str) -> FutureState:
         st = self._states.get(key)
         if st is None:
-            st = self._states.setdefault(key, _FutureState())
+            st = self._states.setdefault(key, FutureState())
         return st
 
-    def _inc_ref(self, key: str) -> None:
+    def hold_key(self, key: str) -> None:
         with self._lock:
             self._refs[key] += 1
-        self._state(key)
+        self.future_state(key)
 
-    def _dec_ref(self, key: str) -> None:
+    def release_key(self, key: str) -> None:
         with self._lock:
             self._refs[key] -= 1
             if self._refs[key] > 0:
@@ -316,7 +316,7 @@ class Client(ClusterToolsMixin):
         return _rebuild_keys(keys, by_key)
 
     # -- results -------------------------------------------------------------------------
-    def _error(self, key: str) -> BaseException:
+    def future_error(self, key: str) -> BaseException:
         st = self._states.get(key)
         err = st.error if st is not None else None
         return error_from_record(key, err or {"kind": "cancelled", "text": "released"},
@@ -331,7 +331,7 @@ class Client(ClusterToolsMixin):
         if errors not in ("raise", "skip"):
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
-        _flatten(futures, flat)
+        flatten_futures(futures, flat)
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict[str, Any] = {}
         skipped: set[str] = set()
@@ -340,13 +340,13 @@ class Client(ClusterToolsMixin):
         while pending:
             failed = []
             for key in pending:
-                st = self._state(key)
+                st = self.future_state(key)
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not st.event.wait(left):
                     raise TimeoutError(f"{key!r} not done within {timeout} s")
                 if st.status in ("error", "cancelled"):
                     if errors == "raise":
-                        raise self._error(key)
+                        raise self.future_error(key)
                     failed.append(key)
             skipped.update(failed)
             fetch = [k for k in pending if k not in failed]
@@ -358,7 +358,7 @@ class Client(ClusterToolsMixin):
                 delay = min(delay * 2, 0.5)
         if isinstance(futures, Future) and futures.key in skipped:
             return None
-        return _rebuild(futures, values, skipped)
+        return replace_futures(futures, values, skipped)
 
     async def _fetch(self, keys: list[str]) -> tuple[dict, list]:
         who_has = await self._request({"op": "who-has", "keys": keys})
@@ -432,12 +432,12 @@ class Client(ClusterToolsMixin):
 
     def cancel(self, futures, reason: str = "cancelled by the user") -> None:
         flat: list[Future] = []
-        _flatten(futures, flat)
+        flatten_futures(futures, flat)
         self._send({"op": "cancel", "keys": [f.key for f in flat], "reason": reason})
 
-    def _add_callback(self, fut: Future, fn) -> None:
+    def on_future_done(self, fut: Future, fn) -> None:
         def add():
-            st = self._state(fut.key)
+            st = self.future_state(fut.key)
             if st.event.is_set():
                 self._callbacks.submit(_run_callback, lambda: fn(fut))
             else:

@@ -10,7 +10,7 @@ import time
 import warnings
 
 from .exceptions import TimeoutError, format_death
-from .futures import Future, _flatten, wait
+from .futures import Future, flatten_futures, wait
 from .protocol import serialize
 from .protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
 
@@ -34,7 +34,7 @@ class ClusterToolsMixin:
             lines.append(f"{future.key!r} failed because its input {err.get('origin')!r} failed; "
                          f"see client.why() of that one")
         elif info["state"] == "erred":
-            lines.append(f"{future.key!r} failed: {self._error(future.key)}")
+            lines.append(f"{future.key!r} failed: {self.future_error(future.key)}")
             return "\n".join(lines)
         attempts = info["attempts"]
         if attempts:
@@ -47,7 +47,7 @@ class ClusterToolsMixin:
     def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:
         """Keep `n` copies of these results on different workers, restored when a holder dies."""
         flat: list[Future] = []
-        _flatten(futures, flat)
+        flatten_futures(futures, flat)
         keys = [f.key for f in flat]
         wait(flat, timeout=timeout)
         self._send({"op": "replicate", "keys": keys, "n": int(n)})
@@ -129,7 +129,7 @@ class ClusterToolsMixin:
 
         The exception is raised in this process, so `pdb.pm()` or a debugger can inspect it.
         """
-        st = self._state(future.key)
+        st = self.future_state(future.key)
         st.event.wait(self.timeout)
         if st.status != "error":
             raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")

@@ -1,7 +1,9 @@
 """Futures and waiting on them: `Future`, `wait`, `as_completed`.
 
-A Future is a reference to a task's result on the cluster. Its state lives in the
-client (set from the client's event-loop thread); users block on a threading event.
+A Future is a reference to a task's result on the cluster. Its state lives in its owner
+(the Client, set from the client's event-loop thread); users block on a threading event.
+This module knows its owner only through `FutureOwner`, the few calls a Future makes, so
+it imports nothing of the client's and the client imports it, one way.
 """
 
 from __future__ import annotations
@@ -10,15 +12,30 @@ import collections
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from .exceptions import TimeoutError
 
-if TYPE_CHECKING:
-    from .client import Client
+
+class FutureOwner(Protocol):
+    """What a Future needs from whoever holds its state (the Client)."""
+
+    def future_state(self, key: str) -> "FutureState": ...
+
+    def hold_key(self, key: str) -> None: ...          # one more Future refers to key
+
+    def release_key(self, key: str) -> None: ...       # one fewer; the last one releases the result
+
+    def future_error(self, key: str) -> BaseException: ...
+
+    def on_future_done(self, future: "Future", fn: Callable[["Future"], None]) -> None: ...
+
+    def gather(self, futures, errors: str = "raise", timeout: float | None = None) -> Any: ...
+
+    def cancel(self, futures, reason: str = ...) -> None: ...
 
 
-class _FutureState:
+class FutureState:
     __slots__ = ("status", "error", "event", "callbacks")
 
     def __init__(self):
@@ -33,15 +50,15 @@ class Future:
 
     __slots__ = ("key", "_hpc_key", "client", "__weakref__")
 
-    def __init__(self, key: str, client: "Client"):
+    def __init__(self, key: str, client: FutureOwner):
         self.key = key
         self._hpc_key = key                 # recognised by the pickler as a task reference
         self.client = client
-        client._inc_ref(key)
+        client.hold_key(key)
 
     @property
-    def _state(self) -> _FutureState:
-        return self.client._state(self.key)
+    def _state(self) -> FutureState:
+        return self.client.future_state(self.key)
 
     @property
     def status(self) -> str:
@@ -57,7 +74,7 @@ class Future:
         st = self._state
         if not st.event.wait(timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout} s")
-        return self.client._error(self.key) if st.status in ("error", "cancelled") else None
+        return self.client.future_error(self.key) if st.status in ("error", "cancelled") else None
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         self.client.cancel([self], reason=reason)
@@ -66,14 +83,14 @@ class Future:
         return self._state.status == "cancelled"
 
     def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
-        self.client._add_callback(self, fn)
+        self.client.on_future_done(self, fn)
 
     def release(self) -> None:
         pass                                 # kept for dask compatibility; `del` releases
 
     def __del__(self):
         try:
-            self.client._dec_ref(self.key)
+            self.client.release_key(self.key)
         except Exception:  # interpreter shutdown
             pass
 
@@ -81,27 +98,27 @@ class Future:
         return f"<Future {self.key!r} {self.status}>"
 
 
-def _flatten(obj, out: list) -> None:
+def flatten_futures(obj, out: list) -> None:
     if isinstance(obj, Future):
         out.append(obj)
     elif isinstance(obj, (list, tuple, set)):
         for o in obj:
-            _flatten(o, out)
+            flatten_futures(o, out)
     elif isinstance(obj, dict):
         for o in obj.values():
-            _flatten(o, out)
+            flatten_futures(o, out)
 
 
-def _rebuild(obj, values: dict, dropped: frozenset | set = frozenset()):
+def replace_futures(obj, values: dict, dropped: frozenset | set = frozenset()):
     """`obj` with each Future replaced by its value; futures whose keys are in `dropped`
     are left out of the lists, tuples, sets and dicts that hold them, at any depth."""
     if isinstance(obj, Future):
         return values[obj.key]
     if isinstance(obj, (list, tuple, set)):
-        return type(obj)(_rebuild(o, values, dropped) for o in obj
+        return type(obj)(replace_futures(o, values, dropped) for o in obj
                          if not (isinstance(o, Future) and o.key in dropped))
     if isinstance(obj, dict):
-        return {k: _rebuild(v, values, dropped) for k, v in obj.items()
+        return {k: replace_futures(v, values, dropped) for k, v in obj.items()
                 if not (isinstance(v, Future) and v.key in dropped)}
     return obj
 
@@ -113,7 +130,7 @@ class _Waited(collections.namedtuple("_Waited", "done not_done")):
 def wait(futures, timeout: float | None = None, return_when: str = "ALL_COMPLETED") -> _Waited:
     """Block until all (or, with FIRST_COMPLETED, any) futures are done."""
     flat: list[Future] = []
-    _flatten(futures, flat)
+    flatten_futures(futures, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == "FIRST_COMPLETED":
         queue = as_completed(flat, timeout=timeout)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.deploy import config as cfg
-from hpc_cluster.deploy.cli import main
+from hpc_cluster import config as cfg
+from hpc_cluster.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -532,7 +532,7 @@ def test_cli_entry_point_in_a_subprocess(place):
     place.write(place.user_file, "sites:\n  s:\n    cores: -1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPC_CLUSTER_")}
     env.update(place.environ, PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-m", "hpc_cluster.deploy.cli", "config", "check"],
+    res = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "config", "check"],
                          cwd=place.work, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert f"{place.user_file}, line 3: cores=-1 must be a whole number greater than 0" in res.stderr

@@ -23,7 +23,7 @@ from hpc_cluster import Client, LocalCluster  # noqa: E402
 from hpc_cluster.adapters.slurm import SLURMAdapter  # noqa: E402
 from hpc_cluster.deploy.cluster import (REMOTE_DEFAULT_PYTHON, JobQueueCluster, job_spec,  # noqa: E402
                                         worker_command)
-from hpc_cluster.deploy.config import ConfigError, resolve  # noqa: E402
+from hpc_cluster.config import ConfigError, resolve  # noqa: E402
 from hpc_cluster.protocol.secret import write_cluster_file  # noqa: E402
 from hpc_cluster.worker.__main__ import build_parser  # noqa: E402
 

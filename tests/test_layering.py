@@ -1,8 +1,10 @@
 """DESIGN.md's layering and principles, checked on every import statement (lazy ones included).
 
-`deploy` uses `adapters` and starts `scheduler` and `worker`; `scheduler` and `worker` use
-`protocol`; `client` uses `protocol`. Nothing below imports `deploy`; `adapters` never
-import `scheduler`. `units.py` is a pure leaf that any layer may use.
+`deploy` uses `adapters` and `config` and starts `scheduler` and `worker`; `scheduler` and
+`worker` use `protocol`; `client` uses `protocol`; `cli` uses `deploy` and `config`. Nothing
+below imports `deploy` or `cli`; `adapters` never import `scheduler`; `config` is read by the
+layers above it and imports none of ours but `units.py`, a pure leaf that any layer may use.
+And no two of our modules import each other (no circles), even only for type checking.
 
 Principles checked here as well: the scheduler never unpickles user data (nothing it
 imports brings in a pickler or our serializer), and the state machine and the batch
@@ -21,12 +23,15 @@ import hpc_cluster
 PACKAGE = Path(__file__).resolve().parent.parent / "hpc_cluster"
 
 # layer -> the layers of ours it must never import
+ABOVE = {"deploy", "cli", "config"}
 FORBIDDEN = {
-    "protocol": {"scheduler", "worker", "client", "adapters", "deploy"},
-    "scheduler": {"worker", "client", "adapters", "deploy"},
-    "worker": {"scheduler", "client", "adapters", "deploy"},
-    "client": {"scheduler", "worker", "adapters", "deploy"},
-    "adapters": {"scheduler", "worker", "client", "deploy"},
+    "protocol": {"scheduler", "worker", "client", "adapters"} | ABOVE,
+    "scheduler": {"worker", "client", "adapters"} | ABOVE,
+    "worker": {"scheduler", "client", "adapters"} | ABOVE,
+    "client": {"scheduler", "worker", "adapters"} | ABOVE,
+    "adapters": {"scheduler", "worker", "client"} | ABOVE,
+    "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli"},
+    "deploy": {"cli"},
 }
 CLIENT_MODULES = {"client", "client_tools", "futures", "exceptions", "graph", "progress"}
 
@@ -116,7 +121,7 @@ def imported_closure(path: Path, module: str | None = None) -> list[tuple[str, i
 
 
 def test_the_resolver_sees_relative_imports():
-    found = dict((name, line) for line, name in imports_of(PACKAGE / "deploy" / "config.py"))
+    found = dict((name, line) for line, name in imports_of(PACKAGE / "config" / "resolve.py"))
     assert "hpc_cluster.units" in found
 
 
@@ -257,3 +262,49 @@ def test_a_scheduler_process_loads_no_pickler_of_ours():
             "'hpc_cluster.protocol.serialize') or m.startswith('hpc_cluster.deploy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# -- no circles -----------------------------------------------------------------------------
+def import_graph(lazy: bool) -> dict[str, set[str]]:
+    """Our module -> our modules it imports (at import time, type-checking blocks included;
+    with `lazy`, inside functions too). A package's own __init__ is not an edge of its
+    modules: Python loads it first whatever they import."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        mod = module_of(path)
+        edges = graph.setdefault(mod, set())
+        for _, name in imports_of(path, mod, at_import_only=not lazy):
+            target = name if path_of(name) is not None else name.rsplit(".", 1)[0]
+            if path_of(target) is not None and target != mod and not mod.startswith(target + "."):
+                edges.add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every simple circle through the graph, each once (from its smallest module)."""
+    found = []
+
+    def walk(start, node, trail):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == start:
+                found.append(trail + [start])
+            elif nxt > start and nxt not in trail:
+                walk(start, nxt, trail + [nxt])
+    for start in sorted(graph):
+        walk(start, start, [start])
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    circles = cycles(import_graph(lazy=False))
+    assert not circles, "import circles (break them: DESIGN.md, one-way data flow): " + \
+        "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_type_checking_import(tmp_path, monkeypatch):
+    graph = import_graph(lazy=False)
+    graph["hpc_cluster.futures"] = graph["hpc_cluster.futures"] | {"hpc_cluster.client"}
+    assert ["hpc_cluster.client", "hpc_cluster.futures", "hpc_cluster.client"] in cycles(graph)
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .client import Client\n")
+    assert "hpc_cluster.client" in [n for _, n in imports_of(src, "hpc_cluster.m", at_import_only=True)]

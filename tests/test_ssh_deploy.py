@@ -27,7 +27,7 @@ from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.adapters.base import BatchError  # noqa: E402
-from hpc_cluster.deploy.cli import main as cli_main  # noqa: E402
+from hpc_cluster.cli import main as cli_main  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
 from hpc_cluster.deploy.remote import LoginNode, job_log_names, parse_probe  # noqa: E402
 from hpc_cluster.protocol.secret import read_cluster_file  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
-from .config import ConfigError, ResolvedConfig, resolve
+from ..config import ConfigError, ResolvedConfig, resolve
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 

@@ -65,7 +65,7 @@ KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_term
 
 def cluster_settings(config=None, **given) -> dict:
     """The scheduler/nanny knobs: keywords > $HPC_CLUSTER_* > config files' settings > defaults."""
-    from .config import check_keywords, env_overrides, find_config_files, load_config_files, merge
+    from ..config import check_keywords, env_overrides, find_config_files, load_config_files, merge
     keywords = check_keywords({k: v for k, v in given.items() if v is not None})
     files = load_config_files(find_config_files(config))
     merged = merge(files, None, env_overrides(), keywords)
@@ -91,7 +91,7 @@ class LocalCluster:
         if unknown:
             import inspect
 
-            from .config_schema import did_you_mean
+            from ..config import did_you_mean
             name = next(iter(unknown))
             known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
             raise TypeError(f"LocalCluster got an unknown keyword {name!r}{did_you_mean(name, known)}")

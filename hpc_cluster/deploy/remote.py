@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..adapters.base import BatchError
-from .config import ResolvedConfig
+from ..config import ResolvedConfig
 
 _PROBE = 'printf "%s\\n%s\\n%s\\n" "$HOME" "${XDG_CONFIG_HOME:-$HOME/.config}" "$(pwd)"'
 

@@ -52,7 +52,7 @@ def own_home(tmp_path, monkeypatch) -> dict:
 
 
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_cluster.deploy.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -19,16 +19,16 @@ EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli_cluster import EXIT_CODES
+    from .cluster import EXIT_CODES
     p = argparse.ArgumentParser(prog="hpc-cluster", description="A task cluster on HPC batch systems "
                                 "that tells you why a worker died.", epilog=EXAMPLES + "\n" + EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the LocalCluster demo")
     demo.add_argument("-n", "--workers", type=int, default=2)
-    from .cli_config import add_config_commands
+    from .config import add_config_commands
     add_config_commands(sub)
-    from .cli_cluster import add_cluster_commands
+    from .cluster import add_cluster_commands
     add_cluster_commands(sub)
     return p
 
@@ -40,10 +40,10 @@ def main(argv=None) -> int:
         from .demo import run
         return run(n_workers=args.workers)
     if args.command == "config":
-        from .cli_config import run_config
+        from .config import run_config
         return run_config(args)
     if getattr(args, "handler", None):
-        from .cli_cluster import run_cluster_command
+        from .cluster import run_cluster_command
         return run_cluster_command(args)
     parser.print_help(sys.stderr)
     return 2

@@ -1,4 +1,4 @@
-"""How the cluster commands (cli_cluster.py) show things: pure formatting of the daemon's
+"""How the cluster commands (cli/cluster.py) show things: pure formatting of the daemon's
 job table and the scheduler's death records, so the look is tested without a cluster.
 
 Death records are being extended (more evidence, more fields): read every field with

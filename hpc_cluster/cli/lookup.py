@@ -1,5 +1,5 @@
 """Which clusters exist and whether their daemons live: the cluster files under
-clusters_dir(), for the cluster commands (cli_cluster.py). Also the exit codes and the
+clusters_dir(), for the cluster commands (cli/cluster.py). Also the exit codes and the
 error those commands raise, so both modules share them.
 """
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
-from .cluster import _alive
+from ..deploy.cluster import _alive
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 EXIT_CODES = """exit codes:

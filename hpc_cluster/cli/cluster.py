@@ -1,8 +1,8 @@
 """`hpc-cluster up | status | scale | list | logs | why | job-script | down`.
 
 Each command talks to a cluster daemon (deploy/daemon.py) found by name through its
-cluster file, via `deploy/cluster.py: launch` and `control`. Kept out of cli.py so that
-file stays a list of commands; cli.py calls `add_cluster_commands(subparsers)` and runs
+cluster file, via `deploy/cluster.py: launch` and `control`. Kept out of cli/__init__.py so that
+file stays a list of commands; it calls `add_cluster_commands(subparsers)` and runs
 `args.handler` through `run_cluster_command`.
 
 Exit codes are part of the interface (scripts test them): see EXIT_CODES.
@@ -23,16 +23,16 @@ import warnings
 from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, read_cluster_file
-from .cli_lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
+from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _processes,
                          _remove_leftovers, cluster_names, find_cluster, plan_file)
-from .cli_views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
+from .views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
                         tail_lines)
 from ..adapters.base import BatchError
-from .cluster import ClusterError, _alive, control
-from .config import ConfigError
-from .remote import job_log_names, job_logs
-from .runner import SSHRunner
+from ..deploy.cluster import ClusterError, _alive, control
+from ..config import ConfigError
+from ..deploy.remote import job_log_names, job_logs
+from ..deploy.runner import SSHRunner
 
 
 def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
@@ -59,8 +59,8 @@ def _notes(err):
 # ----------------------------------------------------------------------------- commands
 
 def cmd_up(args, out, err) -> int:
-    from .cluster import launch
-    from .config import resolve
+    from ..deploy.cluster import launch
+    from ..config import resolve
     name = _check_name(args.name)
     if args.workers < 0:
         raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
@@ -371,8 +371,8 @@ def _death_matches(d: dict, target: str) -> bool:
 
 
 def cmd_job_script(args, out, err) -> int:
-    from .cluster import for_submission, render_job_script
-    from .config import resolve
+    from ..deploy.cluster import for_submission, render_job_script
+    from ..config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]
     if batch not in ("slurm", "pbs"):

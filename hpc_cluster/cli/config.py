@@ -1,6 +1,6 @@
-"""`hpc-cluster config check | init | show`: the command-line face of deploy/config.py.
+"""`hpc-cluster config check | init | show`: the command-line face of hpc_cluster/config.
 
-Kept out of cli.py so that file stays a list of commands; cli.py calls
+Kept out of cli/__init__.py so that file stays a list of commands; it calls
 `add_config_commands(subparsers)` and hands `args` to `run_config`.
 """
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import config as cfg
+from .. import config as cfg
 
 
 _EXAMPLES = {

@@ -265,7 +265,7 @@ def default_values() -> dict[str, Any]:
 def options_markdown() -> str:
     """The key table of docs/configuration.md (a test keeps the two identical).
 
-    Regenerate: python -c "from hpc_cluster.deploy.config import options_markdown as m; print(m())"
+    Regenerate: python -c "from hpc_cluster.config import options_markdown as m; print(m())"
     """
     def cell(v: Any) -> str:
         if v is None:

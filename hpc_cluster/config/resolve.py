@@ -1,0 +1,230 @@
+"""Merging the settings of one site: keyword arguments > HPC_CLUSTER_<KEY> variables >
+config files (earlier file in the lookup order wins per key; inside one file a site's own
+entry wins over `settings`) > the defaults in the settings table. See docs/configuration.md.
+
+`resolve()` is what the cluster classes and the CLI call; the merge itself is pure.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from ..units import format_memory, format_walltime
+from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
+from .schema import OPTION_BY_NAME, OPTIONS, ConfigError, Option, canonical_key, did_you_mean, parse_value
+
+ENV_PREFIX = "HPC_CLUSTER_"
+
+# HPC_CLUSTER_* names that are not settings: the config machinery's own, and the ones our
+# job scripts and processes export at run time. Any other HPC_CLUSTER_* variable must be
+# a setting; an unknown one is refused, because a typo would otherwise do nothing.
+ENV_META = {"CONFIG", "SITE", "SYSTEM_CONFIG_DIR"}
+ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS"}
+
+# ---------------------------------------------------------------------------- env and keywords
+
+def _env_text_to_value(opt: Option, text: str) -> Any:
+    # Strings stay strings ('01:00:00' would be read by YAML 1.1 as 3600, 'no' as False);
+    # numbers, booleans, lists and maps are parsed as YAML.
+    if opt.kind in ("str", "path", "size", "duration") or "|" in opt.kind:
+        return text
+    if opt.kind == "seconds":
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return yaml.safe_load(text)
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Entry]:
+    """Settings from HPC_CLUSTER_<KEY> variables. Unknown HPC_CLUSTER_* names are refused."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Entry] = {}
+    problems: list[str] = []
+    valid = [ENV_PREFIX + o.name.upper() for o in OPTIONS]
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        suffix = var[len(ENV_PREFIX):]
+        if suffix in ENV_META or suffix in ENV_RUNTIME:
+            continue
+        name = canonical_key(suffix.lower())
+        if name is None:
+            problems.append(f"environment variable {var} is not a setting" + did_you_mean(var, valid)
+                            + " (unset it, or see docs/configuration.md for the names)")
+            continue
+        text = environ[var]
+        if text.strip() == "":
+            problems.append(f"environment variable {var} is set but empty; unset it or give a value")
+            continue
+        try:
+            raw = _env_text_to_value(OPTION_BY_NAME[name], text)
+            out[name] = Entry(text, parse_value(name, raw), f"env:{var}")
+        except yaml.YAMLError:
+            problems.append(f"environment variable {var}={text!r} is not valid YAML for a {OPTION_BY_NAME[name].kind}")
+        except ValueError as e:
+            problems.append(f"environment variable {var}: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def check_keywords(kwargs: Mapping[str, Any]) -> dict[str, Entry]:
+    """Validate keyword arguments. None means "not given" (cluster classes pass their defaults)."""
+    out: dict[str, Entry] = {}
+    problems: list[str] = []
+    for key, raw in kwargs.items():
+        name = canonical_key(key) if "-" not in key else None
+        if name is None:
+            problems.append(f"unknown keyword '{key}'" + did_you_mean(key, list(OPTION_BY_NAME)))
+            continue
+        if raw is None:
+            continue
+        try:
+            out[name] = Entry(raw, parse_value(name, raw), "keyword")
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+# ---------------------------------------------------------------------------- merging
+
+@dataclass
+class ResolvedConfig:
+    """The merged settings of one site.
+
+    `values` are parsed (memory and other sizes in bytes, walltime and other durations in
+    seconds, paths with ~ expanded); `raw` holds each value as written, for display;
+    `sources` says where each came from: "default", "file:/path:line", "env:HPC_CLUSTER_X"
+    or "keyword".
+    """
+
+    site: str | None
+    values: dict[str, Any]
+    raw: dict[str, Any]
+    sources: dict[str, str]
+    files: list[str] = field(default_factory=list)
+    site_source: str = "none"
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def table(self) -> str:
+        """A readable table: key, value as written (and parsed, where that differs), source."""
+        rows = [("key", "value", "source")]
+        for o in OPTIONS:
+            raw, value = self.raw[o.name], self.values[o.name]
+            shown = "-" if raw is None else raw if isinstance(raw, str) else _flow(raw)
+            if value is not None and o.kind == "size" and str(raw) != str(value):
+                shown += f"  (= {format_memory(value)})"
+            elif value is not None and o.kind == "duration" and str(raw) != format_walltime(value):
+                shown += f"  (= {format_walltime(value)})"
+            elif value is not None and o.kind == "seconds" and isinstance(raw, str):
+                shown += f"  (= {value:g} s)"
+            rows.append((o.name, str(shown).strip(), self.sources[o.name]))
+        w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
+        return "\n".join(f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows)
+
+
+def select_site(files: list[ConfigFile], site: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """Which site to use, and why: site= > $HPC_CLUSTER_SITE > first `default` > the only site."""
+    available = sorted({name for f in files for name in f.sites})
+    where = ", ".join(f.path for f in files) or "no config files"
+    if site is not None:
+        chosen, why = site, "keyword"
+    elif environ.get("HPC_CLUSTER_SITE"):
+        chosen, why = environ["HPC_CLUSTER_SITE"], "env:HPC_CLUSTER_SITE"
+    else:
+        default = next((f.default for f in files if f.default is not None), None)
+        if default is not None:
+            chosen, why = default.value, default.source
+        elif len(available) == 1:
+            return available[0], "the only site"
+        elif available:
+            raise ConfigError(f"sites {', '.join(available)} are defined in {where} but none is the "
+                              "default; pass site=NAME (--site NAME) or add 'default: NAME'")
+        else:
+            return None, "none"
+    if chosen not in available:
+        raise ConfigError(f"no site '{chosen}' (from {why}) in {where}; available sites: "
+                          f"{', '.join(available) or 'none'}" + did_you_mean(chosen, available))
+    return chosen, why
+
+
+def merge(files: list[ConfigFile], site: str | None, env: Mapping[str, Entry],
+          keywords: Mapping[str, Entry]) -> dict[str, Entry]:
+    """Pure merge: keywords > env > files (earlier wins; in a file, site > settings) > default."""
+    merged: dict[str, Entry] = {}
+    for o in OPTIONS:
+        entry = keywords.get(o.name) or env.get(o.name)
+        if entry is None:
+            for f in files:
+                entry = f.sites.get(site, {}).get(o.name) or f.settings.get(o.name)
+                if entry is not None:
+                    break
+        if entry is None:
+            parsed = None if o.default is None else o.check(o.name, o.default)
+            entry = Entry(o.default, parsed, "default")
+        merged[o.name] = entry
+    return merged
+
+
+def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
+            environ: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+            **kwargs) -> ResolvedConfig:
+    """Find, read, validate and merge everything for one site. Raises ConfigError.
+
+    `environ` and `cwd` default to the process's; tests pass their own.
+    """
+    environ = os.environ if environ is None else environ
+    keywords = check_keywords(kwargs)        # cheapest mistakes first: a typo in the call
+    files = load_config_files(find_config_files(config, environ, cwd))
+    env = env_overrides(environ)
+    chosen, why = select_site(files, site, environ)
+    merged = merge(files, chosen, env, keywords)
+    return ResolvedConfig(site=chosen, values={k: e.value for k, e in merged.items()},
+                          raw={k: e.raw for k, e in merged.items()},
+                          sources={k: e.source for k, e in merged.items()},
+                          files=[f.path for f in files], site_source=why)
+
+
+# ---------------------------------------------------------------------------- starter file
+
+def starter_config(batch: str = "local", site: str = "mysite", queue: str | None = None,
+                   note: str = "") -> str:
+    """A commented starter file generated from OPTIONS. Pure; `config init` writes it."""
+    active = {"batch": batch, "cores": 1, "memory": "1GB", "walltime": "01:00:00"}
+    if queue:
+        active["queue"] = queue
+    lines = [
+        "# hpc-cluster configuration: docs/configuration.md lists every key.",
+        "# Check it with `hpc-cluster config check`; see the merged result with `config show`.",
+        "# Values here are overridden by HPC_CLUSTER_<KEY> variables and by keyword arguments.",
+    ]
+    if note:
+        lines.append(f"# {note}")
+    lines += [f"default: {site}", "sites:", f"  {site}:"]
+    for o in OPTIONS:
+        if o.scope != "site":
+            continue
+        if o.name in active:
+            lines.append(f"    {o.name}: {_flow(active[o.name])}   # {o.help}")
+        else:
+            shown = o.example if o.default is None else o.default
+            lines.append(f"    # {o.name}: {_flow(shown)}   # {o.help}")
+    lines += ["# Scheduler and nanny knobs, for every site (a site may also set them):",
+              "settings:"]
+    for o in OPTIONS:
+        if o.scope == "both":
+            shown = o.example if o.default is None else o.default
+            lines.append(f"  # {o.name}: {_flow(shown)}   # {o.help}")
+    return "\n".join(lines) + "\n"
