@@ -351,6 +351,20 @@ def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever()
     assert computes(s2.take_outbox(), "local") == ["huge"]
 
 
+def test_a_task_longer_than_every_workers_lifetime_fails_and_says_raise_lifetime():
+    # --lifetime bounds a worker as a walltime does (here: in 1-hour jobs, or in no job at all).
+    from hpc_cluster.exceptions import error_from_record
+
+    for info in ({"job_walltime": 3600, "lifetime": 120}, {"lifetime": 120}):
+        s = SchedulerState(prefetch=0)
+        s.add_worker("w", nthreads=1, now=0, deadline=120, info=dict(info, lifetime_end=120))
+        s.update_graph("c", [{**task("huge"), "duration": 600}], ["huge"])
+        err = ops(s.take_outbox(), "c", "task-erred")[0]["error"]
+        assert err["kind"] == "too-long" and err["walltime"] == 120, info
+        text = str(error_from_record("huge", err, load=None))
+        assert "a worker's whole lifetime (--lifetime) is 120 s" in text and "Raise --lifetime" in text
+
+
 def test_an_open_verdict_that_could_still_turn_blamed_holds_the_task_at_its_limit():
     # Seen in the memory benchmark: the 4th death read connection-lost until the nanny's
     # report came; the task was started again meanwhile and killed a 5th worker.

@@ -68,27 +68,37 @@ class BlameMixin:
                               or len(walltime) + open_ > self.walltime_failures)
 
     def _fits_nowhere(self, ts, expected: float | None) -> bool:
-        """Every worker has a walltime, and the task is longer than even a fresh job's whole
-        walltime: waiting for a new worker would be waiting forever."""
+        """Every worker's life is bounded (its job's walltime, or its --lifetime), and the task
+        is longer than even a fresh worker's whole span: waiting for a new worker would be
+        waiting forever."""
         if expected is None or not self.workers:
             return False
-        walltimes = [ws.info.get("job_walltime") for ws in self.workers.values()]
-        if any(not w for w in walltimes):
+        spans = [_span(ws) for ws in self.workers.values()]
+        if any(span is None for span in spans):
             return False
-        return expected * FIT_FACTOR + FIT_SLACK > max(walltimes)
+        return expected * FIT_FACTOR + FIT_SLACK > max(span for span, _ in spans)
 
     def _too_long_error(self, ts, expected: float) -> dict:
-        walltime = max(ws.info["job_walltime"] for ws in self.workers.values())
+        walltime, by = max(_span(ws) for ws in self.workers.values())
         said = ("it already ran" if ran_at_least(ts) >= expected else
                 "you said it takes" if ts.duration is not None else "tasks like it took")
+        what, fix = (("worker's whole lifetime (--lifetime)", "Raise --lifetime in worker_extra_args")
+                     if by == "lifetime" else ("job's whole walltime", "Raise walltime= (or the site's walltime)"))
         return {"kind": "too-long", "walltime": walltime, "expected": expected,
-                "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a job's whole "
-                        f"walltime is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "
-                        f"expected time + {FIT_SLACK:.0f} s left). Raise walltime= (or the site's walltime), "
-                        f"split the task, or correct duration=."}
+                "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a {what} "
+                        f"is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "
+                        f"expected time + {FIT_SLACK:.0f} s left). {fix}, split the task, or correct duration=."}
 
     @staticmethod
     def _attempts(ts) -> list[dict]:
         keys = ("worker", "name", "time", "cause", "blame", "text", "job_id", "evidence", "advice", "walltime",
                 "final_at")
         return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"]) for a in ts.attempts]
+
+
+def _span(ws) -> tuple[float, str] | None:
+    """How long a fresh worker like `ws` lives at most, and what bounds it: its job's
+    walltime or its --lifetime (the shorter); None when nothing does."""
+    spans = [(t, what) for t, what in ((ws.info.get("job_walltime"), "walltime"),
+                                        (ws.info.get("lifetime"), "lifetime")) if t]
+    return min(spans) if spans else None

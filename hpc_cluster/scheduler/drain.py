@@ -14,9 +14,10 @@ from .placement import expected_duration
 
 def drain_margin(ws, walltime_margin: float) -> float:
     """Seconds before the deadline to start draining: the configured margin, but never more
-    than a fifth of the job's walltime (a 1-minute job must not drain from the start)."""
-    walltime = ws.info.get("job_walltime")
-    return min(walltime_margin, 0.2 * walltime) if walltime else walltime_margin
+    than a fifth of the job's walltime or of the worker's lifetime (a 1-minute job, or a
+    worker with --lifetime 60s, must not drain from its start)."""
+    spans = [t for t in (ws.info.get("job_walltime"), ws.info.get("lifetime")) if t]
+    return min([walltime_margin] + [0.2 * t for t in spans])
 
 
 class DrainMixin:

@@ -52,9 +52,14 @@ def _number(value) -> float | None:
 
 
 def _deadline(info: dict) -> float | None:
-    """When the worker's job will be killed: job start + walltime, as the job script recorded."""
+    """When the worker must be gone: the earlier of its job's end (job start + walltime, as the
+    job script recorded) and its lifetime's (`lifetime_end`: --lifetime, drawn by the worker).
+    Both are drained for alike: the lifetime is an earlier walltime that no one enforces by a kill."""
     start, walltime = _number(info.get("job_start")), _number(info.get("job_walltime"))
-    return start + walltime if start is not None and walltime is not None else None
+    ends = [_number(info.get("lifetime_end"))]
+    if start is not None and walltime is not None:
+        ends.append(start + walltime)
+    return min((end for end in ends if end is not None), default=None)
 
 
 class Scheduler:
@@ -171,8 +176,12 @@ class Scheduler:
             try:
                 st = self.state
                 for addr in st.workers_to_drain(self.clock(), self.walltime_margin):
-                    logger.info("worker %s: %.0f s to its walltime; draining", addr,
-                                st.workers[addr].deadline - self.clock())
+                    ws = st.workers[addr]
+                    lifetime = ws.info.get("lifetime_end") is not None and ws.deadline == ws.info["lifetime_end"]
+                    if lifetime:
+                        self._drain_intent.setdefault(addr, "lifetime")
+                    logger.info("worker %s: %.0f s to the end of its %s; draining", addr,
+                                ws.deadline - self.clock(), "lifetime (--lifetime)" if lifetime else "walltime")
                     st.start_drain(addr)
                 for addr, ws in list(st.workers.items()):
                     if ws.draining and addr not in self._retiring and st.drain_step(addr):
@@ -235,7 +244,8 @@ class Scheduler:
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
                 "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),
-                "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start"))}
+                "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start")),
+                "lifetime": _number(first.get("lifetime")), "lifetime_end": _number(first.get("lifetime_end"))}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
                               info=info, deadline=_deadline(info))
@@ -433,7 +443,7 @@ class Scheduler:
                                "missing": [by_nanny[n] for n in by_nanny if current.get(n) in (None, by_nanny[n])]})
 
     def worker_table(self) -> list[dict]:
-        return [{"address": ws.address, "name": ws.name, "nthreads": ws.nthreads,
+        return [{"address": ws.address, "name": ws.name, "id": ws.name, "nthreads": ws.nthreads,
                  "memory_limit": ws.memory_limit, "resources": ws.resources,
                  "processing": len(ws.processing), "executing": len(ws.executing),
                  "stored": len(ws.has_what), "joined": ws.joined, **ws.info}

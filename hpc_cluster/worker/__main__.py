@@ -1,7 +1,8 @@
 """`python -m hpc_cluster.worker`: the command a job script (or LocalCluster) runs.
 
 With a nanny (the default) this process is the nanny and the worker runs as its child;
-with --no-nanny it is the worker itself.
+with --no-nanny it is the worker itself. It takes dask-worker's flags (worker/flags.py
+says which are honoured, ignored or refused) and our own.
 """
 
 from __future__ import annotations
@@ -12,48 +13,51 @@ import logging
 import os
 import sys
 
-from ..units import parse_memory
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env
+from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
+                    ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
+                    threads_per_worker)
+
+logger = logging.getLogger("hpc_cluster.worker")
+PROG = "python -m hpc_cluster.worker"
 
 
-def parse_resources(text: str | None) -> dict:
-    out = {}
-    for item in filter(None, (text or "").replace(",", " ").split()):
-        name, _, value = item.partition("=")
+def _value_type(flag: Flag):
+    """argparse's type for a flag: its reader, with the reader's advice as the error."""
+    def read(text: str):
         try:
-            out[name] = float(value)
-        except ValueError:
-            raise SystemExit(f"--resources {text!r}: use NAME=NUMBER pairs, e.g. 'GPU=2 MEM=10e9'") from None
-    return out
+            return flag.read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    read.__name__ = flag.setting
+    return read
+
+
+def _refusal(flag: Flag):
+    class Refuse(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{option_string} is not supported: {flag.text}")
+    return Refuse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hpc_cluster.worker")
+    """The worker's arguments, from the table in flags.py. Later flags win over earlier ones."""
+    p = argparse.ArgumentParser(prog=PROG, allow_abbrev=False)
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--scheduler", help="scheduler address (secret from $HPC_CLUSTER_SECRET)")
-    where.add_argument("--cluster-file", help="cluster file with the address and the secret")
-    p.add_argument("--nthreads", type=int, default=1)
-    p.add_argument("--memory-limit", default="0", help="e.g. 4GB; 0 for no limit")
-    p.add_argument("--name", default=None)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on for peers")
-    p.add_argument("--interface", default=None, help="listen on this network interface's address (e.g. ib0)")
-    p.add_argument("--nworkers", type=int, default=1, help="worker processes to start (each with its nanny)")
-    p.add_argument("--local-directory", default=None, metavar="DIR",
-                   help="scratch directory for the worker's files, created if missing and made the "
-                        "working directory; '~' and $VARIABLES are expanded here, on the node")
-    p.add_argument("--death-timeout", type=float, default=60.0,
-                   help="seconds to keep trying to reach the scheduler before giving up")
-    p.add_argument("--resources", default=None, help="abstract resources, e.g. 'GPU=2'")
-    p.add_argument("--nanny", dest="nanny", action="store_true", default=True)
-    p.add_argument("--no-nanny", dest="nanny", action="store_false")
-    p.add_argument("--nanny-id", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)   # the nanny's pipe
-    p.add_argument("--heartbeat-interval", type=float, default=0.5)
-    p.add_argument("--memory-terminate-fraction", type=float, default=0.95)
-    p.add_argument("--max-message-bytes", type=int, default=2**31)
-    p.add_argument("--max-frame-bytes", type=int, default=2**30)
-    p.add_argument("--log-level", default="INFO")
+    for flag in FLAGS:
+        group = where if flag.setting in ("scheduler", "cluster_file") else p
+        names = (flag.name, *flag.aliases)
+        shown = argparse.SUPPRESS if flag.hidden else flag.text.replace("%", "%%")
+        if flag.kind == REFUSED:
+            group.add_argument(*names, action=_refusal(flag), nargs=None if flag.takes_value else 0,
+                               help=argparse.SUPPRESS)
+        elif flag.takes_value:
+            group.add_argument(*names, dest=flag.setting, type=_value_type(flag), metavar=flag.metavar,
+                               help=shown)
+        else:
+            group.add_argument(*names, dest=flag.setting, action="store_const", const=flag.const, help=shown)
+    p.set_defaults(**DEFAULTS)
     return p
 
 
@@ -70,15 +74,45 @@ def interface_address(name: str) -> str:
     raise SystemExit(f"--interface {name!r} has no IPv4 address")
 
 
-def run_several(argv: list[str], n: int, name: str | None) -> int:
+def cpu_count() -> int:
+    """The cores this job may use (its CPU affinity, which batch systems set), as dask counts them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def system_memory() -> int:
+    """The node's memory as dask counts it: the least of its RAM, this process's memory cgroup
+    limit (the job's, under a batch system) and RLIMIT_RSS."""
+    import resource
+
+    import psutil
+
+    from .nanny import cgroup_memory_dir
+    limits = [psutil.virtual_memory().total]
+    cgroup = cgroup_memory_dir(os.getpid())
+    for name in ("memory.limit_in_bytes", "memory.max"):     # cgroup v1, v2 ("max": none)
+        try:
+            limits.append(int((cgroup / name).read_text()))
+        except (TypeError, OSError, ValueError):
+            pass
+    limits += [x for x in resource.getrlimit(resource.RLIMIT_RSS) if 0 < x != resource.RLIM_INFINITY]
+    return min(limits)
+
+
+def run_several(argv: list[str], n: int, name: str | None, nthreads: int, worker_port: str | None) -> int:
     """Start n workers (processes per job), each a copy of this command; end with them."""
     import signal
     import subprocess
-    base = _drop_option(argv, "--nworkers")
-    base = _drop_option(base, "--name")
+    base = drop_flags(argv, "--nworkers", "--name", "--nthreads", "--worker-port")
+    ports = port_shares(worker_port, n) if worker_port is not None else None
     procs = []
     for i in range(n):
-        child = base + ["--name", f"{name or 'worker'}-{i}"]
+        # Threads are counted here, where --nworkers is known (0: the cores shared among them).
+        child = base + ["--name", f"{name or 'worker'}-{i}", "--nthreads", str(nthreads)]
+        if ports:
+            child += ["--worker-port", ports[i]]
         procs.append(subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", *child]))
 
     def forward(sig, _frame):
@@ -90,18 +124,6 @@ def run_several(argv: list[str], n: int, name: str | None) -> int:
     signal.signal(signal.SIGINT, forward)
     codes = [p.wait() for p in procs]
     return max((c for c in codes), key=abs, default=0)
-
-
-def _drop_option(argv: list[str], option: str) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == option:
-            skip = True
-        elif not a.startswith(option + "="):
-            out.append(a)
-    return out
 
 
 def use_local_directory(path: str) -> str:
@@ -119,6 +141,24 @@ def use_local_directory(path: str) -> str:
                          f"{e.strerror or e}; set local_directory to a writable node-local directory "
                          "(/tmp, $TMPDIR)") from None
     return os.getcwd()
+
+
+def write_pid_file(path: str) -> str:
+    """dask-worker's --pid-file: this process's id, removed at exit (see main for os._exit)."""
+    import atexit
+    path = os.path.abspath(path)
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    atexit.register(remove_pid_file, path)
+    return path
+
+
+def remove_pid_file(path: str | None) -> None:
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _number(text: str | None) -> float | None:
@@ -144,18 +184,36 @@ def _ready_signal(fd: int | None):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        build_parser().print_help()
+        return 0
+    # The table's own words, all problems at once, rather than argparse's first complaint
+    # (in argparse's form, which job logs and the nanny's log tail already show).
+    problems = check_worker_args(argv)
+    if problems:
+        for problem in problems:
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
+    for note in ignored_worker_args(argv):
+        print(f"hpc-cluster worker: {note}", file=sys.stderr)
+    # What the nanny and the other workers of the job run: without the flags only this
+    # process acts on (they would note them again, or write the pid file over).
+    argv = drop_flags(argv, "--pid-file", *(f.name for f in FLAGS if f.kind == IGNORED))
+    pid_file = write_pid_file(args.pid_file) if args.pid_file else None
     # Paths are made absolute before the chdir into the local directory, in argv too: the
     # nanny and the other workers of the job run the same argv from there.
     if args.cluster_file:
         args.cluster_file = os.path.abspath(args.cluster_file)
-        argv = _drop_option(argv, "--cluster-file") + ["--cluster-file", args.cluster_file]
+        argv = drop_flags(argv, "--cluster-file") + ["--cluster-file", args.cluster_file]
     if args.local_directory:
         # Before the nanny or the other workers start: they inherit it as their cwd.
         args.local_directory = use_local_directory(args.local_directory)
-        argv = _drop_option(argv, "--local-directory") + ["--local-directory", args.local_directory]
+        argv = drop_flags(argv, "--local-directory") + ["--local-directory", args.local_directory]
+    cpus = cpu_count()
+    nthreads = threads_per_worker(args.nthreads, args.nworkers, cpus)
     if args.nworkers > 1:
-        return run_several(argv, args.nworkers, args.name)
+        return run_several(argv, args.nworkers, args.name, nthreads, args.worker_port)
     if args.interface:
         args.host = interface_address(args.interface)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -168,12 +226,17 @@ def main(argv=None) -> int:
         if secret is None:
             print("hpc-cluster worker: set $HPC_CLUSTER_SECRET or use --cluster-file", file=sys.stderr)
             return 2
-    memory_limit = parse_memory(args.memory_limit) if args.memory_limit not in ("0", "", "none") else 0
+    memory_limit, note = memory_limit_bytes(args.memory_limit, nthreads=nthreads, cpus=cpus,
+                                            system_memory=system_memory())
+    if note:
+        logger.warning(note)
     if args.nanny:
         from .nanny import run_nanny
-        child = [a for a in argv if a != "--nanny"] + ["--no-nanny"]
-        return run_nanny(address, secret, child, memory_limit=memory_limit,
-                         terminate_fraction=args.memory_terminate_fraction, name=args.name)
+        # The nanny restarts the worker when its lifetime ends; the worker only says so.
+        child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart")
+        return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit,
+                         terminate_fraction=args.memory_terminate_fraction, name=args.name,
+                         lifetime_restart=args.lifetime_restart)
     from .worker import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
@@ -181,17 +244,36 @@ def main(argv=None) -> int:
     faulthandler.enable(all_threads=False)
     extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
              "job_walltime": _number(os.environ.get("HPC_CLUSTER_JOB_WALLTIME")),
-             "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START"))}
-    code = run_worker(address, secret, nthreads=args.nthreads, memory_limit=memory_limit, name=args.name,
-                      host=args.host, resources=parse_resources(args.resources),
+             "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START")), **lifetime_info(args)}
+    code = run_worker(address, secret, nthreads=nthreads, memory_limit=memory_limit, name=args.name,
+                      host=args.host, port=_ports(args.worker_port), resources=parse_resources(args.resources or ""),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
                       limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
                       death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd))
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
+    remove_pid_file(pid_file)              # os._exit skips atexit
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def lifetime_info(args) -> dict:
+    """The lifetime this worker process draws once, at its start (a restarted worker draws
+    again), and when it ends: the scheduler treats that end like an earlier walltime."""
+    import random
+    import time
+    lifetime = draw_lifetime(args.lifetime, args.lifetime_stagger, random.random())
+    if lifetime is None:
+        return {}
+    end = time.time() + lifetime
+    logger.info("this worker's lifetime is %.1f s: it leaves by %s", lifetime,
+                time.strftime("%H:%M:%S", time.localtime(end)))
+    return {"lifetime": lifetime, "lifetime_end": end}
+
+
+def _ports(spec: str | None):
+    return parse_ports(spec) if spec is not None else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """The nanny: starts the worker process, watches it, and reports how it ended.
 
 It samples the worker's memory (RSS of the process tree) ten times a second, stops it
-at a fraction of its memory limit, restarts it after an unexpected exit, keeps the tail
-of its log, and for every exit builds a report: exit code or signal, peak RSS, the last
-seconds of samples, whether the nanny killed it, and whether the kernel's OOM killer
-fired in its memory cgroup. The report is what `scheduler/diagnosis.py` reads first.
+at a fraction of its memory limit, restarts it after an unexpected exit (and at the end of
+its --lifetime, with --lifetime-restart), keeps the tail of its log, and for every exit
+builds a report: exit code or signal, peak RSS, the last seconds of samples, whether the
+nanny killed it, and whether the kernel's OOM killer fired in its memory cgroup. The
+report is what `scheduler/diagnosis.py` reads first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import uuid
 from pathlib import Path
 
 import psutil
+
+from .worker import EXIT_LIFETIME
 
 logger = logging.getLogger("hpc_cluster.nanny")
 
@@ -111,13 +114,14 @@ class ProcessTree:
 
 class Nanny:
     def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
-                 name: str | None = None, max_startup_failures: int = 5):
+                 name: str | None = None, max_startup_failures: int = 5, lifetime_restart: bool = False):
         self.child_argv = child_argv
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
         self.name = name
         self.id = uuid.uuid4().hex[:12]
         self.max_startup_failures = max_startup_failures
+        self.lifetime_restart = lifetime_restart
         self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
         self.reports: list[dict] = []
@@ -150,6 +154,8 @@ class Nanny:
                                                              start_new_session=False, pass_fds=(ready_w,))
         finally:
             os.close(ready_w)
+        if self.stopping:                           # told to stop while this one was starting
+            self._terminate()
         pid = self.proc.pid
         cgroup = cgroup_memory_dir(pid)
         oom_before = oom_kills(cgroup)
@@ -225,6 +231,8 @@ class Nanny:
     async def run(self) -> int:
         startup_failures = 0                        # in a row: workers that never registered
         while True:
+            if self.stopping:                       # told to stop between two workers
+                return 0
             report = await self.run_once()
             if self.on_report is not None:
                 await self.on_report(report)
@@ -233,6 +241,14 @@ class Nanny:
                 self.restarting = False
                 logger.info("worker restarted on the scheduler's request")
                 continue
+            if report["exit_code"] == EXIT_LIFETIME:
+                # The scheduler retired it at the end of its lifetime (drained: nothing lost,
+                # nothing charged). dask's --lifetime-restart: a fresh worker, a new lifetime.
+                if self.lifetime_restart and not self.stopping:
+                    logger.info("worker reached its lifetime; starting a fresh one")
+                    continue
+                logger.info("worker reached its lifetime; nanny exits")
+                return 0
             if self.stopping or report["exit_code"] in (0, 3):
                 # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
                 logger.info("worker ended (%s); nanny exits", why)
@@ -348,9 +364,9 @@ class SchedulerLink:
 
 
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
-              terminate_fraction: float = 0.95, name: str | None = None) -> int:
+              terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False) -> int:
     async def main() -> int:
-        nanny = Nanny(child_argv, memory_limit, terminate_fraction, name)
+        nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)

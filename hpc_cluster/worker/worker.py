@@ -20,7 +20,7 @@ import threading
 import time
 import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..protocol import serialize
 from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
@@ -43,7 +43,7 @@ class _Task:
 
 class Worker:
     def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
-                 name: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
                  limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None):
         self.scheduler_address, self.secret = scheduler, secret
@@ -81,7 +81,7 @@ class Worker:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.listener = Listener(self._serve_peer, self.secret, self.info, self.limits, name="worker")
-        self.address = self.listener.start_listening(self.host, self.port)
+        self.address = self._listen()
         self.name = self.name or self.address
         comm = await connect(self.scheduler_address, self.secret, self.info, self.limits)
         self.scheduler_comm = comm
@@ -97,6 +97,30 @@ class Worker:
         self._beat = asyncio.create_task(self._heartbeat())
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
+
+    def _listen(self) -> str:
+        """Listen on the first free port of ours (--worker-port: one, or a share of a range)."""
+        ports = [self.port] if isinstance(self.port, int) else list(self.port)
+        error: OSError = OSError("no port to try")
+        for port in ports:
+            try:
+                return self.listener.start_listening(self.host, port)
+            except OSError as exc:
+                error = exc
+        shown = ports[0] if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+        raise ListenError(f"cannot listen on {self.host} port {shown}: {error.strerror or error}; "
+                          "give --host an address of this node, and --worker-port free ports (or leave "
+                          "it out for any free port)")
+
+    def _lifetime_ended(self, reason: str) -> bool:
+        """Was this close the scheduler's drain before our lifetime's end (not before the job's
+        walltime, nor a scale-down)? The scheduler retires a worker whose deadline comes with
+        the intent 'walltime drain'; the deadline was the lifetime's if that ends first."""
+        end = self.extra_info.get("lifetime_end")
+        if end is None or reason not in DEADLINE_DRAINS:
+            return False
+        start, walltime = self.extra_info.get("job_start"), self.extra_info.get("job_walltime")
+        return start is None or walltime is None or end <= start + walltime
 
     async def close(self, reason: str = "closing", report: bool = True) -> None:
         if self.closed.is_set():
@@ -136,7 +160,13 @@ class Worker:
                     elif op == "free-all":
                         self._free(list(self.tasks) + list(self.data))
                     elif op == "close":
-                        await self.close(msg.get("reason", "asked by the scheduler"), report=False)
+                        reason = msg.get("reason", "asked by the scheduler")
+                        if self._lifetime_ended(reason):
+                            # Under a nanny: it starts a fresh worker (--lifetime-restart) or
+                            # exits 0. Alone, the job ends cleanly.
+                            logger.info("worker %s: its lifetime is over; leaving", self.address)
+                            self.exit_code = EXIT_LIFETIME if self.nanny else 0
+                        await self.close(reason, report=False)
                         return
                     elif op == "registered":
                         pass
@@ -376,6 +406,16 @@ class Worker:
 
 
 EXIT_LOST_SCHEDULER = 4        # the nanny restarts on this one; 0 and 3 end it
+EXIT_LIFETIME = 5              # retired at the end of its --lifetime: restart (--lifetime-restart) or end
+EXIT_CANNOT_LISTEN = 1         # its --host/--worker-port cannot be had: a startup failure
+
+# The scheduler's intents when it retires a worker whose deadline came ('walltime drain';
+# 'lifetime' if it names lifetime drains apart).
+DEADLINE_DRAINS = frozenset({"walltime drain", "lifetime"})
+
+
+class ListenError(Exception):
+    """The worker cannot listen where it was told to (not an OSError: retrying won't help)."""
 
 
 class _LogBuffer(logging.Handler):
@@ -456,3 +496,6 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
     except ConnectionError as exc:
         print(f"hpc-cluster worker: {exc}", file=sys.stderr)
         return 3
+    except ListenError as exc:
+        print(f"hpc-cluster worker: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
