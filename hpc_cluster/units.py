@@ -60,49 +60,78 @@ def format_memory(nbytes: int | float | None) -> str:
 _WALL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WALL_UNIT_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
 
+# How each batch system reads a walltime string: a bare number is minutes to sbatch and
+# seconds to qsub, and both take more than 59 minutes in 'MM:SS' ('90:00' is 90 minutes).
+# dask-jobqueue hands the string to the batch system as written, so we read it as that
+# batch system would (batch=None: our own reading, a bare number is seconds).
+WALLTIME_FORMS_BY_BATCH = {
+    "slurm": "SLURM's forms: minutes ('60'), 'MM:SS' ('90:00'), 'HH:MM:SS', 'D-HH', 'D-HH:MM', "
+             "'D-HH:MM:SS', or units like '90m', '1h30m', '2d'",
+    "pbs": "PBS's forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may pass 24), "
+           "or units like '90m', '1h30m', '2d'",
+}
 
-def parse_walltime(value: int | float | str, what: str = "walltime") -> int:
-    """Return seconds for '01:00:00', '30:00', '2-00:00:00', '90m', '1h30m', 3600."""
+
+class _Hint(ValueError):
+    """A reason worth showing the user (not int()'s own complaint)."""
+
+
+def _colon_seconds(text: str, batch: str | None) -> float:
+    """Seconds for 'H:M:S', 'M:S', 'D-H[:M[:S]]' as `batch` reads them; ValueError if not."""
+    days = 0
+    if "-" in text:
+        if batch == "pbs":
+            raise _Hint("PBS has no day form")
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in text.split(":")]
+    if any(p < 0 for p in parts) or not 1 <= len(parts) <= 3:
+        raise ValueError
+    if days:                                   # after a day count, hours come first
+        h, m, s = (parts + [0, 0])[:3]
+        if h >= 24 or m >= 60 or s >= 60:
+            raise ValueError
+    elif len(parts) == 3:
+        h, m, s = parts
+        if m >= 60 or s >= 60:
+            raise ValueError
+    elif len(parts) == 2:
+        h, (m, s) = 0, parts
+        # SLURM and PBS both read 'MM:SS' with any number of minutes; our own reading
+        # kept to clock form, where '90:00' would more likely be a typo for '01:30:00'.
+        if s >= 60 or (batch is None and m >= 60):
+            raise ValueError
+    else:
+        raise ValueError                       # a bare number is handled by the caller
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def parse_walltime(value: int | float | str, what: str = "walltime", batch: str | None = None) -> int:
+    """Seconds for a walltime, read as `batch` ("slurm", "pbs" or None for our own forms) reads it.
+
+    '01:00:00', '30:00', '2-00:00:00' (SLURM), '90m', '1h30m', 3600 ... A bare number is
+    minutes for SLURM and seconds otherwise, whether written as text or as a number.
+    """
+    forms = WALLTIME_FORMS_BY_BATCH.get(batch or "", WALLTIME_FORMS)
     if isinstance(value, bool):
-        raise UnitError(f"{what}={value!r} is not a duration; use {WALLTIME_FORMS}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise UnitError(f"{what}={value!r} must be positive; use {WALLTIME_FORMS}")
-        return int(value)
+        raise UnitError(f"{what}={value!r} is not a duration; use {forms}")
     text = str(value).strip().lower().replace(" ", "")
     seconds: float | None = None
     try:
         if re.fullmatch(r"\d+(\.\d+)?", text):
-            seconds = float(text)
+            number = float(text)
+            if batch == "slurm" and not number.is_integer():
+                raise ValueError
+            seconds = number * 60 if batch == "slurm" else number
         elif _WALL_UNIT_RE.match(text):
             seconds = sum(float(n) * _WALL_UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
         else:
-            days = 0
-            if "-" in text:
-                d, text = text.split("-", 1)
-                days = int(d)
-            parts = [int(p) for p in text.split(":")]
-            if any(p < 0 for p in parts):
-                raise ValueError
-            if len(parts) == 3:
-                h, m, s = parts
-            elif len(parts) == 2 and days:  # SLURM: D-HH:MM
-                h, m, s = parts[0], parts[1], 0
-            elif len(parts) == 2:
-                h, m, s = 0, parts[0], parts[1]
-            elif len(parts) == 1 and days:
-                h, m, s = parts[0], 0, 0
-            else:
-                raise ValueError
-            if m >= 60 or s >= 60:
-                raise ValueError
-            seconds = days * 86400 + h * 3600 + m * 60 + s
-    except ValueError:
-        seconds = None
-    if seconds is None:
-        raise UnitError(f"{what}={value!r} is not a duration I understand; use {WALLTIME_FORMS}")
+            seconds = _colon_seconds(text, batch)
+    except ValueError as exc:
+        hint = f" ({exc})" if isinstance(exc, _Hint) else ""
+        raise UnitError(f"{what}={value!r} is not a duration I understand{hint}; use {forms}") from None
     if seconds <= 0:
-        raise UnitError(f"{what}={value!r} must be positive; use {WALLTIME_FORMS}")
+        raise UnitError(f"{what}={value!r} must be positive; use {forms}")
     return int(seconds)
 
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
+
+# dask's configuration is read by our cluster classes (a dask-jobqueue user's jobqueue.yaml):
+# the suite must not see the developer's ~/.config/dask, nor leave files there (importing
+# dask_jobqueue copies its jobqueue.yaml into dask's config directory). Set before dask loads.
+os.environ["DASK_CONFIG"] = tempfile.mkdtemp(prefix="hpc-cluster-tests-dask-config-")
 
 from hpc_cluster import Client, LocalCluster
 
@@ -30,3 +40,41 @@ def _no_leaked_settings():
         del os.environ[k]
     os.environ.update(before)
     assert after == before, f"the test leaked environment settings: {sorted(set(after.items()) ^ set(before.items()))}"
+
+
+# -- the command-level PBS simulator (tests/pbs_sim): qsub, qstat, qdel on PATH ---------------
+SIM = Path(__file__).resolve().parent / "pbs_sim"
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """Cluster files and user config under tmp, run from tmp: nothing of the real user's is
+    read or touched (their config files, HPC_CLUSTER_CONFIG/SITE)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "home").mkdir(exist_ok=True)          # batch systems start jobs in $HOME
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(tmp_path / "etc"))
+    for var in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def sim(isolated_home, monkeypatch):
+    """The simulator on PATH for this process and the daemon it starts (which inherits
+    os.environ); our cluster files under tmp. Yields the simulator's state directory."""
+    from pbs_sim import pbssim
+    from waiting import wait_until
+    home = isolated_home / "pbs_sim_home"
+    home.mkdir()
+    monkeypatch.setenv("PBS_SIM_HOME", str(home))
+    monkeypatch.setenv("PBS_SIM_KILL_DELAY", "1")
+    monkeypatch.setenv("PATH", f"{SIM / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PBS_SIM_FLAVOR", raising=False)
+    yield home
+    pbssim.cleanup(str(home))
+    wait_until(lambda: not pbssim.live_pids(str(home)), 15, "simulator processes to exit")
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # waiting.py, pbs_sim/ for the fixtures

@@ -40,15 +40,9 @@ sites:
 
 
 @pytest.fixture(autouse=True)
-def own_config_home(tmp_path, monkeypatch):
+def own_config_home(isolated_home):
     """Cluster files and user config under tmp: nothing of the real user is read or touched."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(tmp_path / "etc"))
-    for var in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return isolated_home
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -221,10 +215,11 @@ def test_job_script_for_a_slurm_site_is_valid_bash(capsys, tmp_path):
     code, out, err = run(capsys, "job-script", "--config", str(cfg), "--name", "mine")
     assert code == 0, err
     assert out.startswith("#!/usr/bin/env bash")
-    for line in ("#SBATCH --cpus-per-task=2", "#SBATCH --time=00:10:00", "#SBATCH --partition=debug",
-                 f"#SBATCH --output={tmp_path / 'logs'}/%x-%j.out"):
+    for line in ("#SBATCH --cpus-per-task=2", "#SBATCH -t 00:10:00", "#SBATCH -p debug",
+                 f"#SBATCH -o {tmp_path / 'logs'}/%x-%j.out", "#SBATCH -J dask-worker"):
         assert line in out
     assert str(cluster_file_for("mine")) in out and "-m hpc_cluster.worker" in out
+    assert '--name "mine-${HPC_CLUSTER_WORKER_INDEX:-0}"' in out   # workers: the cluster's name + job index
     script = tmp_path / "job.sh"
     script.write_text(out)
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -239,11 +234,24 @@ def test_job_script_for_a_pbs_site(capsys, tmp_path):
     assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0
 
 
+def test_a_site_without_cores_or_memory_is_refused_with_advice(capsys, tmp_path):
+    # dask-jobqueue requires both; so do `job-script` and `up`, before anything starts.
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text("default: p\nsites:\n  p:\n    batch: slurm\n    cores: 2\n")
+    for command in (["job-script"], ["up", "-n", "1", "--name", "nomem"]):
+        code, out, err = run(capsys, *command, "--config", str(cfg))
+        assert code == 2, (command, out, err)
+        assert "does not say how many cores and how much memory a job asks for (memory unset)" in err
+        assert "`memory: 16GB`" in err and "jobqueue.slurm" in err
+    assert not cluster_file_for("nomem").exists()
+
+
 def test_a_template_with_an_undefined_variable_is_a_config_error(capsys, tmp_path):
     template = tmp_path / "site.sh.j2"
     template.write_text("#!/bin/bash\n{{ sitee_modules }}\nexec {{ worker_command }}\n")
     cfg = tmp_path / "site.yaml"
-    cfg.write_text(f"default: p\nsites:\n  p:\n    batch: slurm\n    template: {template}\n")
+    cfg.write_text(f"default: p\nsites:\n  p:\n    batch: slurm\n    cores: 1\n    memory: 1GB\n"
+                   f"    template: {template}\n")
     for command in (["job-script"], ["up", "-n", "1", "--name", "tpl"]):
         code, out, err = run(capsys, *command, "--config", str(cfg))
         assert code == 2, (command, out, err)
@@ -303,13 +311,14 @@ def test_deaths_print_with_missing_fields():
 
 
 def test_death_matching_by_worker_job_and_key():
-    d = {"worker": "tcp://n1:4000", "name": "hpc-cluster-123", "executing": ["parse-1"],
+    d = {"worker": "tcp://n1:4000", "name": "big-1", "job_id": "123", "executing": ["parse-1"],
          "processing": ["parse-1", "sum-2"]}
     match = cli_cluster._death_matches
-    assert match(d, "tcp://n1:4000") and match(d, "hpc-cluster-123") and match(d, "123")
+    assert match(d, "tcp://n1:4000") and match(d, "big-1") and match(d, "123")
     assert match(d, "parse-1") and match(d, "sum-2")
     assert not match(d, "12") and not match(d, "1234") and not match(d, "other")
-    assert match({"name": "hpc-cluster-123-1"}, "123")
+    assert not match(d, "1")                       # job 1, not the worker of index 1
+    assert match({"name": "big-0", "job_id": "77.pbs-server"}, "77")
 
 
 # -- progress() ------------------------------------------------------------------------------

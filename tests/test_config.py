@@ -119,8 +119,18 @@ def test_user_file_overrides_system_file_per_key(place):
     assert rc["account"] == "lab123" and rc.sources["account"] == f"file:{place.system_file}:6"
     assert rc["job_script_prologue"] == ["module load python/3.11"]
     assert rc["allowed_failures"] == 5 and rc.sources["allowed_failures"] == f"file:{place.system_file}:13"
-    assert rc["processes"] == 1 and rc.sources["processes"] == "default"
+    # No cores anywhere: dask-jobqueue's required settings stay unset (the cluster classes and
+    # `up` refuse that with advice), and so does the processes split that depends on them.
+    assert rc["cores"] is None and rc["processes"] is None and rc.sources["processes"] == "default"
+    assert rc["walltime"] == 4 * 3600 and rc.raw["walltime"] == "04:00:00"
     assert rc.files == [str(place.user_file), str(place.system_file)]
+
+
+def test_processes_default_to_about_sqrt_cores(place):
+    place.write(place.user_file, "sites:\n  lab:\n    batch: slurm\n    cores: 16\n")
+    rc = place.resolve()
+    assert rc["processes"] == 4 and rc.sources["processes"] == "default:sqrt(cores)"
+    assert place.resolve(processes=2)["processes"] == 2
 
 
 def test_cwd_file_beats_user_file(place):
@@ -163,8 +173,11 @@ def test_within_one_file_the_site_beats_settings(place):
 def test_no_files_gives_the_defaults(place):
     rc = place.resolve()
     assert rc.site is None and rc.files == []
-    assert rc.values == cfg.default_values()
+    # The defaults, with the walltime worked out (no batch system: a bare number is seconds).
+    assert rc.values == {**cfg.default_values(), "walltime": 1800}
     assert rc["max_message_bytes"] == 2**31 and rc["walltime_margin"] == 60
+    assert (rc["job_name"], rc["cores"], rc["memory"], rc["shebang"]) == ("dask-worker", None, None,
+                                                                         "#!/usr/bin/env bash")
     assert set(rc.sources.values()) == {"default"}
 
 
@@ -406,8 +419,9 @@ def test_docs_list_every_key():
 def test_starter_config_is_valid_and_uses_the_detected_batch():
     cf = cfg.parse_config_text(cfg.starter_config("pbs", site="hpc", queue="workq"), "/x.yaml")
     assert cf.default.value == "hpc"
+    # A walltime is kept as written in a file: how it reads depends on the batch system.
     assert {k: e.value for k, e in cf.sites["hpc"].items()} == {
-        "batch": "pbs", "cores": 1, "memory": 10**9, "walltime": 3600, "queue": "workq"}
+        "batch": "pbs", "cores": 1, "memory": 10**9, "walltime": "01:00:00", "queue": "workq"}
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -502,7 +516,7 @@ def test_show_prints_values_and_sources(shell, capsys, monkeypatch):
     assert rows["memory"].split()[1] == "32GB" and rows["memory"].endswith(f"file:{shell.user_file}:3")
     assert rows["account"].endswith(f"file:{shell.system_file}:6")
     assert rows["allowed_failures"].split()[1:] == ["9", "env:HPC_CLUSTER_ALLOWED_FAILURES"]
-    assert rows["processes"].split()[1:] == ["1", "default"]
+    assert rows["processes"].split()[1:] == ["-", "default"]      # no cores: nothing to split
 
 
 def test_show_writes_maps_lists_and_parsed_times(shell, capsys):
@@ -518,7 +532,8 @@ def test_show_writes_maps_lists_and_parsed_times(shell, capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert "{host: login, user: alice}" in rows["ssh"]
     assert "{OMP_NUM_THREADS: 1}" in rows["env"]
-    assert "5400  (= 01:30:00)" in rows["walltime"]      # YAML 1.1 read 1:30:00 as 5400
+    # YAML 1.1 reads 1:30:00 as the number 5400 (minutes, to SLURM): we keep clock forms as written.
+    assert "1:30:00  (= 01:30:00)" in rows["walltime"]
     assert "2m  (= 120 s)" in rows["heartbeat_ttl"]
 
 

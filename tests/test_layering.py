@@ -220,7 +220,9 @@ def parser_modules() -> list[str]:
     return out
 
 
-PURE = STATE_MACHINE + parser_modules()
+# Also pure: the memory/walltime parsers and the dask-worker flag table (the cluster classes
+# check a user's worker_extra_args with it before any job is submitted).
+PURE = STATE_MACHINE + parser_modules() + ["units.py", "worker/flags.py"]
 
 
 def impurities(path: Path, module: str | None = None) -> list[str]:

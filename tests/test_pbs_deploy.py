@@ -5,60 +5,19 @@ in the simulated jobs and join. No PBS server installs here (see DESIGN.md).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
-
-SIM = Path(__file__).resolve().parent / "pbs_sim"
-_spec = importlib.util.spec_from_file_location("pbssim", SIM / "pbssim.py")
-pbssim = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pbssim)
-
-
-def _live_pids(home: Path) -> list[int]:
-    live = []
-    for pidfile in home.glob("jobs/*/*.pid"):
-        try:
-            pid = int(pidfile.read_text())
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            live.append(pid)
-    return live
-
-
-@pytest.fixture
-def sim(tmp_path, monkeypatch):
-    """The simulator on PATH for this process and the daemon it starts (which inherits
-    os.environ); our cluster files under tmp."""
-    home = tmp_path / "pbs_sim_home"
-    home.mkdir()
-    monkeypatch.setenv("PBS_SIM_HOME", str(home))
-    monkeypatch.setenv("PBS_SIM_KILL_DELAY", "1")
-    monkeypatch.setenv("PATH", f"{SIM / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("PBS_SIM_FLAVOR", raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(tmp_path / "etc"))
-    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.chdir(tmp_path)
-    yield home
-    pbssim.cleanup(str(home))
-    wait_until(lambda: not _live_pids(home), 15, "simulator processes to exit")
-
+from pbs_sim.pbssim import live_pids  # noqa: E402  (the `sim` fixture is in conftest.py)
 
 def qstat_finished(home: Path, job_ids) -> dict[str, str]:
     """job id -> job_state from `qstat -x -f -F json`, as a user would check."""
@@ -88,19 +47,21 @@ def test_pbs_cluster_scale_compute_close(sim, tmp_path):
             assert len(job_ids) == 2 and all(j.endswith(".pbssim") for j in job_ids)
             assert {r["state"] for r in jobs.values()} == {"running"}
             assert {r["raw_state"] for r in jobs.values()} == {"R"}          # qstat's own letter
+            # Named as dask-jobqueue names them: the cluster's name and the job's index.
             names = {n for r in jobs.values() for n in r["worker_names"]}
-            assert names == {f"hpc-cluster-{j}" for j in job_ids}
+            assert names == {"PBSCluster-0", "PBSCluster-1"}
+            assert {r["index"] for r in jobs.values()} == {0, 1}
             assert client.gather(client.map(_inc, range(20))) == list(range(1, 21))
-            assert _live_pids(sim)                                          # jobs really run here
+            assert live_pids(str(sim))                                          # jobs really run here
     finally:
         cluster.close()
     assert cluster._proc.poll() is not None and not cluster.cluster_file.exists()
     states = qstat_finished(sim, job_ids)
     assert states == {j: "F" for j in job_ids}, states
-    wait_until(lambda: not _live_pids(sim), 30, "the jobs' processes to exit")
-    # The job logs landed where log_directory said, named <name>.o<seq> / .e<seq>.
+    wait_until(lambda: not live_pids(str(sim)), 30, "the jobs' processes to exit")
+    # The job logs landed where log_directory said, named <job name>.o<seq> / .e<seq>.
     for j in job_ids:
-        assert (logs / f"hpc-cluster.e{j.split('.')[0]}").exists()
+        assert (logs / f"dask-worker.e{j.split('.')[0]}").exists()
 
 
 def test_n_workers_starts_whole_jobs_and_scale_counts_jobs(sim, tmp_path):
@@ -116,7 +77,7 @@ def test_n_workers_starts_whole_jobs_and_scale_counts_jobs(sim, tmp_path):
             job_ids = sorted(jobs)
             assert len(job_ids) == 2 and {r["state"] for r in jobs.values()} == {"running"}
             names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
-            assert names == sorted(f"hpc-cluster-{j}-{i}" for j in job_ids for i in (0, 1))
+            assert names == ["PBSCluster-0-0", "PBSCluster-0-1", "PBSCluster-1-0", "PBSCluster-1-1"]
 
             cluster.scale(jobs=1)
 

@@ -134,7 +134,7 @@ def test_job_script_of_an_ssh_site_has_the_login_nodes_paths(login, laptop, tmp_
     assert code == 0, err
     remote_file = login.home / ".config" / "hpc-cluster" / "clusters" / "big.json"
     assert f"--cluster-file {remote_file} " in out
-    assert f"#SBATCH --output={login.home}/hpc-logs/%x-%j.out" in out
+    assert f"#SBATCH -o {login.home}/hpc-logs/%x-%j.out" in out
     assert str(laptop["home"]) not in out
     # No python set: python3 from the node's PATH, and the user is told.
     assert "exec python3 -m hpc_cluster.worker " in out
@@ -154,7 +154,7 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
     logins_before = login.accepted()
     cluster = SLURMCluster(config=str(site))
     job_ids: list[str] = []
-    remote_file = login.home / ".config" / "hpc-cluster" / "clusters" / f"{cluster.name}.json"
+    remote_file = login.home / ".config" / "hpc-cluster" / "clusters" / f"{cluster.id}.json"
     try:
         info = json.loads(cluster.cluster_file.read_text())
         assert info["ssh"] is True and info["batch"] == "slurm"
@@ -168,7 +168,7 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
         # Paths in the job are the login node's; the log directory was made there, not here.
         script = cluster.job_script()
         assert f"--cluster-file {remote_file} " in script
-        assert f"#SBATCH --error={login.home}/hpc-logs/%x-%j.err" in script
+        assert f"#SBATCH -e {login.home}/hpc-logs/%x-%j.err" in script
         assert (login.home / "hpc-logs").is_dir() and not (laptop["home"] / "hpc-logs").exists()
 
         cluster.scale(2)
@@ -183,9 +183,9 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
         assert "Accepted publickey for " + getpass.getuser() in login.log.read_text()
 
         # `hpc-cluster logs JOB` reads the job's files on the login node, over SSH.
-        err_file = login.home / "hpc-logs" / f"hpc-cluster-{job_ids[0]}.err"
+        err_file = login.home / "hpc-logs" / f"{cluster.job_name}-{job_ids[0]}.err"
         wait_until(lambda: "connected to tcp://" in err_file.read_text(), 30, "the worker's log line")
-        assert cli_main(["logs", job_ids[0], cluster.name]) == 0
+        assert cli_main(["logs", job_ids[0], cluster.id]) == 0
         out = capsys.readouterr().out
         assert f"== {err_file} ==" in out and "connected to tcp://" in out
         assert login.accepted() == logins_before + 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import types
 
 from hpc_cluster.adapters.base import JobSpec
-from hpc_cluster.deploy.jobs import Job, JobManager
+from hpc_cluster.deploy.jobs import AdaptPolicy, Job, JobManager
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.placement import key_prefix
 from hpc_cluster.scheduler.state import SchedulerState
@@ -111,14 +111,30 @@ class _FakeAdapter:
         return "#!/bin/sh\n"
 
 
-def _manager(now, walltime=60, margin=60):
+def _manager(now, walltime=60, margin=60, lifetime=None):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None,
                                   drain=lambda *a: None, halt=lambda reason: None, fail_if_stranded=lambda: None)
     clock = {"t": now}
     jm = JobManager(sched, _FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
-                    clock=lambda: clock["t"])
+                    clock=lambda: clock["t"], lifetime=lifetime)
     return jm, state, clock
+
+
+def test_renewal_runs_ahead_of_the_workers_lifetime_when_it_ends_the_job_first():
+    # dask-jobqueue's recipe: --lifetime 55m --lifetime-stagger 4m in 1-hour jobs. Without
+    # --lifetime-restart the job ends with its workers, at 51 minutes at the earliest.
+    from hpc_cluster.deploy.launch import job_lifetime
+    lifetime = job_lifetime(["--lifetime", "55m", "--lifetime-stagger", "4m"])
+    assert lifetime == 51 * 60 and job_lifetime(["--lifetime", "55m", "--lifetime-restart"]) is None
+    jm, _, clock = _manager(now=0, walltime=3600, lifetime=lifetime)
+    job = Job("1", submitted=0, started=10)
+    jm.jobs["1"] = job
+    # lead = margin 60 + queue wait 10 + startup 5: renew from 10 + 3060 - 75
+    clock["t"] = 2994
+    assert not jm.expiring(job)
+    clock["t"] = 2996
+    assert jm.expiring(job)
 
 
 def test_renewal_starts_ahead_of_the_deadline_using_the_observed_queue_wait():
@@ -135,11 +151,21 @@ def test_renewal_starts_ahead_of_the_deadline_using_the_observed_queue_wait():
 
 def test_adapt_grows_at_once_and_shrinks_only_when_polls_agree():
     jm, state, _ = _manager(now=0)
-    jm.adaptive, jm.target = (1, 5), 1
+    jm.adaptive, jm.target = AdaptPolicy(1, 5, target_duration=30, wait_count=3), 1
     state.update_graph("c", [task(f"t{i}", duration=10) for i in range(30)], [f"t{i}" for i in range(30)])
     assert jm.desired() == 5                                           # 300 s of work / (30 s x 2 threads)
     state.client_releases("c", [f"t{i}" for i in range(30)])
     assert [jm.desired() for _ in range(3)] == [5, 5, 1]               # down after 3 agreeing polls
+
+
+def test_adapt_follows_dasks_target_duration_wait_count_and_no_maximum():
+    jm, state, _ = _manager(now=0)
+    jm.adaptive, jm.target = AdaptPolicy(0, None), 0                    # dask's defaults: 5 s, 3 rounds
+    state.update_graph("c", [task(f"t{i}", duration=10) for i in range(30)], [f"t{i}" for i in range(30)])
+    assert jm.desired() == 30                                          # 300 s / (5 s x 2 threads), no cap
+    jm.adaptive.wait_count = 1
+    state.client_releases("c", [f"t{i}" for i in range(30)])
+    assert jm.desired() == 0                                           # down at the first decision
 
 
 def test_dask_keys_learn_durations_by_their_name():

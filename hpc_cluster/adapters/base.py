@@ -66,6 +66,10 @@ class JobSpec:
     working_directory: str | None = None
     template: str | None = None             # a site's own template file, replacing ours
     resource_spec: str | None = None        # PBS: the -l request instead of select=1:ncpus=..:mem=..
+    shebang: str = "#!/usr/bin/env bash"
+    job_cpu: int | None = None              # SLURM: --cpus-per-task instead of cores
+    job_mem: str | None = None              # SLURM: --mem as written, instead of memory
+    worker_index: int = 0                   # the job's number in its cluster: workers are NAME-<index>
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -123,6 +127,15 @@ class AccountingRecord:
 
 
 _TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def kept_directives(directives: Sequence[Sequence[str]], skip: Sequence[str]) -> list[str]:
+    """The directive lines `skip` leaves: each directive is (the line we write, its other
+    spellings...), and a skip string drops it if it is found in any of them, so a skip list
+    written for dask-jobqueue's short flags ('-J') and one written for long ones
+    ('--job-name') both work. Only our lines are skipped: what the user adds, they meant."""
+    return [spellings[0] for spellings in directives
+            if not any(s in line for s in skip for line in spellings)]
 
 
 def _template_line(error: BaseException, path: Path) -> int | None:

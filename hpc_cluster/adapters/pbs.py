@@ -14,10 +14,11 @@ See docs/pbs.md for the full table.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Sequence
 
-from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus
+from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, kept_directives
 from ..units import format_walltime
 
 # -- states ---------------------------------------------------------------------------
@@ -89,12 +90,12 @@ def parse_hms(text: str | None) -> int | None:
 
 
 def format_pbs_memory(nbytes: int) -> str:
-    """PBS size for a request: whole gb when exact, else mb rounded up (never ask for less)."""
-    gib = 1024**3
-    if nbytes % gib == 0:
-        return f"{nbytes // gib}gb"
-    mib = 1024**2
-    return f"{max(1, -(-nbytes // mib))}mb"
+    """PBS size for a request, rounded up as dask-jobqueue does (PBS's units are binary):
+    whole GB from 10 GiB, MB from 10 MiB, kB from 10 KiB: 28GB -> '27GB', 1GB -> '954MB'."""
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if nbytes >= 10 * size:
+            return f"{math.ceil(nbytes / size)}{unit}"
+    return f"{max(1, int(nbytes))}B"
 
 
 def _first_host(exec_host: str | None) -> str | None:
@@ -382,6 +383,9 @@ class PBSAdapter(BatchAdapter):
             if not _ENV_NAME.match(key):
                 raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
                                  f"variable name (letters, digits, '_', not starting with a digit)")
+        if spec.job_cpu or spec.job_mem:
+            raise BatchError("job_cpu and job_mem are SLURM settings; on PBS ask for cores and memory "
+                             "with resource_spec, e.g. 'select=1:ncpus=8:mem=64GB'")
         memory = format_pbs_memory(spec.memory)
         if spec.resource_spec:
             # Replaces our select=... request, e.g. Torque's 'nodes=1:ppn={cores},mem={memory}'.
@@ -392,19 +396,19 @@ class PBSAdapter(BatchAdapter):
                                  "{cores}, {memory} and {processes}, e.g. 'nodes=1:ppn={cores},mem={memory}'") from None
         else:
             resources = f"select=1:ncpus={spec.cores}:mem={memory}"
-        ours = [f"#PBS -N {sanitize_job_name(spec.job_name)}",
-                f"#PBS -l {resources}",
-                f"#PBS -l walltime={format_walltime(spec.walltime)}"]
+        # dask-jobqueue's directives, in its order and spelling (PBS has one spelling each).
+        ours = [(f"#PBS -N {sanitize_job_name(spec.job_name)}",)]
         if spec.queue:
-            ours.append(f"#PBS -q {spec.queue}")
+            ours.append((f"#PBS -q {spec.queue}",))
         if spec.account:
-            ours.append(f"#PBS -A {spec.account}")
+            ours.append((f"#PBS -A {spec.account}",))
+        ours += [(f"#PBS -l {resources}",), (f"#PBS -l walltime={format_walltime(spec.walltime)}",)]
         if spec.log_directory:
             # A directory (trailing slash) makes PBS name the files <name>.o<seq> and
             # <name>.e<seq>, one pair per job; directives cannot expand $PBS_JOBID.
             log_dir = spec.log_directory.rstrip("/")
-            ours += [f"#PBS -o {log_dir}/", f"#PBS -e {log_dir}/"]
-        kept = [line for line in ours if not any(skip in line for skip in spec.directives_skip)]
+            ours += [(f"#PBS -e {log_dir}/",), (f"#PBS -o {log_dir}/",)]
+        kept = kept_directives(ours, spec.directives_skip)
         extra = [d if d.lstrip().startswith("#PBS") else f"#PBS {d.strip()}"
                  for d in spec.extra_directives]
         return {"directives": kept + extra, "pbs_job_name": sanitize_job_name(spec.job_name)}

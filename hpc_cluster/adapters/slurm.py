@@ -14,7 +14,7 @@ import shlex
 from typing import Iterable, Sequence
 
 from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
-                   StepRecord)
+                   StepRecord, kept_directives)
 from ..units import format_walltime
 
 COMMAND_TIMEOUT = 60.0
@@ -320,11 +320,20 @@ def status_from_accounting(record: AccountingRecord) -> JobStatus:
 
 
 # -- the adapter --------------------------------------------------------------------
-def _directive(flag: str, value) -> str:
-    value = str(value)
+def _value(value) -> str:
     # sbatch reads #SBATCH lines with its own quote handling; quote only when needed so
     # the common case stays readable.
-    return f"#SBATCH {flag}={shlex.quote(value)}" if value != shlex.quote(value) else f"#SBATCH {flag}={value}"
+    value = str(value)
+    return value if value == shlex.quote(value) else shlex.quote(value)
+
+
+def slurm_memory(nbytes: int) -> str:
+    """--mem for a number of bytes, rounded up to whole GiB, MiB or KiB as dask-jobqueue does
+    (sbatch's G/M/K are binary): 28GB -> '27G', 300MB -> '287M'; never less than asked."""
+    for unit, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= size:
+            return f"{math.ceil(nbytes / size)}{unit}"
+    return "1K"
 
 
 class SLURMAdapter(BatchAdapter):
@@ -344,32 +353,37 @@ class SLURMAdapter(BatchAdapter):
             raise BatchError(f"cores={spec.cores!r}: a job needs at least one core")
         # SLURM limits are whole minutes: round up so the job gets at least what was asked.
         minutes = max(1, math.ceil(spec.walltime / 60))
-        mem_mib = max(1, math.ceil(spec.memory / 2**20))
-        ours = [
-            _directive("--job-name", spec.job_name),
-            "#SBATCH --ntasks=1",
-            f"#SBATCH --cpus-per-task={spec.cores}",
-            f"#SBATCH --mem={mem_mib}M",
-            f"#SBATCH --time={format_walltime(minutes * 60)}",
-            # A requeued job would come back under the same id with a stale worker; the job
-            # manager submits its own replacements, and sacct keeps the real end (NODE_FAIL).
-            "#SBATCH --no-requeue",
-        ]
-        if spec.queue:
-            ours.append(_directive("--partition", spec.queue))
-        if spec.account:
-            ours.append(_directive("--account", spec.account))
+        name = _value(spec.job_name)
+        cpus = spec.job_cpu or spec.cores
+        memory = spec.job_mem or slurm_memory(spec.memory)
+        # dask-jobqueue's directives, in its order and spelling, each with its other spelling
+        # for job_directives_skip; then ours.
+        ours = [(f"#SBATCH -J {name}", f"#SBATCH --job-name={name}")]
         if spec.log_directory:
             log_dir = spec.log_directory.rstrip("/") or "/"
-            ours += [_directive("--output", f"{log_dir}/%x-%j.out"),
-                     _directive("--error", f"{log_dir}/%x-%j.err")]
+            err, out = _value(f"{log_dir}/%x-%j.err"), _value(f"{log_dir}/%x-%j.out")
+            ours += [(f"#SBATCH -e {err}", f"#SBATCH --error={err}"),
+                     (f"#SBATCH -o {out}", f"#SBATCH --output={out}")]
+        if spec.queue:
+            ours.append((f"#SBATCH -p {_value(spec.queue)}", f"#SBATCH --partition={_value(spec.queue)}"))
+        if spec.account:
+            ours.append((f"#SBATCH -A {_value(spec.account)}", f"#SBATCH --account={_value(spec.account)}"))
+        ours += [
+            ("#SBATCH -n 1", "#SBATCH --ntasks=1"),
+            (f"#SBATCH --cpus-per-task={cpus}", f"#SBATCH -c {cpus}"),
+            (f"#SBATCH --mem={memory}",),
+            (f"#SBATCH -t {format_walltime(minutes * 60)}", f"#SBATCH --time={format_walltime(minutes * 60)}"),
+            # A requeued job would come back under the same id with a stale worker; the job
+            # manager submits its own replacements, and sacct keeps the real end (NODE_FAIL).
+            ("#SBATCH --no-requeue",),
+        ]
         if spec.working_directory:
-            ours.append(_directive("--chdir", spec.working_directory))
+            wd = _value(spec.working_directory)
+            ours.append((f"#SBATCH --chdir={wd}", f"#SBATCH -D {wd}"))
         extra = [d if d.lstrip().startswith("#SBATCH") else f"#SBATCH {d.strip()}"
                  for d in spec.extra_directives]
-        # Skipping applies to our lines only: what the user wrote explicitly, they meant.
-        kept = [line for line in ours if not any(skip in line for skip in spec.directives_skip)]
-        return {"directives": kept + extra, "slurm_walltime_seconds": minutes * 60}
+        return {"directives": kept_directives(ours, spec.directives_skip) + extra,
+                "slurm_walltime_seconds": minutes * 60}
 
     # -- commands ------------------------------------------------------------------
     def _run(self, argv: list[str], input: str | None = None):

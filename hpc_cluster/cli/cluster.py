@@ -29,7 +29,7 @@ from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, 
 from .views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
                         tail_lines)
 from ..adapters.base import BatchError
-from ..deploy.cluster import ClusterError, _alive, control
+from ..deploy.launch import ClusterError, _alive, control
 from ..config import ConfigError
 from ..deploy.remote import job_log_names, job_logs
 from ..deploy.runner import SSHRunner
@@ -59,7 +59,7 @@ def _notes(err):
 # ----------------------------------------------------------------------------- commands
 
 def cmd_up(args, out, err) -> int:
-    from ..deploy.cluster import launch
+    from ..deploy.launch import launch
     from ..config import resolve
     name = _check_name(args.name)
     if args.workers < 0:
@@ -69,7 +69,11 @@ def cmd_up(args, out, err) -> int:
     if v["batch"] not in ("slurm", "pbs"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
                            "site with batch: slurm or batch: pbs (`hpc-cluster config show` shows "
-                           "what was read; pass --site or --config)", USAGE)
+                           "what was read; pass --site or --config; coming from dask-jobqueue, "
+                           "`hpc-cluster config import-jobqueue` makes a site of your jobqueue.yaml)", USAGE)
+    _require_job_size(cfg)
+    for note in cfg.notes:
+        print(f"note: {note}", file=err)
     processes = v["processes"]
     n_jobs = math.ceil(args.workers / processes)
     print(f"starting cluster {name!r} ({v['batch']}, site {cfg.site or 'defaults'}): {n_jobs} job(s) "
@@ -96,6 +100,15 @@ def cmd_up(args, out, err) -> int:
           f"see it:  hpc-cluster status {name}\n"
           f"stop it: hpc-cluster down {name}", file=out)
     return OK
+
+
+def _require_job_size(cfg) -> None:
+    missing = [k for k in ("cores", "memory") if cfg.values[k] is None]
+    if missing:
+        raise CommandError(f"site {cfg.site or '(defaults)'} does not say how many cores and how much memory "
+                           f"a job asks for ({' and '.join(missing)} unset): add them to the site, e.g. "
+                           "`cores: 4` and `memory: 16GB` (or to jobqueue.yaml under jobqueue."
+                           f"{cfg.values['config_name'] or cfg.values['batch']})", USAGE)
 
 
 def _watch_startup(name, path, info, proc, want: int, timeout: float, out) -> None:
@@ -195,7 +208,8 @@ def cmd_status(args, out, err) -> int:
     print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
           f"daemon pid {info.get('pid')})", file=out)
     print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
-          + (f"; adaptive {adaptive[0]}..{adaptive[1]} jobs" if adaptive else ""), file=out)
+          + (f"; adaptive {adaptive[0]}..{'no limit' if adaptive[1] is None else adaptive[1]} jobs"
+             if adaptive else ""), file=out)
     print("", file=out)
     print(jobs_table(rows, max_finished=args.finished), file=out)
     if table.get("halted"):
@@ -361,17 +375,18 @@ def cmd_why(args, out, err) -> int:
 
 
 def _death_matches(d: dict, target: str) -> bool:
-    if target in (d.get("worker"), d.get("name")) or str(d.get("job_id") or "") == target:
+    # A job id matches the job's record, not a worker's name: names are NAME-<index in the
+    # cluster> (dask-jobqueue's), so 'why 1' must not find worker 'default-1' of job 6231.
+    job_id = str(d.get("job_id") or "")
+    if target in (d.get("worker"), d.get("name")) or job_id == target:
         return True
-    wname = str(d.get("name") or "")
-    # Worker names are "<job name>-<job id>" (or "...-<job id>-<i>" with several per job).
-    if _JOB_ID_RE.match(target) and re.search(rf"-{re.escape(target.split('.')[0])}(-\d+)?$", wname):
-        return True
+    if _JOB_ID_RE.match(target) and "." in job_id and job_id.split(".")[0] == target.split(".")[0]:
+        return True                            # PBS: '123' for '123.server'
     return target in (d.get("executing") or []) or target in (d.get("processing") or [])
 
 
 def cmd_job_script(args, out, err) -> int:
-    from ..deploy.cluster import for_submission, render_job_script
+    from ..deploy.launch import for_submission, render_job_script
     from ..config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]
@@ -379,10 +394,11 @@ def cmd_job_script(args, out, err) -> int:
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
                            "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
     name = _check_name(args.name)
-    render_job_script(cfg, str(cluster_file_for(name)))     # template problems first, before any SSH
+    _require_job_size(cfg)
+    render_job_script(cfg, str(cluster_file_for(name)), name)     # template problems first, before any SSH
     with _notes(err):
         cfg, cluster_file, _ = for_submission(cfg, name, cluster_file_for(name), create=False)
-    print(render_job_script(cfg, cluster_file), file=out, end="")
+    print(render_job_script(cfg, cluster_file, name), file=out, end="")
     return OK
 
 
@@ -505,7 +521,7 @@ def add_cluster_commands(sub) -> None:
 
     p = _sub(sub, "logs", "print a job's stdout/stderr, a worker's log, or the daemon's log", """\
   hpc-cluster logs 1234                    job 1234's .out/.err files from log_directory
-  hpc-cluster logs hpc-cluster-1234        the worker's recent log lines (also of dead workers)
+  hpc-cluster logs default-0               the worker's recent log lines (also of dead workers)
   hpc-cluster logs daemon big --tail 200   the cluster daemon's own log
 """, cmd_logs)
     p.add_argument("target", metavar="WORKER|JOB|daemon")
@@ -516,7 +532,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster why                          every death in the only running cluster, latest last
   hpc-cluster why big                      the same for cluster 'big'
   hpc-cluster why 1234 big                 the deaths of job 1234's workers
-  hpc-cluster why hpc-cluster-1234         one worker (name or tcp:// address)
+  hpc-cluster why default-0                one worker (name or tcp:// address)
   hpc-cluster why 'parse-3a9c0e'           deaths while that task was executing
 """, cmd_why)
     p.add_argument("target", nargs="?", metavar="WORKER|JOB|KEY")

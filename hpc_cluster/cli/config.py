@@ -1,4 +1,4 @@
-"""`hpc-cluster config check | init | show`: the command-line face of hpc_cluster/config.
+"""`hpc-cluster config check | init | show | import-jobqueue`: the command-line face of hpc_cluster/config.
 
 Kept out of cli/__init__.py so that file stays a list of commands; it calls
 `add_config_commands(subparsers)` and hands `args` to `run_config`.
@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from .. import config as cfg
 
@@ -36,10 +38,21 @@ _EXAMPLES = {
     "show": ("""\
   hpc-cluster config show                  the default site: every key, its value and its source
   hpc-cluster config show --site gpu
+  hpc-cluster config show --batch slurm    what SLURMCluster() gets with no site (jobqueue.yaml too)
   HPC_CLUSTER_CORES=8 hpc-cluster config show --config ./site.yaml
 """, """exit codes:
   0  ok
   2  bad configuration (the problems are printed)
+"""),
+    "import-jobqueue": ("""\
+  hpc-cluster config import-jobqueue       dask's jobqueue config (~/.config/dask/jobqueue.yaml,
+                                           DASK_JOBQUEUE__*) -> ~/.config/hpc-cluster/config.yaml
+  hpc-cluster config import-jobqueue ./jobqueue.yaml --path ./hpc-cluster.yaml
+  hpc-cluster config import-jobqueue --section mylab=slurm --path -     a section of your own, to stdout
+""", """exit codes:
+  0  written; what could not be carried over is listed
+  1  the file exists (pass --force or --path), or there was nothing to import
+  2  the jobqueue file cannot be read or is not valid
 """),
 }
 
@@ -67,12 +80,22 @@ def add_config_commands(subparsers) -> None:
     show = _action(sub, "show", "print the merged settings and where each came from")
     show.add_argument("--config", metavar="PATH", help="read this file (plus the system file)")
     show.add_argument("--site", metavar="S", help="the site to show (default: the file's default)")
+    show.add_argument("--batch", choices=("slurm", "pbs"),
+                      help="as SLURMCluster()/PBSCluster() would see it: this batch system's jobqueue config too")
+    show.add_argument("--config-name", metavar="NAME", help="read jobqueue.NAME (dask-jobqueue's config_name)")
+    imp = _action(sub, "import-jobqueue", "write a site config from a dask-jobqueue jobqueue.yaml")
+    imp.add_argument("source", nargs="?", metavar="PATH",
+                     help="a jobqueue.yaml (default: dask's configuration, as dask-jobqueue reads it)")
+    imp.add_argument("--path", metavar="P", help="where to write (default: the user config file; - for stdout)")
+    imp.add_argument("--force", action="store_true", help="replace an existing file")
+    imp.add_argument("--section", action="append", default=[], metavar="NAME=BATCH",
+                     help="the batch system (slurm or pbs) of a section with a name of your own")
 
 
 def run_config(args: argparse.Namespace, out=None, err=None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    handler = {"check": _check, "init": _init, "show": _show}[args.config_command]
+    handler = {"check": _check, "init": _init, "show": _show, "import-jobqueue": _import_jobqueue}[args.config_command]
     return handler(args, out, err)
 
 
@@ -123,17 +146,98 @@ def _check(args, out, err) -> int:
 
 
 def _show(args, out, err) -> int:
+    given = {k: v for k, v in (("batch", args.batch), ("config_name", args.config_name)) if v}
     try:
-        rc = cfg.resolve(site=args.site, config=args.config)
+        rc = cfg.resolve(site=args.site, config=args.config, **given)
     except cfg.ConfigError as e:
         for p in e.problems:
             print(p, file=err)
         return 2
     print(f"site: {rc.site or 'none (defaults only)'}  (chosen by: {rc.site_source})", file=out)
     print("files, highest priority first: " + (", ".join(rc.files) or "none"), file=out)
-    print("precedence: keyword > env > files > default\n", file=out)
+    batch = rc.values["batch"]
+    if batch in ("slurm", "pbs"):
+        section = rc.values["config_name"] or batch
+        print(f"dask-jobqueue's configuration: jobqueue.{section} (sources marked 'jobqueue:')", file=out)
+    print("precedence: keyword > env > files > dask-jobqueue's jobqueue config > default\n", file=out)
     print(rc.table(), file=out)
+    if rc.notes:
+        print("\nnot used here (what happens instead):", file=out)
+        for note in rc.notes:
+            print(f"  {note}", file=out)
+    if batch not in ("slurm", "pbs"):
+        print("\nno batch system chosen, so no jobqueue config was read; `--batch slurm` shows what "
+              "SLURMCluster() would read", file=out)
     return 0
+
+
+def _import_jobqueue(args, out, err) -> int:
+    from ..config.jobqueue import import_jobqueue
+    batches = {}
+    for item in args.section:
+        name, _, batch = item.partition("=")
+        if batch not in ("slurm", "pbs"):
+            print(f"--section {item!r}: write NAME=slurm or NAME=pbs", file=err)
+            return 2
+        batches[name] = batch
+    try:
+        tree, where = _jobqueue_tree(args.source)
+    except cfg.ConfigError as e:
+        for p in e.problems:
+            print(p, file=err)
+        return 2
+    sites, notes = import_jobqueue(tree, batches)
+    if not sites:
+        print(f"nothing to import from {where}: no SLURM or PBS section", file=err)
+        for note in notes:
+            print(f"  {note}", file=err)
+        return 1
+    default = _detected_batch() if _detected_batch() in sites else next(iter(sites))
+    doc = {"default": default, "sites": sites}
+    text = (f"# Imported by `hpc-cluster config import-jobqueue` from {where}.\n"
+            "# Check it with `hpc-cluster config check`; docs/migrating-from-dask-jobqueue.md explains each key.\n"
+            + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    target = args.path or str(cfg.user_config_dir(os.environ) / cfg.CONFIG_FILENAME)
+    cfg.parse_config_text(text, target)       # what we write must pass our own check
+    if target == "-":
+        print(text, file=out, end="")
+    else:
+        path = Path(target).expanduser()
+        if path.exists() and not args.force:
+            print(f"{path} already exists; not overwriting it. Pass --force to replace it, or --path to "
+                  "write elsewhere (- for stdout).", file=err)
+            return 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}: " + ", ".join(f"site '{n}' ({len(s) - 1} settings, batch {s['batch']})"
+                                            for n, s in sites.items()) + f"; default: {default}", file=out)
+    dest = err if target == "-" else out
+    if notes:
+        print("not carried over, or changed on the way:", file=dest)
+        for note in notes:
+            print(f"  {note}", file=dest)
+    print("see the result with `hpc-cluster config show`", file=dest)
+    return 0
+
+
+def _jobqueue_tree(source: str | None) -> tuple[dict, str]:
+    """The `jobqueue:` tree of a file, or of dask's configuration (files, DASK_* variables)."""
+    if source:
+        text = Path(source).expanduser().read_text() if Path(source).expanduser().is_file() else None
+        if text is None:
+            raise cfg.ConfigError(f"{source}: no such file")
+        doc = cfg.load_yaml(text, source) or {}
+        tree = doc.get("jobqueue") if isinstance(doc, dict) else None
+        if not isinstance(tree, dict):
+            raise cfg.ConfigError(f"{source}: no 'jobqueue:' map at the top (is it a dask-jobqueue jobqueue.yaml?)")
+        return tree, source
+    import dask.config
+    tree = dask.config.get("jobqueue", default={}) or {}
+    return dict(tree), "dask's configuration (" + ", ".join(dask.config.paths) + ", DASK_JOBQUEUE__*)"
+
+
+def _detected_batch() -> str | None:
+    return "slurm" if shutil.which("sbatch") else "pbs" if shutil.which("qsub") else None
 
 
 def default_partition(timeout: float = 10) -> str | None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
-from ..deploy.cluster import _alive
+from ..deploy.launch import _alive
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 EXIT_CODES = """exit codes:
@@ -38,7 +38,7 @@ class CommandError(Exception):
 # ----------------------------------------------------------------------------- finding clusters
 
 def plan_file(name: str) -> Path:
-    return clusters_dir() / f".{name}.plan.json"   # written by cluster.launch next to the cluster file
+    return clusters_dir() / f".{name}.plan.json"   # written by launch.launch next to the cluster file
 
 
 def cluster_names() -> list[str]:

@@ -67,6 +67,20 @@ def _construct_map(loader, node):
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 
 
+def _number_or_clock(loader, node):
+    # YAML 1.1 reads '30:00' as the base-60 number 1800: a walltime written without quotes
+    # would then be 1800 minutes to SLURM. Clock-like values stay as written.
+    if ":" in str(node.value):
+        return loader.construct_scalar(node)
+    if node.tag.endswith(":int"):
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _number_or_clock)
+_LineLoader.add_constructor("tag:yaml.org,2002:float", _number_or_clock)
+
+
 def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text; mappings come back as `_Map`s with line numbers."""
     try:

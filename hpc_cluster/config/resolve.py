@@ -8,13 +8,16 @@ entry wins over `settings`) > the defaults in the settings table. See docs/confi
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import yaml
 
-from ..units import format_memory, format_walltime
+from ..units import UnitError, format_memory, format_walltime, parse_walltime
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
+from .jobqueue import (BATCH_ONLY, DEPRECATED, deprecation_message, jobqueue_layer,
+                       scheduler_option_notes)
 from .schema import OPTION_BY_NAME, OPTIONS, ConfigError, Option, canonical_key, did_you_mean, parse_value
 
 ENV_PREFIX = "HPC_CLUSTER_"
@@ -23,7 +26,7 @@ ENV_PREFIX = "HPC_CLUSTER_"
 # job scripts and processes export at run time. Any other HPC_CLUSTER_* variable must be
 # a setting; an unknown one is refused, because a typo would otherwise do nothing.
 ENV_META = {"CONFIG", "SITE", "SYSTEM_CONFIG_DIR"}
-ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS"}
+ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS", "WORKER_INDEX"}
 
 # ---------------------------------------------------------------------------- env and keywords
 
@@ -111,6 +114,9 @@ class ResolvedConfig:
     sources: dict[str, str]
     files: list[str] = field(default_factory=list)
     site_source: str = "none"
+    # Settings from the user's old setup that have no meaning here, each with what happens
+    # instead: the cluster classes warn with them, `config show` prints them.
+    notes: list[str] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -123,6 +129,8 @@ class ResolvedConfig:
         rows = [("key", "value", "source")]
         for o in OPTIONS:
             raw, value = self.raw[o.name], self.values[o.name]
+            if raw is None and value is not None:
+                raw = value                   # worked out, not written (processes from cores)
             shown = "-" if raw is None else raw if isinstance(raw, str) else _flow(raw)
             if value is not None and o.kind == "size" and str(raw) != str(value):
                 shown += f"  (= {format_memory(value)})"
@@ -161,8 +169,9 @@ def select_site(files: list[ConfigFile], site: str | None, environ: Mapping[str,
 
 
 def merge(files: list[ConfigFile], site: str | None, env: Mapping[str, Entry],
-          keywords: Mapping[str, Entry]) -> dict[str, Entry]:
-    """Pure merge: keywords > env > files (earlier wins; in a file, site > settings) > default."""
+          keywords: Mapping[str, Entry], jobqueue: Mapping[str, Entry] | None = None) -> dict[str, Entry]:
+    """Pure merge: keywords > env > files (earlier wins; in a file, site > settings) >
+    dask-jobqueue's configuration (jobqueue.py) > default."""
     merged: dict[str, Entry] = {}
     for o in OPTIONS:
         entry = keywords.get(o.name) or env.get(o.name)
@@ -171,6 +180,8 @@ def merge(files: list[ConfigFile], site: str | None, env: Mapping[str, Entry],
                 entry = f.sites.get(site, {}).get(o.name) or f.settings.get(o.name)
                 if entry is not None:
                     break
+        if entry is None and jobqueue:
+            entry = jobqueue.get(o.name)
         if entry is None:
             parsed = None if o.default is None else o.check(o.name, o.default)
             entry = Entry(o.default, parsed, "default")
@@ -180,21 +191,95 @@ def merge(files: list[ConfigFile], site: str | None, env: Mapping[str, Entry],
 
 def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
             environ: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-            **kwargs) -> ResolvedConfig:
+            jobqueue: bool = True, **kwargs) -> ResolvedConfig:
     """Find, read, validate and merge everything for one site. Raises ConfigError.
 
-    `environ` and `cwd` default to the process's; tests pass their own.
+    With a batch system (slurm, pbs) known, dask-jobqueue's configuration for it is read
+    beneath the site files (`jobqueue=False`: not). `environ` and `cwd` default to the
+    process's; tests pass their own.
     """
     environ = os.environ if environ is None else environ
+    renamed = {old: kwargs.pop(old) for old in list(kwargs) if old in DEPRECATED}
     keywords = check_keywords(kwargs)        # cheapest mistakes first: a typo in the call
+    fallbacks = renamed_keywords(renamed)
     files = load_config_files(find_config_files(config, environ, cwd))
     env = env_overrides(environ)
     chosen, why = select_site(files, site, environ)
     merged = merge(files, chosen, env, keywords)
+    batch = merged["batch"].value
+    notes: list[str] = []
+    if jobqueue and batch in ("slurm", "pbs"):
+        layer = jobqueue_layer(merged["config_name"].value or batch, batch, merged["jobqueue_config"].value)
+        if layer.problems:
+            raise ConfigError(layer.problems)
+        merged = merge(files, chosen, env, keywords, layer.entries)
+        fallbacks = {**layer.fallbacks, **fallbacks}
+        notes += layer.notes
+    for option, entry in fallbacks.items():
+        if not merged[option].value:          # the renamed key counts only where the new one is empty
+            merged[option] = entry
+    finish(merged, batch, environ)
+    notes += scheduler_option_notes(merged["scheduler_options"].value or {})
     return ResolvedConfig(site=chosen, values={k: e.value for k, e in merged.items()},
                           raw={k: e.raw for k, e in merged.items()},
                           sources={k: e.source for k, e in merged.items()},
-                          files=[f.path for f in files], site_source=why)
+                          files=[f.path for f in files], site_source=why, notes=notes)
+
+
+def renamed_keywords(renamed: Mapping[str, Any]) -> dict[str, Entry]:
+    """dask-jobqueue's renamed keywords (extra=, env_extra= ...): a FutureWarning each, as
+    there, and an entry for the new name that counts only where the new one ends up empty."""
+    out, problems = {}, []
+    for old, raw in renamed.items():
+        if raw is None:
+            continue
+        new = DEPRECATED[old]
+        warnings.warn(deprecation_message(old, new), FutureWarning, stacklevel=4)
+        try:
+            out[new] = Entry(raw, parse_value(new, raw), f"keyword ({old}, renamed)")
+        except ValueError as e:
+            problems.append(f"{old} (renamed to {new}): {e}")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def default_processes(cores: int) -> int:
+    """dask-jobqueue's split of a job's cores into worker processes: one per core up to 4,
+    else the smallest divisor of `cores` not below its square root (so processes and threads
+    per process come out about equal: 16 -> 4 x 4, 6 -> 3 x 2, 12 -> 4 x 3)."""
+    if cores <= 4:
+        return cores
+    return min(f for f in range(1, cores + 1) if cores % f == 0 and f * f >= cores)
+
+
+def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, str]) -> None:
+    """What needs the whole picture: the walltime read as this batch system reads it, the
+    processes split when none was given, and settings that belong to another batch system."""
+    problems = []
+    wall = merged["walltime"]
+    try:
+        seconds = parse_walltime(wall.raw, what="walltime", batch=batch if batch in ("slurm", "pbs") else None)
+        merged["walltime"] = Entry(wall.raw, seconds, wall.source)
+    except UnitError as e:
+        problems.append(f"{e} ({wall.source})")
+    cores, processes = merged["cores"].value, merged["processes"].value
+    if processes is None and cores is not None:
+        merged["processes"] = Entry(None, default_processes(cores), "default:sqrt(cores)")
+    elif processes is not None and cores is not None and processes > cores:
+        problems.append(f"processes={processes} with cores={cores} leaves a worker without a core: ask for "
+                        f"cores={processes} or more, or processes={cores} or fewer")
+    for option, only in BATCH_ONLY.items():
+        entry = merged[option]
+        if batch in ("slurm", "pbs") and batch != only and entry.value is not None:
+            instead = "resource_spec" if only == "slurm" else "job_extra_directives"
+            problems.append(f"{option} ({entry.source}) is a {only.upper()} setting; on "
+                            f"{batch.upper()} use {instead}")
+    if batch == "pbs" and merged["account"].value is None and environ.get("PBS_ACCOUNT"):
+        # dask-jobqueue's PBSCluster charges $PBS_ACCOUNT when no account is set.
+        merged["account"] = Entry(environ["PBS_ACCOUNT"], environ["PBS_ACCOUNT"], "env:PBS_ACCOUNT")
+    if problems:
+        raise ConfigError(problems)
 
 
 # ---------------------------------------------------------------------------- starter file

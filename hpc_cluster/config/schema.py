@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -125,10 +126,68 @@ def _size(key, v):
 
 
 def _walltime(key, v):
-    try:
-        return parse_walltime(v, what=key)
-    except UnitError as e:
-        raise ValueError(str(e)) from None
+    """Kept as written: how a walltime reads depends on the batch system ('60' is an hour to
+    sbatch, a minute to qsub), which is known only once every layer is merged (resolve.py)."""
+    errors = []
+    for batch in ("slurm", "pbs", None):
+        try:
+            parse_walltime(v, what=key, batch=batch)
+            return v
+        except UnitError as e:
+            errors.append(str(e))
+    raise ValueError(errors[-1])
+
+
+_SLURM_MEM = re.compile(r"^\d+[KMGTkmgt]?$")
+
+
+def _slurm_mem(key, v):
+    """sbatch's own --mem syntax, passed through as written (dask-jobqueue's job_mem)."""
+    text = str(v).strip() if isinstance(v, (str, int)) and not isinstance(v, bool) else ""
+    if not _SLURM_MEM.match(text):
+        raise ValueError(f"{key}={v!r} is handed to sbatch as --mem={v}: write a number of megabytes "
+                         "or a number with K, M, G or T, e.g. '100G' (or drop it: memory= sets --mem)")
+    return text
+
+
+# What `worker_command` may name: dask's worker module means "the standard worker", which
+# here is ours; anything else (dask_cuda.cli, a custom class) cannot start our worker.
+STANDARD_WORKER_COMMANDS = ("distributed.cli.dask_worker", "dask_worker", "hpc_cluster.worker")
+
+
+def _worker_command(key, v):
+    v = _str(key, v)
+    if v.strip() not in STANDARD_WORKER_COMMANDS:
+        raise ValueError(f"{key}={v!r} cannot start an hpc-cluster worker: jobs run "
+                         "`python -m hpc_cluster.worker`, whose nanny and diagnosis are the point. "
+                         "Remove worker_command; for GPUs ask for them with job_extra_directives "
+                         "(e.g. ['--gres=gpu:1']) and label workers with worker_extra_args "
+                         "['--resources', 'GPU=1']")
+    return v.strip()
+
+
+def _shebang(key, v):
+    v = _one_line(key, v)
+    if not v.startswith("#!"):
+        raise ValueError(f"{key}={v!r} must be an interpreter line starting with '#!', e.g. '#!/usr/bin/env bash'")
+    return v
+
+
+# scheduler_options: dask passes these to distributed's Scheduler. Some have a meaning here;
+# the rest are kept and reported (config/jobqueue.py says what happens to each).
+SCHEDULER_OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {}
+
+
+def _scheduler_options(key, v):
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{key}={v!r} must be a map, e.g. {{'host': '10.0.0.1', 'port': 8786}}")
+    out = {}
+    for sub, value in v.items():
+        if not isinstance(sub, str):
+            raise ValueError(f"{key}: {sub!r} must be a name")
+        check = SCHEDULER_OPTION_CHECKS.get(sub)
+        out[sub] = check(f"{key}.{sub}", value) if check and value is not None else value
+    return out
 
 
 def _choice(*choices: str) -> Callable[[str, Any], str]:
@@ -145,6 +204,8 @@ def _port(key, v):
         raise ValueError(f"{key}={v!r} must be a port number, 1-65535")
     return v
 
+
+SCHEDULER_OPTION_CHECKS.update({"host": _str, "interface": _str, "port": lambda k, v: 0 if v == 0 else _port(k, v)})
 
 SSH_FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "host": _str, "user": _str, "key": _path, "port": _port, "known_hosts": _path,
@@ -187,14 +248,23 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("batch", "slurm|pbs|local", _choice("slurm", "pbs", "local"), None,
            "batch system that runs the workers; unset: the cluster class decides", example="slurm"),
-    Option("cores", "int > 0", _int(1), 1, "cores per job, shared by its worker processes"),
-    Option("memory", "size", _size, "1GB", "memory per job: the batch request and the workers' total budget"),
-    Option("processes", "int > 0", _int(1), 1, "worker processes per job"),
-    Option("walltime", "duration", _walltime, "01:00:00", "time limit per job"),
+    Option("cores", "int > 0", _int(1), None, "cores per job, shared by its worker processes (required, "
+           "as in dask-jobqueue)", example=4),
+    Option("memory", "size", _size, None, "memory per job: the batch request and the workers' total budget "
+           "(required, as in dask-jobqueue)", example="16GB"),
+    Option("processes", "int > 0", _int(1), None, "worker processes per job; unset: about sqrt(cores), "
+           "as dask-jobqueue splits them (cores <= 4: one per core)", example=1),
+    Option("walltime", "duration", _walltime, "00:30:00", "time limit per job, read as the batch system "
+           "reads it (SLURM: '60' is 60 minutes; PBS: '60' is 60 seconds)"),
     Option("queue", "str", _str, None, "SLURM partition or PBS queue", example="normal"),
     Option("account", "str", _str, None, "account (project) the jobs are charged to", example="lab123"),
     Option("job_extra_directives", "list of str", _str_list, [], "extra batch directives, e.g. ['--gres=gpu:1']"),
-    Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of these strings"),
+    Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of "
+           "these strings (matched against both spellings of a directive: '-J' and '--job-name')"),
+    Option("job_cpu", "int > 0", _int(1), None, "SLURM only: --cpus-per-task, instead of cores", example=8),
+    Option("job_mem", "str", _slurm_mem, None, "SLURM only: --mem as sbatch reads it, instead of memory",
+           example="100G"),
+    Option("shebang", "str", _shebang, "#!/usr/bin/env bash", "the job script's first line"),
     Option("job_script_prologue", "list of str", _str_list, [], "shell lines run before the worker starts (module load, venv)"),
     Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
     Option("resource_spec", "str", _str, None, "PBS only: the -l resource request, replacing "
@@ -207,10 +277,15 @@ OPTIONS: tuple[Option, ...] = (
            example="~/venv/bin/python"),
     Option("local_directory", "path", _str, None, "node-local scratch directory for worker files: created if "
            "missing, the workers' working directory; '~' and $VARS are expanded on the node", example="$TMPDIR"),
-    Option("worker_extra_args", "list of str", _str_list, [], "extra arguments to the worker command"),
+    Option("worker_extra_args", "list of str", _str_list, [], "extra arguments to the worker command: the "
+           "dask-worker flags of docs/migrating-from-dask-jobqueue.md, e.g. ['--lifetime', '55m']"),
+    Option("worker_command", "str", _worker_command, None, "dask-jobqueue's worker module: only "
+           "'distributed.cli.dask_worker' (the standard worker, which here is ours) is accepted",
+           example="distributed.cli.dask_worker"),
     Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
     Option("death_timeout", "seconds", _seconds(False), 60, "seconds a worker waits for an unreachable scheduler before exiting"),
-    Option("name", "str", _one_line, "hpc-cluster", "job name; workers are named NAME-JOBID"),
+    Option("job_name", "str", _one_line, "dask-worker", "the batch job's name (sbatch -J, qsub -N)",
+           aliases=("name",)),
     Option("n_workers", "int >= 0", _int(0), 0, "workers started with a cluster from Python (rounded up to "
            "whole jobs of `processes`)"),
     Option("template", "path", _path, None, "the site's own jinja2 job-script template (relative: to the config file)",
@@ -221,6 +296,15 @@ OPTIONS: tuple[Option, ...] = (
            "known_hosts, host_key_policy (reject|auto-add|warn)",
            example={"host": "login.cluster.org", "user": "alice"}),
     Option("max_jobs_in_queue", "int > 0", _int(1), None, "at most this many of our jobs queued or running", example=50),
+    Option("scheduler_options", "map", _scheduler_options, {}, "the scheduler's host, port and interface "
+           "(dask-jobqueue's scheduler_options; other keys are reported, not used)", example={"port": 8786}),
+    Option("shared_temp_directory", "path", _path, None, "a directory the login node and the compute "
+           "nodes share: the jobs' copy of the cluster file (address and secret, 0600) goes there",
+           example="~/scratch"),
+    Option("jobqueue_config", "path", _path, None, "a dask-jobqueue jobqueue.yaml to read beneath this site "
+           "(dask's own config files are read too)", example="~/.config/dask/jobqueue.yaml"),
+    Option("config_name", "str", _one_line, None, "which jobqueue.<NAME> section of dask's configuration "
+           "to read; unset: the batch system's (slurm, pbs)", example="slurm"),
     # Scheduler and nanny knobs: valid in a site and in top-level `settings`.
     Option("allowed_failures", "int >= 0", _int(0), 3, "worker deaths a task may cause before it is failed", "both"),
     Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),

@@ -50,7 +50,7 @@ async def run(plan: dict) -> int:
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
-                    max_jobs_in_queue=plan.get("max_jobs_in_queue"),
+                    max_jobs_in_queue=plan.get("max_jobs_in_queue"), lifetime=plan.get("job_lifetime"),
                     startup_failures=plan.get("startup_failures", 3),
                     # Without a log_directory the batch system writes job logs where it was
                     # asked to submit: our cwd, or the login node's over SSH.
@@ -73,7 +73,12 @@ async def run(plan: dict) -> int:
         return jm.table()
 
     async def adapt(msg):
-        jm.adaptive = (int(msg["minimum"]), int(msg["maximum"]))
+        if msg.get("stop"):
+            jm.stop_adapting()
+        else:
+            jm.adapt(int(msg["minimum"]), None if msg.get("maximum") is None else int(msg["maximum"]),
+                     interval=float(msg.get("interval") or 1.0), wait_count=int(msg.get("wait_count") or 3),
+                     target_duration=float(msg.get("target_duration") or 5.0))
         return jm.table()
 
     sched.handlers.update({"scale": scale, "jobs": jobs, "shutdown": shutdown, "adapt": adapt})
@@ -81,6 +86,9 @@ async def run(plan: dict) -> int:
     # the handlers exist: a `scale` arriving while the remote copy is written over SSH
     # (an await) would otherwise be refused as an unknown op.
     write_cluster_file(cluster_file, address, secret, **meta)
+    shared = plan.get("job_cluster_file")
+    if shared:
+        write_cluster_file(shared, address, secret, **meta)     # the jobs' copy (shared_temp_directory)
     remote = plan.get("remote_cluster_file")
     if plan.get("ssh") and remote:
         # Workers read the secret from the login node's copy (its home, shared with the
@@ -100,10 +108,9 @@ async def run(plan: dict) -> int:
     await jm.close()
     await sched.close()
     await asyncio.sleep(0.1)                  # let the last replies leave
-    try:
-        cluster_file.unlink()
-    except FileNotFoundError:
-        pass
+    for path in (cluster_file, shared):
+        if path:
+            Path(path).unlink(missing_ok=True)
     if plan.get("ssh") and remote:
         try:
             await asyncio.to_thread(runner.run, ["rm", "-f", remote], None, 30, False)
@@ -131,7 +138,7 @@ async def _watch_owner(pid: int, stop: asyncio.Event) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpc_cluster.deploy.daemon")
-    p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.cluster")
+    p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.launch")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

@@ -19,8 +19,6 @@ from ..scheduler.placement import workload
 from .remote import job_logs
 
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
-ADAPT_TARGET_SECONDS = 30.0    # adapt() sizes the cluster to finish the queued work in about this
-ADAPT_DOWN_ROUNDS = 3          # polls in a row that must agree before adapt() shrinks
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -37,6 +35,7 @@ class Job:
     ended: float | None = None
     registered: bool = False               # a worker of this job joined at some point
     retiring: bool = False                 # we asked it to go (scale down, close)
+    index: int = 0                         # its number in this cluster: its workers are NAME-<index>
 
     @property
     def final(self) -> bool:
@@ -49,11 +48,24 @@ class SubmitError:
     message: str
 
 
+@dataclass
+class AdaptPolicy:
+    """adapt()'s settings, with dask's meanings and defaults (distributed's Adaptive)."""
+
+    minimum: int = 0                       # jobs
+    maximum: int | None = None             # jobs; None: no limit
+    interval: float = 1.0                  # seconds between decisions
+    wait_count: int = 3                    # decisions in a row that must agree before shrinking
+    target_duration: float = 5.0           # size the cluster to finish the queued work in about this
+
+
 class JobManager:
     def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll_interval: float = 2.0,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
-                 submit_directory: str | None = None):
+                 submit_directory: str | None = None, lifetime: float | None = None):
         self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
+        # A job's span: its walltime, or sooner its workers' --lifetime (without restart).
+        self.job_span = min(spec.walltime, lifetime) if lifetime else spec.walltime
         self.poll_interval = poll_interval
         self.max_jobs_in_queue = max_jobs_in_queue
         self.startup_failures = startup_failures
@@ -64,10 +76,12 @@ class JobManager:
         self.errors: list[SubmitError] = []
         self.failed_starts = 0                # jobs in a row that ended before a worker joined
         self.halted: str | None = None        # why we stopped submitting
-        self.adaptive: tuple[int, int] | None = None
+        self.adaptive: AdaptPolicy | None = None
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
+        self._adapter_task: asyncio.Task | None = None
         self._lower_rounds = 0
+        self._next_index = 0                  # the next job's number (worker names NAME-<index>)
         self.renewals = 0
 
     # -- views -------------------------------------------------------------------------
@@ -96,12 +110,12 @@ class JobManager:
                 "submitted": j.submitted, "started": j.started, "ended": j.ended,
                 "uptime": (now - j.started) if j.started and not j.ended else None,
                 "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
-                "memory": self.spec.memory, "retiring": j.retiring,
+                "memory": self.spec.memory, "retiring": j.retiring, "index": j.index,
             })
         return {"jobs": rows, "target": self.target, "halted": self.halted, "renewals": self.renewals,
                 "queue_wait": self.queue_wait(),
                 "errors": [{"time": e.time, "message": e.message} for e in self.errors[-5:]],
-                "adaptive": list(self.adaptive) if self.adaptive else None}
+                "adaptive": [self.adaptive.minimum, self.adaptive.maximum] if self.adaptive else None}
 
     # -- control -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,7 +125,7 @@ class JobManager:
         if jobs < 0:
             raise ValueError(f"cannot scale to {jobs} jobs; give a number >= 0")
         self.target = int(jobs)
-        self.adaptive = None                  # an explicit size ends adapt()
+        self.stop_adapting()                  # an explicit size ends adapt()
         if self.halted and jobs > len(self.active()):
             logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
             self._halt(None)
@@ -129,23 +143,51 @@ class JobManager:
         """Will this job's walltime end before a replacement submitted now could take over?"""
         if job.started is None:
             return False
-        walltime = self.spec.walltime
+        walltime = self.job_span
         margin = min(self.scheduler.walltime_margin, 0.2 * walltime)
         lead = margin + self.queue_wait() + STARTUP_SECONDS
         return self.clock() >= job.started + walltime - lead
 
+    # -- adapt ---------------------------------------------------------------------------
+    def adapt(self, minimum: int, maximum: int | None, interval: float = 1.0, wait_count: int = 3,
+              target_duration: float = 5.0) -> None:
+        if minimum < 0 or (maximum is not None and maximum < minimum):
+            raise ValueError(f"adapt(minimum={minimum}, maximum={maximum}): need 0 <= minimum <= maximum")
+        self.adaptive = AdaptPolicy(minimum, maximum, max(0.05, interval), max(1, wait_count),
+                                    max(0.001, target_duration))
+        self._lower_rounds = 0
+        if self._adapter_task is None or self._adapter_task.done():
+            self._adapter_task = asyncio.ensure_future(self._adapt_forever())
+
+    def stop_adapting(self) -> None:
+        self.adaptive = None
+        if self._adapter_task is not None:
+            self._adapter_task.cancel()
+            self._adapter_task = None
+
+    async def _adapt_forever(self) -> None:
+        # Decisions read the scheduler's state, which is here; the batch system is polled on
+        # its own (slower) clock, so a short interval costs no squeue calls.
+        while self.adaptive is not None:
+            try:
+                await self.reconcile()
+            except Exception:
+                logger.exception("adapt: could not resize; trying again")
+            await asyncio.sleep(self.adaptive.interval if self.adaptive else 0)
+
     def desired(self) -> int:
         """How many (non-expiring) jobs we want now: the target, or adapt()'s choice."""
-        if not self.adaptive:
+        policy = self.adaptive
+        if not policy:
             return self.target
-        lo, hi = self.adaptive
         threads = max(1, self.spec.cores)
         seconds = workload(self.scheduler.state)
-        want = max(lo, min(hi, math.ceil(seconds / (ADAPT_TARGET_SECONDS * threads))))
-        # Up at once, down only when several polls agree: no submit/cancel churn.
+        want = math.ceil(seconds / (policy.target_duration * threads))
+        want = max(policy.minimum, want if policy.maximum is None else min(policy.maximum, want))
+        # Up at once, down only when several decisions agree: no submit/cancel churn.
         if want < self.target:
             self._lower_rounds += 1
-            if self._lower_rounds < ADAPT_DOWN_ROUNDS:
+            if self._lower_rounds < policy.wait_count:
                 return self.target
         self._lower_rounds = 0
         self.target = want
@@ -170,7 +212,8 @@ class JobManager:
             in_queue = sum(1 for j in self.jobs.values() if not j.final)
             n = min(n, max(0, self.max_jobs_in_queue - in_queue))
         for _ in range(n):
-            script = self.adapter.render(self.spec)
+            index = self._next_index
+            script = self.adapter.render(self.spec.replace(worker_index=index))
             try:
                 job_id = await asyncio.to_thread(self.adapter.submit, script)
             except BatchError as exc:
@@ -179,8 +222,9 @@ class JobManager:
                 if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
                     self._halt(f"3 submissions failed in a row; last: {exc}")
                 return
-            self.jobs[job_id] = Job(job_id, self.clock())
-            logger.info("submitted job %s", job_id)
+            self._next_index += 1
+            self.jobs[job_id] = Job(job_id, self.clock(), index=index)
+            logger.info("submitted job %s (workers' index %d)", job_id, index)
 
     async def _shrink(self, n: int, candidates: list[Job]) -> None:
         """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""
@@ -211,6 +255,7 @@ class JobManager:
         """Retire every worker, cancel every job we know that is not finished."""
         if self._poller:
             self._poller.cancel()
+        self.stop_adapting()
         self.target = 0
         live = [j for j in self.jobs.values() if not j.final]
         for j in live:

@@ -1,34 +1,29 @@
-"""SLURMCluster and PBSCluster: a cluster daemon plus batch jobs, driven from Python.
+"""Starting a cluster daemon and talking to it, for both `hpc-cluster up` and the cluster
+classes (cluster.py): the worker command and job spec a configuration makes, the plan the
+daemon reads, `launch()` and `control()`.
 
-The keyword names are dask-jobqueue's, so switching is a change of import:
-
-    cluster = SLURMCluster(cores=4, memory="16GB", walltime="01:00:00")
-    cluster.scale(8)
-    client = Client(cluster)
-
-The cluster daemon (scheduler + job manager, `deploy/daemon.py`) runs as a child process;
-`hpc-cluster up` starts the very same daemon detached. Values come from keywords, then
-$HPC_CLUSTER_*, then the site config files (docs/configuration.md).
+The cluster daemon (scheduler + job manager, `deploy/daemon.py`) runs as a child process of
+SLURMCluster(...), or detached under `hpc-cluster up`: the very same process either way.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
-import uuid
 import warnings
 from pathlib import Path
+
+from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
-from ..config import ConfigError, ResolvedConfig, resolve
+from ..config import ConfigError, ResolvedConfig
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -60,78 +55,114 @@ def shell_word(path: str) -> str:
     return shlex.quote(path)
 
 
-def worker_command(cfg: ResolvedConfig, cluster_file: str) -> str:
-    """The command a job runs: the worker(s), each under a nanny unless nanny=False."""
+def double_quoted(text: str) -> str:
+    """`text` in double quotes for the job's shell: spaces and quotes stay literal, but
+    $VARIABLES expand there, as they do in dask-jobqueue's (unquoted) worker names, so a name
+    like 'run-$SLURM_ARRAY_TASK_ID' or one set by the prologue works the same."""
+    return '"' + re.sub(r'(["\\`])', r"\\\1", text) + '"'
+
+
+def worker_name_prefix(name: str) -> str:
+    if "\n" in name or "\r" in name:
+        raise ConfigError(f"name={name!r} must be one line: it names the workers")
+    return name
+
+
+def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str) -> str:
+    """The command a job runs: its worker(s), each under a nanny unless nanny=False.
+
+    The flags and their order are dask-jobqueue's (name, threads, memory per process,
+    processes, nanny, death timeout, local directory, then the user's worker_extra_args, which
+    win over ours); the scheduler's address and secret come from the cluster file. Workers
+    are named NAME-<index of the job in this cluster>, and NAME-<index>-<i> with several
+    processes per job, as dask-jobqueue names them.
+    """
     v = cfg.values
     processes = v["processes"]
     nthreads = max(1, v["cores"] // processes)
     memory_limit = v["memory_limit"] or v["memory"] // processes
-    args = ["-m", "hpc_cluster.worker", "--cluster-file", cluster_file,
-            "--nthreads", str(nthreads), "--memory-limit", str(memory_limit),
-            "--heartbeat-interval", str(v["heartbeat_interval"]),
-            "--memory-terminate-fraction", str(v["memory_terminate_fraction"]),
-            "--death-timeout", str(v["death_timeout"]),
-            "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
+    head = [shell_word(worker_python(cfg)), "-m", "hpc_cluster.worker", "--cluster-file", shlex.quote(cluster_file),
+            "--name", double_quoted(worker_name_prefix(name) + "-")[:-1] + '${HPC_CLUSTER_WORKER_INDEX:-0}"']
+    args = ["--nthreads", str(nthreads), "--memory-limit", format_bytes(memory_limit).replace(" ", "")]
     if processes > 1:
         args += ["--nworkers", str(processes)]
-    if not v["nanny"]:
-        args.append("--no-nanny")
+    args.append("--nanny" if v["nanny"] else "--no-nanny")
+    args += ["--death-timeout", f"{v['death_timeout']:g}"]
+    if v["local_directory"]:
+        # Expanded ('~', $TMPDIR) and created by the worker on the node, not here.
+        args += ["--local-directory", v["local_directory"]]
     if v["interface"]:
         args += ["--interface", v["interface"]]
     else:
         args += ["--host", "0.0.0.0"]
-    if v["local_directory"]:
-        # Expanded ('~', $TMPDIR) and created by the worker on the node, not here.
-        args += ["--local-directory", v["local_directory"]]
+    args += ["--heartbeat-interval", f"{v['heartbeat_interval']:g}",
+             "--memory-terminate-fraction", f"{v['memory_terminate_fraction']:g}",
+             "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
     args += list(v["worker_extra_args"])
-    # The name carries the job id, which only the running job knows: the shell appends it
-    # to the quoted name, so spaces, quotes and '$' in a name stay literal.
-    name = shlex.quote(v["name"] + "-") + '"${HPC_CLUSTER_JOB_ID}"'
-    return f"{shell_word(worker_python(cfg))} {shlex.join(args)} --name {name}"
+    return " ".join(head) + " " + shlex.join(args)
 
 
-def job_spec(cfg: ResolvedConfig, cluster_file: str) -> JobSpec:
+def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> JobSpec:
     v = cfg.values
-    env = dict(v["env"])
-    return JobSpec(worker_command=worker_command(cfg, cluster_file), job_name=v["name"], cores=v["cores"],
-                   memory=v["memory"], processes=v["processes"], walltime=v["walltime"], queue=v["queue"],
-                   account=v["account"], extra_directives=list(v["job_extra_directives"]),
+    return JobSpec(worker_command=worker_command(cfg, cluster_file, name), job_name=v["job_name"],
+                   cores=v["cores"], memory=v["memory"], processes=v["processes"], walltime=v["walltime"],
+                   queue=v["queue"], account=v["account"], extra_directives=list(v["job_extra_directives"]),
                    directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
                    epilogue=list(v["job_script_epilogue"]), log_directory=v["log_directory"],
-                   python=worker_python(cfg), nanny=v["nanny"], env=env,
+                   python=worker_python(cfg), nanny=v["nanny"], env=dict(v["env"]),
                    working_directory=v["working_directory"], template=v["template"],
-                   resource_spec=v["resource_spec"])
+                   resource_spec=v["resource_spec"], shebang=v["shebang"], job_cpu=v["job_cpu"],
+                   job_mem=v["job_mem"])
 
 
-def render_job_script(cfg: ResolvedConfig, cluster_file: str) -> str:
+def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> str:
     """The job script `cfg` makes; a template or value the adapter refuses is a ConfigError."""
     try:
-        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file))
+        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file, name))
     except BatchError as e:
         raise ConfigError([f"site {cfg.site or '(defaults)'}: {e}"]) from None
 
 
 def scheduler_host(cfg: ResolvedConfig) -> str:
-    if cfg.values["interface"]:
+    """Where the scheduler listens: scheduler_options' host or interface, else the workers'
+    interface (as dask-jobqueue shares it), else every interface."""
+    options = cfg.values["scheduler_options"] or {}
+    if options.get("host"):
+        return options["host"]
+    interface = options.get("interface") or cfg.values["interface"]
+    if interface:
         from ..worker.__main__ import interface_address
-        return interface_address(cfg.values["interface"])
+        try:
+            return interface_address(interface)
+        except SystemExit as e:               # its message names the interfaces this host has
+            raise ConfigError(f"scheduler interface: {e}") from None
     return "0.0.0.0"
+
+
+def shared_cluster_file(cfg: ResolvedConfig, name: str) -> str | None:
+    """With shared_temp_directory (dask-jobqueue's directory that the scheduler's machine and
+    the workers' share), the jobs read their copy of the cluster file from there."""
+    shared = cfg.values["shared_temp_directory"]
+    return os.path.join(shared, f".hpc-cluster-{name}.json") if shared else None
 
 
 def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
                    create: bool = True) -> tuple[ResolvedConfig, str, dict | None]:
     """(config, cluster file path, login node) as the jobs will see them.
 
-    Locally that is `cfg` and `cluster_file` as they are. With `ssh`, the jobs run on a cluster
-    that may share no filesystem with this machine: paths are resolved on the login node
-    (its home, not ours), the cluster file goes under its config directory, and with
-    `create` the directories are made there (the log directory too).
+    Locally that is `cfg` and `cluster_file` (or its copy in shared_temp_directory). With
+    `ssh`, the jobs run on a cluster that may share no filesystem with this machine: paths
+    are resolved on the login node (its home, not ours), the cluster file goes under its
+    config directory (or its shared_temp_directory), and with `create` the directories are
+    made there (the log directory too).
     """
     v = cfg.values
     if not v["ssh"]:
-        if create and v["log_directory"]:
-            Path(v["log_directory"]).expanduser().mkdir(parents=True, exist_ok=True)
-        return cfg, str(cluster_file), None
+        if create:
+            for d in (v["log_directory"], v["shared_temp_directory"]):
+                if d:
+                    Path(d).expanduser().mkdir(parents=True, exist_ok=True)
+        return cfg, shared_cluster_file(cfg, name) or str(cluster_file), None
     if not v["python"]:
         warnings.warn(f"site {cfg.site or '(defaults)'} submits over SSH and sets no `python`: jobs will "
                       f"start workers with `{REMOTE_DEFAULT_PYTHON}` from the compute node's PATH (after "
@@ -144,38 +175,55 @@ def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
             login = probe(runner)
             cfg = on_login_node(cfg, login)
             if create:
-                make_directories(runner, login, name, [d for d in [cfg.values["log_directory"]] if d])
+                make_directories(runner, login, name, [d for d in [cfg.values["log_directory"],
+                                                                   cfg.values["shared_temp_directory"]] if d])
     except BatchError as e:
         raise ClusterError(f"site {cfg.site or '(defaults)'}: preparing the login node over SSH failed: "
                            f"{e}") from None
-    return cfg, login.cluster_file(name), login.as_dict()
+    return cfg, shared_cluster_file(cfg, name) or login.cluster_file(name), login.as_dict()
 
 
-def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int) -> dict:
+def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
+              worker_prefix: str | None = None) -> dict:
     cfg, job_cluster_file, login = for_submission(cfg, name, cluster_file)
     v = cfg.values
-    spec = job_spec(cfg, job_cluster_file)
+    spec = job_spec(cfg, job_cluster_file, worker_prefix or name)
     return {
         "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"], "login": login,
         "cluster_file": str(cluster_file), "remote_cluster_file": job_cluster_file if v["ssh"] else None,
-        "scheduler": {"host": scheduler_host(cfg), "allowed_failures": v["allowed_failures"],
+        # The jobs' own copy (shared_temp_directory), written and removed by the daemon.
+        "job_cluster_file": job_cluster_file if not v["ssh"] and job_cluster_file != str(cluster_file) else None,
+        "scheduler": {"host": scheduler_host(cfg), "port": (v["scheduler_options"] or {}).get("port") or 0,
+                      "allowed_failures": v["allowed_failures"],
                       "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
                       "walltime_margin": v["walltime_margin"],
                       "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"]},
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
-        "startup_failures": v["startup_failures"],
+        "startup_failures": v["startup_failures"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
     }
 
 
+def job_lifetime(worker_extra_args: list[str]) -> float | None:
+    """How long a job lasts when its workers have a --lifetime and no --lifetime-restart: its
+    workers retire at their lifetime (the earliest draw, lifetime - stagger) and the job ends,
+    so the job manager renews it ahead of that, not of the walltime."""
+    from ..worker.flags import read_worker_args
+    settings, _ = read_worker_args(list(worker_extra_args))
+    lifetime = settings.get("lifetime")
+    if not lifetime or settings.get("lifetime_restart"):
+        return None
+    return max(1.0, lifetime - (settings.get("lifetime_stagger") or 0))
+
+
 def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
-           timeout: float = 60.0) -> tuple[subprocess.Popen, Path]:
+           timeout: float = 60.0, worker_prefix: str | None = None) -> tuple[subprocess.Popen, Path]:
     """Start a cluster daemon; return its process and cluster file once it listens."""
     if cfg.values["batch"] not in ("slurm", "pbs"):
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
     cluster_file = cluster_file_for(name)
-    render_job_script(cfg, str(cluster_file))   # a broken template fails here, not in every submit
+    render_job_script(cfg, str(cluster_file), worker_prefix or name)   # a broken template fails here, not in every submit
     if cluster_file.exists():
         try:
             pid = read_cluster_file(cluster_file).get("pid")
@@ -189,7 +237,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     run_dir = cluster_file.parent
     plan_path = run_dir / f".{name}.plan.json"
     try:
-        plan = make_plan(cfg, name, cluster_file, n_jobs)
+        plan = make_plan(cfg, name, cluster_file, n_jobs, worker_prefix)
     except BaseException:
         _forget(cluster_file)
         raise
@@ -252,85 +300,3 @@ def control(cluster_file: Path | str, op: str, timeout: float = 120.0, **fields)
     if not reply.get("ok"):
         raise ClusterError(f"{op} failed: {reply.get('error')}")
     return reply["result"]
-
-
-class JobQueueCluster:
-    """Jobs on a batch system, each running worker(s) that join one scheduler."""
-
-    batch: str = ""
-
-    def __init__(self, site: str | None = None, config: str | None = None, n_workers: int | None = None,
-                 **kwargs):
-        self.config = resolve(site=site, config=config, batch=self.batch, n_workers=n_workers, **kwargs)
-        v = self.config.values
-        self.name = f"{v['name']}-{uuid.uuid4().hex[:6]}"
-        self.processes = v["processes"]
-        self.status = "starting"
-        self._proc, self.cluster_file = launch(self.config, self.name, n_jobs=0)
-        # What the jobs get (with ssh: paths on the login node), for job_script().
-        self._job = json.loads((self.cluster_file.parent / f".{self.name}.plan.json").read_text())["job"]
-        info = read_cluster_file(self.cluster_file)
-        self.scheduler_address, self.secret = info["address"], info["secret"]
-        self.status = "running"
-        if v["n_workers"]:
-            self.scale(v["n_workers"])
-
-    # -- the dask-jobqueue surface --------------------------------------------------------
-    def job_script(self) -> str:
-        """The script the cluster submits (with ssh: the paths on the login node)."""
-        return get_adapter(self.batch).render(JobSpec(**self._job))
-
-    def scale(self, n: int | None = None, jobs: int | None = None) -> None:
-        """`scale(n)` workers (rounded up to whole jobs), or `scale(jobs=k)` jobs."""
-        if (n is None) == (jobs is None):
-            raise TypeError("give scale() a number of workers, or jobs=, not both")
-        if jobs is None:
-            jobs = math.ceil(n / self.processes)
-        control(self.cluster_file, "scale", jobs=int(jobs))
-
-    def adapt(self, minimum: int = 0, maximum: int = 10) -> None:
-        """Let the cluster size itself between `minimum` and `maximum` jobs from the queued work."""
-        if not 0 <= minimum <= maximum:
-            raise ValueError(f"adapt(minimum={minimum}, maximum={maximum}): need 0 <= minimum <= maximum")
-        control(self.cluster_file, "adapt", minimum=int(minimum), maximum=int(maximum))
-
-    @property
-    def jobs(self) -> dict[str, dict]:
-        """Each job's real batch state (pending, running, completed ...) and its workers."""
-        return {j["job_id"]: j for j in control(self.cluster_file, "jobs")["jobs"]}
-
-    def status_table(self) -> dict:
-        return control(self.cluster_file, "jobs")
-
-    def close(self, timeout: float = 120.0) -> None:
-        if self.status == "closed":
-            return
-        self.status = "closing"
-        try:
-            control(self.cluster_file, "shutdown", timeout=timeout)
-        except Exception:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self.status = "closed"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} {getattr(self, 'scheduler_address', '?')} {self.status}>"
-
-
-class SLURMCluster(JobQueueCluster):
-    batch = "slurm"
-
-
-class PBSCluster(JobQueueCluster):
-    batch = "pbs"

@@ -54,13 +54,13 @@ def probe(runner) -> LoginNode:
 
 
 def on_login_node(cfg: ResolvedConfig, login: LoginNode) -> ResolvedConfig:
-    """`cfg` with log_directory and working_directory as paths on the login node.
+    """`cfg` with its directories (logs, working, shared temp) as paths on the login node.
 
     Config values have '~' expanded on *this* machine; the value as written is what counts
     there, so it is taken from `cfg.raw`.
     """
     values = dict(cfg.values)
-    for key in ("log_directory", "working_directory"):
+    for key in ("log_directory", "working_directory", "shared_temp_directory"):
         written = cfg.raw.get(key)
         if isinstance(written, os.PathLike):
             written = os.fspath(written)

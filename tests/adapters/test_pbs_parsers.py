@@ -68,11 +68,14 @@ def test_parse_hms(text, expected):
 
 
 @pytest.mark.parametrize("nbytes, expected", [
-    (16 * GiB, "16gb"), (16_000_000_000, "15259mb"), (1, "1mb"), (1024**2 + 1, "2mb"),
+    (16 * GiB, "16GB"), (16_000_000_000, "15GB"), (28_000_000_000, "27GB"), (10**9, "954MB"),
+    (1, "1B"), (1024**2 + 1, "1025kB"), (5000, "5000B"), (10 * 1024**2 + 1, "11MB"), (20 * 1024, "20kB"),
 ])
-def test_format_pbs_memory_never_asks_for_less(nbytes, expected):
+def test_format_pbs_memory_is_dask_jobqueues_and_never_asks_for_less(nbytes, expected):
+    # dask-jobqueue's rounding (whole GB from 10 GiB, MB from 10 MiB, kB from 10 KiB, all up).
+    from dask_jobqueue.pbs import pbs_format_bytes_ceil
     text = format_pbs_memory(nbytes)
-    assert text == expected
+    assert text == expected == pbs_format_bytes_ceil(nbytes)
     assert parse_pbs_size(text) >= nbytes
 
 
@@ -403,16 +406,17 @@ def test_rendered_scripts_pass_bash_n(spec):
 
 def test_directives_come_from_the_spec():
     lines = pbs_lines(render(SPECS[1]))
+    # dask-jobqueue's order and spelling, then the user's extra directives.
     assert lines == ["#PBS -N dask-worker-1",
-                     "#PBS -l select=1:ncpus=8:mem=16gb",
-                     "#PBS -l walltime=01:30:00",
                      "#PBS -q workq",
                      "#PBS -A proj01",
-                     "#PBS -o /scratch/logs/",
+                     "#PBS -l select=1:ncpus=8:mem=16GB",
+                     "#PBS -l walltime=01:30:00",
                      "#PBS -e /scratch/logs/",
+                     "#PBS -o /scratch/logs/",
                      "#PBS -l place=excl",
                      "#PBS -m n"]
-    assert pbs_lines(render(SPECS[2]))[1:3] == ["#PBS -l select=1:ncpus=1:mem=15259mb",
+    assert pbs_lines(render(SPECS[2]))[1:3] == ["#PBS -l select=1:ncpus=1:mem=15GB",
                                                 "#PBS -l walltime=72:00:00"]
 
 
@@ -457,7 +461,7 @@ def test_job_names_are_sanitized(name, expected):
 def test_resource_spec_override_for_torque():
     spec = JobSpec(worker_command="w", cores=4, memory=16 * GiB, resource_spec="nodes=1:ppn={cores},mem={memory}")
     lines = pbs_lines(render(spec))
-    assert "#PBS -l nodes=1:ppn=4,mem=16gb" in lines
+    assert "#PBS -l nodes=1:ppn=4,mem=16GB" in lines
     assert not any("select=" in line for line in lines)
     with pytest.raises(BatchError, match=r"resource_spec='nodes=1:ppn=\{ncpus\}'.*\{cores\}, \{memory\}"):
         render(spec.replace(resource_spec="nodes=1:ppn={ncpus}"))

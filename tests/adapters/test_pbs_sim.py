@@ -6,33 +6,17 @@ until the job is final, and checks the record the adapter reads back.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.base import CommandResult, JobSpec
+from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.pbs import PBSAdapter
 
-SIM = Path(__file__).resolve().parents[1] / "pbs_sim"
-_spec = importlib.util.spec_from_file_location("pbssim", SIM / "pbssim.py")
-pbssim = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pbssim)
-
-try:
-    from hpc_cluster.deploy.runner import LocalRunner
-except ImportError:  # runner.py is written in parallel; this stands in until it lands
-    class LocalRunner:
-        def run(self, argv, input=None, timeout=None, check=True):
-            done = subprocess.run(list(argv), input=input, capture_output=True, text=True,
-                                  timeout=timeout)
-            if check and done.returncode != 0:
-                raise RuntimeError(f"{argv} failed: {done.stderr}")
-            return CommandResult(list(argv), done.returncode, done.stdout, done.stderr)
+from hpc_cluster.deploy.runner import LocalRunner
 
 MiB = 1024**2
 
@@ -49,31 +33,10 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 @pytest.fixture
-def sim(tmp_path, monkeypatch):
-    home = tmp_path / "pbs_sim_home"
-    home.mkdir()
-    monkeypatch.setenv("PBS_SIM_HOME", str(home))
-    monkeypatch.setenv("PBS_SIM_KILL_DELAY", "1")
-    monkeypatch.setenv("PATH", f"{SIM / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("PBS_SIM_FLAVOR", raising=False)
-    monkeypatch.chdir(tmp_path)
+def sim(sim, tmp_path):
+    """tests/conftest.py's simulator, with a logs directory for the jobs."""
     (tmp_path / "logs").mkdir()
-    yield home
-    pbssim.cleanup(str(home))
-    wait_for(lambda: not _live_pids(home), 10, "simulator processes to exit")
-
-
-def _live_pids(home: Path) -> list[int]:
-    live = []
-    for pidfile in home.glob("jobs/*/*.pid"):
-        pid = int(pidfile.read_text())
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            live.append(pid)
-    return live
+    return sim
 
 
 def spec(tmp_path: Path, command: str, **kw) -> JobSpec:

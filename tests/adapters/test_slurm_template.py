@@ -31,10 +31,11 @@ def bash_n(script: str) -> None:
 def test_minimal(adapter):
     script = adapter.render(JobSpec(worker_command="python3 -m hpc_cluster.worker"))
     assert script.startswith("#!/usr/bin/env bash\n")
+    # dask-jobqueue's directives and spelling, then ours (--no-requeue).
     assert directives(script) == [
-        "#SBATCH --job-name=hpc-cluster", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
+        "#SBATCH -J hpc-cluster", "#SBATCH -n 1", "#SBATCH --cpus-per-task=1",
         "#SBATCH --mem=954M",  # 10**9 bytes is 953.7 MiB: rounded up, never below the ask
-        "#SBATCH --time=01:00:00", "#SBATCH --no-requeue",
+        "#SBATCH -t 01:00:00", "#SBATCH --no-requeue",
     ]
     assert "exec python3 -m hpc_cluster.worker\n" in script
     assert "export HPC_CLUSTER_JOB_WALLTIME=3600\n" in script
@@ -48,23 +49,60 @@ def test_every_keyword(adapter):
                    log_directory="/scratch/me/logs/", working_directory="/scratch/me/run",
                    extra_directives=["--exclusive", "#SBATCH --qos=long"])
     assert directives(adapter.render(spec)) == [
-        "#SBATCH --job-name='my workers'", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=8",
-        "#SBATCH --mem=16384M", "#SBATCH --time=01:31:00",  # 5401 s -> 91 whole minutes
-        "#SBATCH --no-requeue", "#SBATCH --partition=gpu", "#SBATCH --account=proj-42",
-        "#SBATCH --output=/scratch/me/logs/%x-%j.out", "#SBATCH --error=/scratch/me/logs/%x-%j.err",
-        "#SBATCH --chdir=/scratch/me/run", "#SBATCH --exclusive", "#SBATCH --qos=long",
+        "#SBATCH -J 'my workers'", "#SBATCH -e /scratch/me/logs/%x-%j.err",
+        "#SBATCH -o /scratch/me/logs/%x-%j.out", "#SBATCH -p gpu", "#SBATCH -A proj-42",
+        "#SBATCH -n 1", "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=16G", "#SBATCH -t 01:31:00",  # 5401 s -> 91 whole minutes
+        "#SBATCH --no-requeue", "#SBATCH --chdir=/scratch/me/run", "#SBATCH --exclusive", "#SBATCH --qos=long",
     ]
     assert "export HPC_CLUSTER_JOB_WALLTIME=5460\n" in adapter.render(spec)
+
+
+@pytest.mark.parametrize("nbytes", [1, 1023, 1024, 10**6, 300 * 10**6, 2**30 - 1, 2**30, 10**9, 28 * 10**9, 16 * 2**30])
+def test_memory_is_rounded_up_as_dask_jobqueue_does(adapter, nbytes):
+    from dask_jobqueue.slurm import slurm_format_bytes_ceil
+    from hpc_cluster.adapters.slurm import parse_slurm_memory, slurm_memory
+    if nbytes >= 1024:           # dask-jobqueue's own fails below 1 KiB ('1K' % n)
+        assert slurm_memory(nbytes) == slurm_format_bytes_ceil(nbytes)
+    assert parse_slurm_memory(slurm_memory(nbytes)) >= nbytes
+
+
+def test_job_cpu_job_mem_and_shebang(adapter):
+    spec = JobSpec(worker_command="w", cores=8, memory=28 * 10**9, job_cpu=16, job_mem="100G",
+                   shebang="#!/bin/bash -l")
+    script = adapter.render(spec)
+    assert script.startswith("#!/bin/bash -l\n")
+    assert "#SBATCH --cpus-per-task=16" in script and "#SBATCH --mem=100G" in script
+    assert "--cpus-per-task=8" not in script and "--mem=27G" not in script
 
 
 def test_directives_skip(adapter):
     spec = JobSpec(worker_command="w", account="x", queue="q", directives_skip=["--account", "--mem"],
                    extra_directives=["--mem-per-cpu=2G"])
     lines = directives(adapter.render(spec))
-    assert not any("--account" in line for line in lines)
-    assert "#SBATCH --partition=q" in lines
+    assert not any(line.startswith("#SBATCH -A") for line in lines)
+    assert "#SBATCH -p q" in lines
     # Built-in lines only: the user's own memory request replaces ours and stays.
     assert [line for line in lines if "--mem" in line] == ["#SBATCH --mem-per-cpu=2G"]
+
+
+@pytest.mark.parametrize("skip, gone", [
+    (["-J"], ["-J"]), (["--job-name"], ["-J"]), (["-n 1"], ["-n 1"]), (["--ntasks"], ["-n 1"]),
+    (["-A"], ["-A"]), (["--account"], ["-A"]), (["--partition"], ["-p"]),
+    (["--time"], ["-t"]), (["-e"], ["-e"]), (["--error"], ["-e"]), (["-o"], ["-o"]),
+    (["--output"], ["-o"]), (["--cpus-per-task"], ["--cpus-per-task"]), (["-c "], ["--cpus-per-task"]),
+    (["--mem"], ["--mem"]), (["--no-requeue"], ["--no-requeue"]),
+    # A skip string drops every line that contains it, as in dask-jobqueue: '-p' and '-t' are
+    # also in '--cpus-per-task'.
+    (["-p"], ["-p", "--cpus-per-task"]), (["-t"], ["-t", "--cpus-per-task"]),
+])
+def test_skip_lists_match_both_spellings(adapter, skip, gone):
+    # Written for dask-jobqueue's short flags or for sbatch's long ones: both drop the line.
+    spec = JobSpec(worker_command="w", account="acct", queue="q", log_directory="/l")
+    every = directives(adapter.render(spec))
+    lines = directives(adapter.render(spec.replace(directives_skip=skip)))
+    assert [line for line in every if line not in lines] == \
+        [line for line in every if any(line.startswith(f"#SBATCH {g}") for g in gone)]
 
 
 def test_env_is_quoted(adapter):

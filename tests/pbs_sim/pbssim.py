@@ -522,6 +522,24 @@ def qstat(argv: list[str]) -> int:
 
 
 # -- test helper ------------------------------------------------------------------------
+def live_pids(home: str) -> list[int]:
+    """The job and monitor processes of this simulator home still alive (zombies are not)."""
+    live = []
+    jobs = os.path.join(home, "jobs")
+    for name in (os.listdir(jobs) if os.path.isdir(jobs) else []):
+        for pidfile in ("job.pid", "monitor.pid"):
+            try:
+                with open(os.path.join(jobs, name, pidfile)) as fh:
+                    pid = int(fh.read())
+                with open(f"/proc/{pid}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, ValueError, IndexError):
+                continue
+            if state != "Z":
+                live.append(pid)
+    return live
+
+
 def cleanup(home: str) -> None:
     """Kill every monitor and job process group this simulator home started."""
     jobs = os.path.join(home, "jobs")

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
-from hpc_cluster.deploy.cluster import SLURMCluster, _alive  # noqa: E402
+from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
+from hpc_cluster.deploy.launch import _alive  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
@@ -72,8 +73,10 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         assert stat.S_IMODE(cluster_file.stat().st_mode) == 0o600     # it holds the secret
         job_ids = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
         assert len(job_ids) == 2, up.stdout
-        connected = re.findall(r"^worker (hpc-cluster-(\d+)) connected \(job (\d+)\)", up.stdout, re.M)
-        assert sorted(j for _, j, _ in connected) == sorted(job_ids)     # worker name carries its job
+        # Workers are named as dask-jobqueue names them: the cluster's name and the job's index.
+        connected = dict(re.findall(r"^worker (t-cli-\d+) connected \(job (\d+)\)", up.stdout, re.M))
+        assert sorted(connected) == ["t-cli-0", "t-cli-1"] and set(connected.values()) == job_ids, up.stdout
+        worker_of = {job: name for name, job in connected.items()}
         assert "Client('t-cli')" in up.stdout and str(cluster_file) in up.stdout
         assert job_ids <= squeue_ids()
 
@@ -87,7 +90,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
                 and ln.split()[0] in job_ids}
         assert set(rows) == job_ids
         for jid, cols in rows.items():
-            assert cols[1] == "running" and cols[2] == f"hpc-cluster-{jid}" and cols[-1] == "1GB"
+            assert cols[1] == "running" and cols[2] == worker_of[jid] and cols[-1] == "1GB"
         assert "2 worker(s) connected" in status.stdout and "no worker deaths" in status.stdout
 
         listed = cli("list")
@@ -108,7 +111,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         gone = wait_until(one_left, 120, "scale 1 to end one job")
         why = cli("why", gone, "t-cli")
         assert why.returncode == 0, why.stderr
-        assert f"hpc-cluster-{gone}  retired  not blamed" in why.stdout
+        assert f"{worker_of[gone]}  retired  not blamed" in why.stdout
 
         down = cli("down", "t-cli", timeout=240)
         assert down.returncode == 0, down.stdout + down.stderr

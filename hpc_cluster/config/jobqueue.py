@@ -1,0 +1,334 @@
+"""dask-jobqueue's configuration, read the way dask-jobqueue reads it.
+
+A dask-jobqueue user's settings live in dask's configuration under `jobqueue.<name>`
+(`jobqueue.slurm`, `jobqueue.pbs`, or the section `config_name=` names): YAML files in
+dask's config directories (usually ~/.config/dask/jobqueue.yaml), DASK_JOBQUEUE__* variables
+and `dask.config.set`. This module turns that section into entries of our settings table,
+beneath the site config files (resolve.py), and says what it could not carry over: nothing
+of a user's old setup is dropped without a word.
+
+Pure functions over mappings, except `dask_section` and `file_section`, which read dask's
+configuration and a YAML file.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..units import parse_walltime
+from .files import Entry, load_yaml
+from .schema import ConfigError, parse_value
+
+# jobqueue.yaml's keys (hyphenated, as dask-jobqueue writes them) -> our settings.
+KEY_MAP = {
+    "name": "job_name", "cores": "cores", "memory": "memory", "processes": "processes",
+    "python": "python", "interface": "interface", "death-timeout": "death_timeout",
+    "local-directory": "local_directory", "shared-temp-directory": "shared_temp_directory",
+    "worker-command": "worker_command", "worker-extra-args": "worker_extra_args",
+    "shebang": "shebang", "queue": "queue", "account": "account", "walltime": "walltime",
+    "job-script-prologue": "job_script_prologue", "job-extra-directives": "job_extra_directives",
+    "job-directives-skip": "job_directives_skip", "log-directory": "log_directory",
+    "scheduler-options": "scheduler_options", "job-cpu": "job_cpu", "job-mem": "job_mem",
+    "resource-spec": "resource_spec",
+}
+# Settings only one batch system has: dask-jobqueue's other cluster classes do not read them.
+BATCH_ONLY = {"job_cpu": "slurm", "job_mem": "slurm", "resource_spec": "pbs"}
+# Names dask-jobqueue renamed (old -> new). As there, the old one still counts, with a
+# FutureWarning, but only where the new one ends up empty.
+DEPRECATED = {"project": "account", "extra": "worker_extra_args", "env_extra": "job_script_prologue",
+              "job_extra": "job_extra_directives", "header_skip": "job_directives_skip"}
+# What dask's standard worker module means here: our worker. Not worth a note.
+DEFAULT_WORKER_COMMAND = "distributed.cli.dask_worker"
+
+# scheduler_options keys with a meaning here, and what happens to the others.
+SCHEDULER_OPTIONS_USED = {"host", "port", "interface", "protocol", "security"}
+SCHEDULER_OPTION_NOTES = {
+    "dashboard_address": "hpc-cluster has no dashboard yet; `hpc-cluster status`, `hpc-cluster why` "
+                         "and client.deaths() show workers, jobs and deaths",
+    "dashboard": "hpc-cluster has no dashboard yet",
+}
+
+
+@dataclass
+class JobqueueLayer:
+    """What a jobqueue section contributes: settings, renamed keys' fallbacks, and notes."""
+
+    entries: dict[str, Entry] = field(default_factory=dict)
+    fallbacks: dict[str, Entry] = field(default_factory=dict)   # deprecated names, by new name
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def hyphenated(key: str) -> str:
+    return key.replace("_", "-")
+
+
+def deprecation_message(old: str, new: str) -> str:
+    # "X has been renamed to Y" is what dask-jobqueue users (and its tests) look for.
+    return (f"{old} has been renamed to {new}. You are still using it (as a keyword or in a config "
+            f"file, even if only set to []). Where {new} is empty, {old} is used for now; otherwise "
+            f"it is ignored. Rename it to {new}.")
+
+
+def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
+              label: Mapping[str, str] | None = None) -> JobqueueLayer:
+    """One `jobqueue.<config_name>` section -> our entries. `label` says where each key came
+    from (a file, a DASK_* variable, dask.config.set); pure."""
+    out = JobqueueLayer()
+    label = label or {}
+    for key, raw in section.items():
+        k = hyphenated(str(key))
+        where = f"jobqueue.{config_name}.{k}"
+        source = f"jobqueue:{label.get(k) or label.get(str(key)) or where}"
+        if raw is None:
+            continue                              # null: "not set", as in dask-jobqueue
+        old = k.replace("-", "_")
+        if old in DEPRECATED:
+            warnings.warn(deprecation_message(old, DEPRECATED[old]), FutureWarning, stacklevel=4)
+            _add(out.fallbacks, out.problems, DEPRECATED[old], raw, f"{source} (renamed: {old})", where)
+            continue
+        option = KEY_MAP.get(k)
+        if option is None:
+            out.notes.append(f"{where} ({source.removeprefix('jobqueue:')}) is not a setting of "
+                             f"dask-jobqueue's {_cluster_name(batch)} nor of ours; ignored")
+            continue
+        if option in BATCH_ONLY and batch and BATCH_ONLY[option] != batch:
+            out.notes.append(f"{where} is a {BATCH_ONLY[option].upper()} setting; "
+                             f"{_cluster_name(batch)} does not use it (nor does dask-jobqueue's); ignored")
+            continue
+        if option == "worker_command" and str(raw).strip() == DEFAULT_WORKER_COMMAND:
+            continue                              # the standard worker, which is ours
+        if option == "scheduler_options" and not raw:
+            continue
+        _add(out.entries, out.problems, option, raw, source, where)
+    return out
+
+
+def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: str) -> None:
+    try:
+        into[option] = Entry(raw, parse_value(option, raw), source)
+    except ValueError as e:
+        problems.append(f"{where} ({source.removeprefix('jobqueue:')}): {e}")
+
+
+def _cluster_name(batch: str | None) -> str:
+    return {"slurm": "SLURMCluster", "pbs": "PBSCluster"}.get(batch or "", "cluster")
+
+
+def scheduler_option_notes(options: Mapping[str, Any]) -> list[str]:
+    """What happens to each scheduler_options key we do not use."""
+    notes = []
+    for key in options:
+        if key in SCHEDULER_OPTIONS_USED:
+            continue
+        what = SCHEDULER_OPTION_NOTES.get(key, "not an option of hpc-cluster's scheduler")
+        notes.append(f"scheduler_options[{key!r}]: {what}; ignored")
+    return notes
+
+
+def merge_layers(lower: JobqueueLayer, upper: JobqueueLayer) -> JobqueueLayer:
+    """`upper` wins per setting (dask's live configuration over a file a site names)."""
+    return JobqueueLayer({**lower.entries, **upper.entries}, {**lower.fallbacks, **upper.fallbacks},
+                         lower.notes + upper.notes, lower.problems + upper.problems)
+
+
+# ---------------------------------------------------------------------------- reading
+
+def file_section(path: str, config_name: str) -> tuple[dict, dict]:
+    """(section, labels) of `jobqueue.<config_name>` in a jobqueue.yaml file."""
+    path = os.path.expanduser(path)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"jobqueue_config={path!r}: cannot read it: {e.strerror}") from None
+    doc = load_yaml(text, path) or {}
+    section = ((doc.get("jobqueue") or {}) if isinstance(doc, Mapping) else {}).get(config_name) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: jobqueue.{config_name} must be a map of settings")
+    return dict(section), {hyphenated(k): f"{path}" for k in section}
+
+
+def dask_section(config_name: str) -> tuple[dict, dict]:
+    """(section, labels) of `jobqueue.<config_name>` in dask's live configuration.
+
+    dask merges its YAML files, DASK_* variables and dask.config.set into one tree and keeps
+    no record of which said what; the labels are found by looking at each source again. Values
+    that only dask-jobqueue's own defaults give (registered when dask_jobqueue is imported)
+    are left out: they are ours too, and did not come from the user.
+    """
+    import dask.config
+
+    section = dask.config.get(f"jobqueue.{config_name}", default=None) or {}
+    if not isinstance(section, Mapping):
+        return {}, {}
+    defaults: dict = {}
+    for d in dask.config.defaults:
+        defaults = dask.config.merge(defaults, d)
+    default_section = (defaults.get("jobqueue") or {}).get(config_name) or {}
+    env = ((dask.config.collect_env().get("jobqueue") or {}).get(config_name) or {})
+    files = [(p, ((list(dask.config.collect_yaml([p])) or [{}])[0].get("jobqueue") or {}).get(config_name) or {})
+             for p in _dask_yaml_files()]
+    out, labels = {}, {}
+    for key, value in section.items():
+        k = hyphenated(key)
+        in_env = _lookup(env, k)
+        in_file = next((p for p, sec in files if _lookup(sec, k) is not _MISSING), None)
+        if in_env is not _MISSING:
+            labels[k] = f"DASK_JOBQUEUE__{config_name.upper()}__{key.upper().replace('-', '_')}"
+        elif in_file is not None and _lookup(dict(files)[in_file], k) == value:
+            labels[k] = in_file
+        elif _lookup(default_section, k) == value:
+            continue                              # dask-jobqueue's default, not the user's
+        else:
+            labels[k] = "dask.config.set"
+        out[k] = value
+    return out, labels
+
+
+_MISSING = object()
+
+
+def _lookup(section: Mapping, key: str) -> Any:
+    for k, v in section.items():
+        if hyphenated(str(k)) == key:
+            return v
+    return _MISSING
+
+
+def _dask_yaml_files() -> list[str]:
+    import dask.config
+    found = []
+    for base in dask.config.paths:
+        if os.path.isdir(base):
+            found += sorted(os.path.join(base, n) for n in os.listdir(base) if n.endswith((".yaml", ".yml")))
+        elif os.path.isfile(base):
+            found.append(base)
+    return found
+
+
+def jobqueue_layer(config_name: str, batch: str | None, named_file: str | None = None) -> JobqueueLayer:
+    """The jobqueue settings for one cluster: a file the site names, beneath dask's config."""
+    layer = JobqueueLayer()
+    if named_file:
+        section, labels = file_section(named_file, config_name)
+        layer = translate(section, config_name, batch, labels)
+    section, labels = dask_section(config_name)
+    return merge_layers(layer, translate(section, config_name, batch, labels))
+
+
+# ---------------------------------------------------------------------------- importing
+
+# The values dask-jobqueue's own jobqueue.yaml gives every section (copied into
+# ~/.config/dask on first import): a section that says only these was never customized.
+JOBQUEUE_DEFAULTS = {
+    "name": "dask-worker", "death-timeout": 60, "worker-command": DEFAULT_WORKER_COMMAND,
+    "worker-extra-args": [], "shebang": "#!/usr/bin/env bash", "walltime": "00:30:00",
+    "job-script-prologue": [], "job-extra-directives": [], "job-directives-skip": [],
+    "scheduler-options": {}, "use-stdin": True,
+}
+SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs"}
+
+
+def customized(section: Mapping[str, Any]) -> dict:
+    """The keys of a section that say something beyond dask-jobqueue's defaults."""
+    out = {}
+    for key, value in section.items():
+        k = hyphenated(str(key))
+        if value is None or JOBQUEUE_DEFAULTS.get(k, _MISSING) == value:
+            continue
+        if k == "walltime" and value == "00:30":            # LSF's default spelling
+            continue
+        out[k] = value
+    return out
+
+
+def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) -> tuple[dict, list[str]]:
+    """A site (our key names, values as written) from one jobqueue section, and what could
+    not be carried over. Pure: `hpc-cluster config import-jobqueue` writes the result."""
+    settings: dict[str, Any] = {"batch": batch}
+    notes: list[str] = []
+    renamed: dict[str, Any] = {}
+    for key, value in section.items():
+        k = hyphenated(str(key))
+        where = f"jobqueue.{config_name}.{k}"
+        if value is None:
+            continue
+        old = k.replace("-", "_")
+        if old in DEPRECATED:
+            renamed[DEPRECATED[old]] = (value, old)
+            continue
+        option = KEY_MAP.get(k)
+        if option is None:
+            notes.append(f"{where}: not a setting of dask-jobqueue's {_cluster_name(batch)} nor of ours; left out")
+        elif option in BATCH_ONLY and BATCH_ONLY[option] != batch:
+            notes.append(f"{where}: a {BATCH_ONLY[option].upper()} setting; left out")
+        elif option == "worker_command" and str(value).strip() == DEFAULT_WORKER_COMMAND:
+            continue
+        elif option == "scheduler_options":
+            if value:
+                settings[option] = dict(value)
+                notes += [f"{where}: {n}" for n in scheduler_option_notes(value)]
+        else:
+            try:
+                if option == "walltime":                  # as this batch system reads it
+                    parse_walltime(value, what="walltime", batch=batch)
+                parse_value(option, value)
+            except ValueError as e:
+                notes.append(f"{where}: {e}; left out")
+                continue
+            settings[option] = value
+    for new, (value, old) in renamed.items():
+        if not settings.get(new):
+            settings[new] = value
+            notes.append(f"jobqueue.{config_name}.{hyphenated(old)}: renamed to {new} (dask-jobqueue renamed it too)")
+        else:
+            notes.append(f"jobqueue.{config_name}.{hyphenated(old)}: ignored, {new} is set (as in dask-jobqueue)")
+    return settings, notes
+
+
+OTHER_SECTIONS = ("sge", "lsf", "oar", "htcondor", "moab", "local")
+
+
+def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None = None
+                    ) -> tuple[dict[str, dict], list[str]]:
+    """Sites from a whole `jobqueue:` tree: one per SLURM or PBS section (named after it),
+    and notes on everything left behind, sections of other batch systems included.
+    `batches` names the batch system of sections with names of the user's own."""
+    sites: dict[str, dict] = {}
+    notes: list[str] = []
+    batches = batches or {}
+    for name, section in tree.items():
+        if not isinstance(section, Mapping):
+            notes.append(f"jobqueue.{name}: not a map of settings; left out")
+            continue
+        batch = batches.get(name) or SUPPORTED_SECTIONS.get(name) or (
+            None if name in OTHER_SECTIONS else _batch_of_custom(section))
+        if batch is None:
+            if not customized(section):
+                continue
+            if name in OTHER_SECTIONS:
+                notes.append(f"jobqueue.{name}: hpc-cluster has no {name.upper()} adapter yet; its settings "
+                             f"({', '.join(customized(section))}) were left out")
+            else:
+                notes.append(f"jobqueue.{name}: cannot tell which batch system it is for; name it with "
+                             f"--section {name}=slurm (or =pbs)")
+            continue
+        if name not in SUPPORTED_SECTIONS and not customized(section):
+            continue
+        sites[name], site_notes = site_from_section(section, name, batch)
+        notes += site_notes
+    return sites, notes
+
+
+def _batch_of_custom(section: Mapping[str, Any]) -> str | None:
+    """A section under a name of the user's own (config_name=...): SLURM or PBS by its keys."""
+    keys = {hyphenated(str(k)) for k in section}
+    if keys & {"job-cpu", "job-mem"}:
+        return "slurm"
+    if "resource-spec" in keys and not keys & {"ncpus", "mem", "lsf-units", "disk"}:
+        return "pbs"
+    return None

@@ -1,0 +1,497 @@
+"""SLURMCluster and PBSCluster: dask-jobqueue's classes, so switching is a change of import.
+
+    cluster = SLURMCluster(cores=4, memory="16GB", walltime="01:00:00")
+    cluster.scale(8)                      # 8 workers: 2 jobs of 4 processes, as dask-jobqueue
+    client = Client(cluster)
+
+Every keyword of dask-jobqueue 0.9's JobQueueCluster, SLURMCluster and PBSCluster is
+accepted with its meaning; values also come from the site config files and from dask's
+`jobqueue.<name>` configuration, as dask-jobqueue reads it (config/jobqueue.py). What has
+no meaning here is said, never dropped in silence. A cluster is a cluster daemon (scheduler
++ job manager, deploy/daemon.py) run as a child process; `launch.py` starts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import math
+import re
+import signal
+import subprocess
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..adapters import get_adapter
+from ..adapters.base import JobSpec
+from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
+from ..config.jobqueue import DEPRECATED
+from ..protocol.secret import cluster_file_for, read_cluster_file
+from ..units import UnitError, format_memory, parse_memory
+from .compat import check_protocol, check_security, silence_logs_note
+from .launch import ClusterError, control, job_spec, launch  # noqa: F401  (ClusterError: public)
+
+
+class Status(str, enum.Enum):
+    """A cluster's state, named as distributed names it (and equal to those strings)."""
+
+    created = "created"
+    running = "running"
+    closing = "closing"
+    closed = "closed"
+    failed = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobqueueConfigWarning(UserWarning):
+    """Something in the user's dask-jobqueue setup that has no meaning here (and what happens)."""
+
+
+class SchedulerInfo:
+    """Where the scheduler listens (dask-jobqueue's `cluster.scheduler.ip`, read-only)."""
+
+    def __init__(self, address: str, host: str):
+        self.address, self.ip = address, host
+        self.port = int(address.rsplit(":", 1)[1]) if ":" in address else None
+
+    def __repr__(self) -> str:
+        return f"<Scheduler {self.address} listening on {self.ip}>"
+
+
+class Adaptive:
+    """What adapt() set; `stop()` ends it (the cluster keeps its current jobs)."""
+
+    def __init__(self, cluster: "JobQueueCluster", **policy):
+        self.cluster, self.policy = cluster, policy
+
+    def stop(self):
+        return self.cluster._op(lambda: control(self.cluster.cluster_file, "adapt", stop=True))
+
+    def __repr__(self) -> str:
+        return f"<Adaptive {self.policy}>"
+
+
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_CLUSTER_KEYWORDS = ("n_workers", "job_cls", "loop", "security", "shared_temp_directory", "silence_logs",
+                     "name", "asynchronous", "dashboard_address", "host", "scheduler_options",
+                     "scheduler_cls", "interface", "protocol", "config_name", "site", "config")
+
+JOB_PARAMETERS = """
+    cores : int
+        Total number of cores per job (required: a keyword, the site config or jobqueue.yaml)
+    memory : str
+        Total amount of memory per job, e.g. "16GB" (required likewise)
+    processes : int
+        Worker processes per job; by default about sqrt(cores), as in dask-jobqueue
+    walltime : str
+        Time limit per job, read as the batch system reads it
+    queue, account : str
+        Partition/queue and account (project) the jobs are charged to
+    job_name : str
+        The batch job's name (default "dask-worker")
+    name : str
+        The cluster's name; workers are named NAME-<job index>[-<process>]
+    job_extra_directives, job_directives_skip, job_script_prologue : list of str
+        Extra batch directives; directives to drop; shell lines before the worker starts
+    worker_extra_args : list of str
+        dask-worker flags for the workers (--lifetime, --resources, ...)
+    log_directory, local_directory, shared_temp_directory, interface, death_timeout, nanny,
+    python, shebang, scheduler_options, config_name, security, protocol, asynchronous
+        As in dask-jobqueue; see docs/migrating-from-dask-jobqueue.md
+    site, config : str
+        hpc-cluster's site and config file (docs/configuration.md)
+"""
+
+
+class JobQueueCluster:
+    __doc__ = ("""Workers as batch jobs, joining one scheduler that explains their deaths.
+
+    Use SLURMCluster or PBSCluster; this base class has no batch system.
+
+    Parameters
+    ----------
+""" + JOB_PARAMETERS)
+
+    batch: str = ""
+
+    def __init__(self, n_workers: int | None = None, job_cls: Any = None, loop: Any = None, security: Any = None,
+                 shared_temp_directory: str | None = None, silence_logs: Any = "error", name: str | None = None,
+                 asynchronous: bool = False, dashboard_address: str | None = None, host: str | None = None,
+                 scheduler_options: dict | None = None, scheduler_cls: Any = None, interface: str | None = None,
+                 protocol: str | None = None, config_name: str | None = None, *, site: str | None = None,
+                 config: str | None = None, **job_kwargs):
+        cls = type(self).__name__
+        # dask-jobqueue's own refusals first, with its meaning (and before n_workers is read:
+        # its tests pass a class there and expect these).
+        for given, key in ((dashboard_address, "dashboard_address"), (host, "host")):
+            if given is not None:
+                raise ValueError(f"Please pass {key!r} through 'scheduler_options': use\n"
+                                 f"cluster = {cls}(..., scheduler_options={{{key!r}: {given!r}}}) "
+                                 f"rather than\ncluster = {cls}(..., {key}={given!r})")
+        if job_cls is not None:
+            raise ValueError(f"job_cls={job_cls!r}: hpc-cluster has no Job classes; a batch system is an "
+                             "adapter (SLURMCluster, PBSCluster, or batch='slurm'/'pbs' in a site)")
+        if not self.batch and not job_kwargs.get("batch"):
+            raise ValueError(f"You need to specify a Job type (dask-jobqueue's job_cls), that is a batch system, "
+                             f"for {cls}: use SLURMCluster or PBSCluster, or pass batch='slurm' / batch='pbs'")
+        if scheduler_cls is not None:
+            raise ValueError(f"scheduler_cls={scheduler_cls!r}: hpc-cluster runs its own scheduler in the "
+                             "cluster daemon; remove scheduler_cls")
+        self._check_keywords(job_kwargs)
+        notes = [*check_protocol(protocol), *check_security(security), *silence_logs_note(silence_logs)]
+        given = {"interface": interface, "shared_temp_directory": shared_temp_directory,
+                 "scheduler_options": scheduler_options, "config_name": config_name}
+        options = scheduler_options or {}             # the scheduler's own protocol/security, checked alike
+        notes += [*check_protocol(options.get("protocol")), *check_security(options.get("security"))]
+        kwargs = {"batch": self.batch or None, **{k: v for k, v in given.items() if v is not None}, **job_kwargs}
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", FutureWarning)   # renamed keywords: say so every time
+            self.config = cfg = resolve(site=site, config=config, **kwargs)
+        v = cfg.values
+        self.batch = v["batch"]
+        self._require_cores_and_memory(job_kwargs)
+        notes += self._check_worker_args(v["worker_extra_args"])
+        notes += cfg.notes
+        if notes:
+            warnings.warn(JobqueueConfigWarning(
+                f"{cls}: parts of your dask-jobqueue setup have no meaning here:\n  " + "\n  ".join(notes)),
+                stacklevel=2)
+        self.name = name or cls
+        # The cluster file's name, unique: what `hpc-cluster status|why|logs|down ID` take.
+        self.id = f"{_NAME_SAFE.sub('-', self.name).strip('-.') or 'cluster'}-{uuid.uuid4().hex[:6]}"
+        self.cluster_file: Path = cluster_file_for(self.id)
+        self.processes = v["processes"]
+        self.asynchronous = bool(asynchronous)
+        self.loop = loop                      # accepted for dask's signature; nothing runs on it
+        self.status = Status.created
+        self.scheduler_address: str | None = None
+        self.secret: bytes | None = None
+        self._proc: subprocess.Popen | None = None
+        self._job: dict | None = None
+        self._starting: asyncio.Future | None = None
+        self._pending: list[asyncio.Future] = []
+        self._dashboard_noted = False
+        self._n_workers = v["n_workers"] if n_workers is None else n_workers
+        if not isinstance(self._n_workers, int) or isinstance(self._n_workers, bool) or self._n_workers < 0:
+            raise ValueError(f"n_workers={n_workers!r} must be a whole number >= 0")
+        if not self.asynchronous:
+            self._start()
+
+    # -- construction checks ------------------------------------------------------------
+    def _check_keywords(self, job_kwargs: dict) -> None:
+        known = set(OPTION_BY_NAME) | set(DEPRECATED)
+        unknown = [k for k in job_kwargs if k not in DEPRECATED and (canonical_key(k) is None or "-" in k)]
+        if unknown:
+            k = unknown[0]
+            shown = {key: val for key, val in job_kwargs.items()}
+            raise ValueError(f"Got an unexpected keyword argument {k!r} for {type(self).__name__}"
+                             f"{did_you_mean(k, sorted(known | set(_CLUSTER_KEYWORDS)))}. The job keywords "
+                             f"it was given (job_kwargs): {shown}; docs/migrating-from-dask-jobqueue.md "
+                             "lists every keyword")
+
+    def _require_cores_and_memory(self, job_kwargs: dict) -> None:
+        v = self.config.values
+        if v["cores"] is not None and v["memory"] is not None:
+            return
+        cls = type(self).__name__
+        missing = " and ".join(k for k in ("cores", "memory") if v[k] is None)
+        cores = v["cores"] or 8
+        memory = job_kwargs.get("memory") if v["memory"] is not None else "24GB"
+        section = v["config_name"] or self.batch
+        raise ValueError(f"You must specify how much cores and memory per job you want to use "
+                         f"({missing} not given by a keyword, a site config or dask's "
+                         f"jobqueue.{section} configuration), for example:\n"
+                         f"cluster = {cls}(cores={cores}, memory={memory!r})")
+
+    def _check_worker_args(self, args: list[str]) -> list[str]:
+        """dask-worker flags are checked here, before any job is submitted, not when every
+        worker fails to start; returns notes on flags accepted but without effect."""
+        from ..worker.flags import check_worker_args, ignored_worker_args
+        problems = check_worker_args(list(args))
+        if problems:
+            raise ValueError("worker_extra_args: " + "; ".join(problems))
+        return [f"worker_extra_args: {note}" for note in ignored_worker_args(list(args))]
+
+    # -- starting -------------------------------------------------------------------------
+    def _start(self) -> None:
+        try:
+            self._proc, path = launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)
+        except BaseException:
+            self.status = Status.failed
+            raise
+        self._job = json.loads((path.parent / f".{self.id}.plan.json").read_text())["job"]
+        info = read_cluster_file(path)
+        self.scheduler_address, self.secret = info["address"], info["secret"]
+        self.status = Status.running
+        if self._n_workers:
+            control(self.cluster_file, "scale", jobs=math.ceil(self._n_workers / self.processes))
+
+    async def _start_async(self) -> "JobQueueCluster":
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(asyncio.to_thread(self._start))
+        await self._starting
+        return self
+
+    def __await__(self):
+        async def ready():
+            await self._start_async()
+            while self._pending:
+                await asyncio.gather(*self._pending.copy(), return_exceptions=False)
+                self._pending = [f for f in self._pending if not f.done()]
+            return self
+        return ready().__await__()
+
+    def _op(self, fn):
+        """Run `fn` (which talks to the daemon) now, or, with asynchronous=True, as a task on
+        the running loop after the cluster started: awaitable, and done even if not awaited."""
+        if not self.asynchronous:
+            return fn()
+
+        async def run():
+            await self._start_async()
+            return await asyncio.to_thread(fn)
+        task = asyncio.ensure_future(run())
+        self._pending.append(task)
+        return task
+
+    # -- the dask-jobqueue surface ---------------------------------------------------------
+    def _spec(self) -> JobSpec:
+        if self._job is not None:             # what the jobs get (with ssh: the login node's paths)
+            return JobSpec(**self._job)
+        return job_spec(self.config, str(self.cluster_file), self.name)
+
+    def job_script(self) -> str:
+        """The script each job runs (with ssh: the paths on the login node)."""
+        return get_adapter(self.batch).render(self._spec())
+
+    @property
+    def job_header(self) -> str:
+        """The batch directives of the job script."""
+        return "\n".join(get_adapter(self.batch).template_context(self._spec())["directives"])
+
+    @property
+    def job_name(self) -> str:
+        return self.config.values["job_name"]
+
+    def _jobs_for(self, n: int | None, jobs: int, memory: Any, cores: int | None) -> int:
+        v = self.config.values
+        if n is not None:
+            jobs = math.ceil(n / self.processes)
+        if memory is not None:
+            try:
+                wanted = 0 if str(memory).strip().rstrip("BbKkMmGgTtIi ").strip() in ("0", "0.0") \
+                    else parse_memory(memory, "memory")
+            except UnitError as e:
+                raise ValueError(str(e)) from None
+            jobs = max(jobs, math.ceil(wanted / v["memory"]))
+        if cores is not None:
+            jobs = max(jobs, math.ceil(cores / v["cores"]))
+        if jobs < 0:
+            raise ValueError(f"scale(): {jobs} jobs; give numbers >= 0")
+        return int(jobs)
+
+    def scale(self, n: int | None = None, jobs: int = 0, memory: Any = None, cores: int | None = None):
+        """Scale to `n` workers (rounded up to whole jobs of `processes`), or `jobs` jobs, or
+        enough jobs for `memory` in total or `cores` in total; dask-jobqueue's meanings."""
+        target = self._jobs_for(n, jobs, memory, cores)
+        return self._op(lambda: control(self.cluster_file, "scale", jobs=target))
+
+    def adapt(self, minimum: int = 0, maximum: float | None = math.inf, minimum_jobs: int | None = None,
+              maximum_jobs: int | None = None, interval: Any = "1s", wait_count: int = 3,
+              target_duration: Any = "5s", minimum_cores: int | None = None, maximum_cores: int | None = None,
+              minimum_memory: Any = None, maximum_memory: Any = None, **unknown) -> Adaptive:
+        """Size the cluster to the queued work, between `minimum` and `maximum` workers (or
+        jobs, cores, memory), as dask's Adaptive does: up at once, down after `wait_count`
+        decisions `interval` apart agree; `target_duration` is how long the queued work should
+        take. Workers are counted in whole jobs of `processes`."""
+        if unknown:
+            raise ValueError(f"adapt() got an unexpected keyword argument {next(iter(unknown))!r}")
+        lo = math.ceil(minimum / self.processes) if minimum else 0
+        hi = None if maximum is None or maximum == math.inf else math.floor(maximum / self.processes)
+        if minimum_jobs is not None:
+            lo = int(minimum_jobs)
+        if maximum_jobs is not None:
+            hi = int(maximum_jobs)
+        if minimum_cores is not None or minimum_memory is not None:
+            lo = max(lo, self._jobs_for(None, 0, minimum_memory, minimum_cores))
+        if maximum_cores is not None or maximum_memory is not None:
+            cap = self._jobs_for(None, 0, maximum_memory, maximum_cores)
+            hi = cap if hi is None else min(hi, cap)
+        if hi is not None and hi < lo:
+            raise ValueError(f"adapt(): a minimum of {lo} job(s) is above the maximum of {hi}")
+        policy = {"minimum": lo, "maximum": hi, "interval": _seconds(interval, "interval"),
+                  "wait_count": int(wait_count), "target_duration": _seconds(target_duration, "target_duration")}
+        self._op(lambda: control(self.cluster_file, "adapt", **policy))
+        return Adaptive(self, **policy)
+
+    def _table(self, timeout: float = 60.0) -> dict:
+        return control(self.cluster_file, "jobs", timeout=timeout)
+
+    @property
+    def jobs(self) -> dict[str, dict]:
+        """Each job's real batch state (pending, running, completed ...) and its workers."""
+        return {j["job_id"]: j for j in self._table()["jobs"]}
+
+    def status_table(self) -> dict:
+        return self._table()
+
+    @property
+    def workers(self) -> dict[str, dict]:
+        """The jobs in the queue or running, by worker-group name (NAME-<index>), as
+        dask-jobqueue keys its Job objects; each value is the job's row (id, state, workers)."""
+        if self.status is not Status.running:
+            return {}
+        return {f"{self.name}-{j['index']}": j for j in self._table()["jobs"]
+                if j["state"] in ("pending", "running", "unknown")}
+
+    @property
+    def worker_spec(self) -> dict[str, dict]:
+        """The jobs the cluster wants (not the ones leaving): what scale() asked for."""
+        return {k: j for k, j in self.workers.items() if not j.get("retiring")}
+
+    @property
+    def scheduler(self) -> SchedulerInfo | None:
+        if self.scheduler_address is None:
+            return None
+        plan = self.cluster_file.parent / f".{self.id}.plan.json"
+        host = json.loads(plan.read_text())["scheduler"]["host"] if plan.exists() else None
+        return SchedulerInfo(self.scheduler_address, host or self.scheduler_address.split("://")[-1].rsplit(":", 1)[0])
+
+    @property
+    def dashboard_link(self) -> None:
+        """None: there is no dashboard yet (`hpc-cluster status`, `why`, client.deaths())."""
+        if not self._dashboard_noted:
+            self._dashboard_noted = True
+            warnings.warn("hpc-cluster has no dashboard yet, so dashboard_link is None; `hpc-cluster status "
+                          f"{self.id}`, `hpc-cluster why {self.id}` and client.deaths() show the workers, "
+                          "jobs and deaths", JobqueueConfigWarning, stacklevel=2)
+        return None
+
+    def get_logs(self, cluster: bool = True, scheduler: bool = True, workers: bool = True) -> dict[str, str]:
+        """Logs by name: the cluster daemon's (it is the scheduler too) and each worker's,
+        dead ones included."""
+        out: dict[str, str] = {}
+        log = (read_cluster_file(self.cluster_file).get("daemon_log") if self.cluster_file.exists() else None)
+        if (cluster or scheduler) and log and Path(log).exists():
+            out["Cluster"] = Path(log).read_text(errors="replace")
+        if workers and self.status is Status.running:
+            from ..client import Client
+            with Client(self, timeout=30) as client:
+                for key, lines in client.get_worker_logs().items():
+                    out[key] = "\n".join(lines)
+        return out
+
+    def close(self, timeout: float = 120.0):
+        if not self.asynchronous:
+            return self._close(timeout)
+        return asyncio.ensure_future(self._close_async(timeout))
+
+    async def _close_async(self, timeout: float = 120.0) -> None:
+        # What was asked of the cluster before (scale, adapt) is done first, even if nobody
+        # awaited it: closing under it would leave its request waiting on a daemon that left.
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._starting is not None:
+            await asyncio.gather(self._starting, return_exceptions=True)
+        await asyncio.to_thread(self._close, timeout)
+
+    def _close(self, timeout: float = 120.0) -> None:
+        if self.status in (Status.closed, Status.created) and self._proc is None:
+            self.status = Status.closed
+            return
+        if self.status is Status.closed:
+            return
+        self.status = Status.closing
+        try:
+            control(self.cluster_file, "shutdown", timeout=timeout)
+        except Exception:
+            if self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self.status = Status.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    async def __aenter__(self):
+        await self
+        return self
+
+    async def __aexit__(self, *exc):
+        await self._close_async()
+
+    def __del__(self):
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            # Not closed: the daemon also watches us and ends with us; this is sooner.
+            proc.send_signal(signal.SIGTERM)
+
+    def __repr__(self) -> str:
+        counts = ""
+        if self.status is Status.running:
+            try:
+                rows = [r for r in self._table(timeout=5)["jobs"] if r["state"] == "running"]
+                workers = sum(len(r.get("workers") or []) for r in rows)
+                v = self.config.values
+                counts = (f", workers={workers}, threads={workers * max(1, v['cores'] // self.processes)}, "
+                          f"memory={format_memory(workers * (v['memory'] // self.processes))}")
+            except Exception:
+                pass
+        return f"{type(self).__name__}({self.name!r}, {self.scheduler_address!r}{counts}, status={self.status})"
+
+
+def _seconds(value: Any, what: str) -> float:
+    """dask's durations: a number of seconds, or '1s', '500ms', '2 minutes'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    from dask.utils import parse_timedelta
+    try:
+        return float(parse_timedelta(value))
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"adapt({what}={value!r}): give seconds or a duration like '1s', '500ms'") from None
+
+
+class SLURMCluster(JobQueueCluster):
+    __doc__ = """Workers as SLURM jobs (sbatch), joining one scheduler that explains their deaths.
+
+    dask-jobqueue's SLURMCluster, keyword for keyword; `job_cpu` and `job_mem` set
+    --cpus-per-task and --mem instead of cores and memory.
+
+    Parameters
+    ----------
+""" + JOB_PARAMETERS + """    job_cpu : int
+        SLURM --cpus-per-task (default: cores)
+    job_mem : str
+        SLURM --mem as sbatch reads it (default: memory, rounded up)
+"""
+    batch = "slurm"
+
+
+class PBSCluster(JobQueueCluster):
+    __doc__ = """Workers as PBS jobs (qsub), joining one scheduler that explains their deaths.
+
+    dask-jobqueue's PBSCluster, keyword for keyword; `resource_spec` replaces the
+    select=1:ncpus=..:mem=.. request.
+
+    Parameters
+    ----------
+""" + JOB_PARAMETERS + """    resource_spec : str
+        The -l resource request (default: select=1:ncpus={cores}:mem={memory})
+"""
+    batch = "pbs"
+
+
+__all__ = ["JobQueueCluster", "SLURMCluster", "PBSCluster", "ClusterError", "ConfigError", "Status",
+           "JobqueueConfigWarning"]
