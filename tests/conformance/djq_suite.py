@@ -1,0 +1,178 @@
+"""dask-jobqueue 0.9.0's own tests, fetched from the package registry and pointed at our classes.
+
+Nothing of theirs is kept in this repository: the sdist is downloaded with pip at test time
+into a cache outside git (~/.cache/hpc-cluster-tests, or $XDG_CACHE_HOME), checked against
+its published sha256 and its PKG-INFO version, and only these files of
+dask_jobqueue/tests/ are extracted into a temporary package `dask_jobqueue_tests`:
+__init__.py, test_slurm.py, test_pbs.py, test_jobqueue_core.py and test_job.py.
+
+The rewrites (import statements only; every other line is theirs, unchanged):
+
+1. `from dask_jobqueue import X` / `from dask_jobqueue.core import X`: SLURMCluster and
+   PBSCluster come `from hpc_cluster`, JobQueueCluster `from hpc_cluster.deploy.cluster`.
+2. Every other name from `dask_jobqueue` or a submodule (MoabCluster, SGECluster,
+   LSFCluster, OARCluster, HTCondorCluster, dask_jobqueue.local.LocalCluster, Job, PBSJob,
+   SGEJob, SLURMRunner ...) becomes `X = placeholder("dask_jobqueue.<module>.X")`
+   (djq_placeholders.py): using it skips the test, saying why.
+3. `Client` imported from `distributed` or `dask.distributed` comes `from hpc_cluster`;
+   every other name from distributed (Security, Scheduler, Status, utils_test ...) stays
+   distributed's.
+4. `from dask_jobqueue.tests import QUEUE_WAIT` becomes `from . import QUEUE_WAIT` (their
+   own constant, from the extracted package).
+
+A rewritten statement keeps the line count of the one it replaces (several statements are
+joined with `;` and padded with blank lines), so a traceback's line numbers are the
+upstream file's. Any import of dask_jobqueue left after the rewrite is an error: we never
+run their classes by accident (dask-jobqueue is installed in the venv for the benchmarks).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from email.parser import HeaderParser
+from pathlib import Path
+
+VERSION = "0.9.0"
+SDIST = f"dask_jobqueue-{VERSION}.tar.gz"
+# The sha256 PyPI publishes for that file; pip checks it on download (--require-hashes)
+# and we check it again on every use of the cached copy.
+SHA256 = "494ef64b7bb3848c7d72ed334c288030caca6a09dca54cfaa3f395f4ba7f5c47"
+TEST_FILES = ("__init__.py", "test_slurm.py", "test_pbs.py", "test_jobqueue_core.py", "test_job.py")
+PACKAGE = "dask_jobqueue_tests"
+
+OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster",
+        "JobQueueCluster": "hpc_cluster.deploy.cluster"}
+OUR_CLIENT = "hpc_cluster"
+
+
+class SuiteUnavailable(RuntimeError):
+    """The sdist could not be fetched or is not the one we expect; the message says why."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpc-cluster-tests"
+
+
+def sdist() -> Path:
+    """The checked sdist: from the cache, or downloaded from the registry now."""
+    path = cache_dir() / SDIST
+    if not path.exists():
+        download(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SHA256:
+        raise SuiteUnavailable(f"{path} has sha256 {digest}, not dask-jobqueue {VERSION}'s {SHA256}; "
+                               "delete it and the next run downloads it again")
+    return path
+
+
+def download(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Into a private directory, then renamed: two runs at once never see half a file.
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".download-") as tmp:
+        requirement = Path(tmp) / "requirement.txt"
+        requirement.write_text(f"dask-jobqueue=={VERSION} --hash=sha256:{SHA256}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--require-hashes", "-r", str(requirement), "-d", tmp,
+               "--retries", "2", "--timeout", "30", "--progress-bar", "off"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise SuiteUnavailable(f"`{' '.join(cmd)}` did not finish in 600 s: is the package registry "
+                                   "reachable? These tests need it (CI has it).") from None
+        got = Path(tmp) / SDIST
+        if proc.returncode != 0 or not got.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise SuiteUnavailable(
+                f"could not download dask-jobqueue {VERSION}'s sdist from the package registry "
+                f"(pip exit code {proc.returncode}). These conformance tests need the registry; "
+                f"CI has it. pip said:\n{tail}")
+        os.replace(got, path)
+
+
+def extract(dest: Path) -> Path:
+    """The rewritten test package under `dest`; returns its directory."""
+    package = dest / PACKAGE
+    package.mkdir(parents=True)
+    top = f"dask_jobqueue-{VERSION}"
+    with tarfile.open(sdist()) as tar:
+        info = HeaderParser().parsestr(tar.extractfile(f"{top}/PKG-INFO").read().decode())
+        if info["Name"] != "dask-jobqueue" or info["Version"] != VERSION:
+            raise SuiteUnavailable(f"the sdist's PKG-INFO says {info['Name']} {info['Version']}, "
+                                   f"not dask-jobqueue {VERSION}")
+        for name in TEST_FILES:
+            # extractfile reads one member by name: nothing else of the archive is written.
+            source = tar.extractfile(f"{top}/dask_jobqueue/tests/{name}").read().decode()
+            (package / name).write_text(rewrite_imports(source, name))
+    return package
+
+
+# -- the import rewrite -------------------------------------------------------------------
+def _from(module: str, names: list[ast.alias]) -> str:
+    return f"from {module} import " + ", ".join(a.name + (f" as {a.asname}" if a.asname else "")
+                                                 for a in names)
+
+
+def _statements(node: ast.ImportFrom) -> list[str] | None:
+    """What replaces one `from M import ...`, or None to keep it as it is."""
+    module = node.module or ""
+    if node.level or not (module == "dask_jobqueue" or module.startswith("dask_jobqueue.")
+                          or module in ("distributed", "dask.distributed")):
+        return None
+    if module == "dask_jobqueue.tests":
+        return [_from(".", node.names)]
+    if module in ("distributed", "dask.distributed"):
+        if not any(a.name == "Client" for a in node.names):
+            return None
+        rest = [a for a in node.names if a.name != "Client"]
+        client = [a for a in node.names if a.name == "Client"]
+        return ([_from(module, rest)] if rest else []) + [_from(OUR_CLIENT, client)]
+    ours: dict[str, list[ast.alias]] = {}
+    stand_ins = []
+    for alias in node.names:
+        if alias.name == "*":
+            raise ValueError(f"line {node.lineno}: `from {module} import *` cannot be rewritten name by name")
+        if module in ("dask_jobqueue", "dask_jobqueue.core") and alias.name in OURS:
+            ours.setdefault(OURS[alias.name], []).append(alias)
+        else:
+            stand_ins.append(f"{alias.asname or alias.name} = placeholder({module + '.' + alias.name!r})")
+    return ([_from(m, aliases) for m, aliases in ours.items()]
+            + (["from djq_placeholders import placeholder", *stand_ins] if stand_ins else []))
+
+
+def rewrite_imports(source: str, filename: str = "<test>") -> str:
+    tree = ast.parse(source, filename)
+    lines = source.splitlines(keepends=True)
+    edits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "dask_jobqueue" for a in node.names):
+            raise ValueError(f"{filename}:{node.lineno}: `import dask_jobqueue...` is not a rewrite we do")
+        if isinstance(node, ast.ImportFrom) and (new := _statements(node)) is not None:
+            first, last = lines[node.lineno - 1], lines[node.end_lineno - 1]
+            if first[:node.col_offset].strip() or last[node.end_col_offset:].strip():
+                raise ValueError(f"{filename}:{node.lineno}: the import shares its lines with other code")
+            indent = first[:node.col_offset]
+            span = node.end_lineno - node.lineno + 1
+            edits.append((node.lineno - 1, span, [indent + "; ".join(new) + "\n"] + ["\n"] * (span - 1)))
+    for start, span, replacement in sorted(edits, reverse=True):
+        lines[start:start + span] = replacement
+    result = "".join(lines)
+    _check(ast.parse(result, filename), filename)
+    return result
+
+
+def _check(tree: ast.Module, filename: str) -> None:
+    """No dask_jobqueue import and no distributed Client survive the rewrite."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            if module.split(".")[0] == "dask_jobqueue":
+                raise ValueError(f"{filename}:{node.lineno}: still imports from {module}")
+            if module in ("distributed", "dask.distributed") and any(a.name == "Client" for a in node.names):
+                raise ValueError(f"{filename}:{node.lineno}: still imports distributed's Client")
