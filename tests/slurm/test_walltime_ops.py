@@ -3,7 +3,9 @@
 1. 240 tasks of 2 s on 2 workers whose jobs have a 1-minute walltime: every result right,
    no KilledWorker, no task run twice, makespan within 1.5 x (ideal + one job start).
 2. 50-second tasks are never started on a worker with less than 50 s left.
-Both run at once (they take minutes of wall time, little CPU).
+3. dask-jobqueue's walltime recipe, --lifetime in worker_extra_args: the worker drains and
+   retires at its lifetime, a replacement job is submitted, every task runs once.
+All run at once (they take minutes of wall time, little CPU).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def fifty_seconds(i):
 
 
 def _queue_ids(name_prefix: str) -> list[str]:
+    """Our jobs still in the queue: the clusters below give their jobs their own job_name."""
     out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.split()[1:] and
             line.split()[1].startswith(name_prefix)]
@@ -51,7 +54,7 @@ def run_240(tmp: Path) -> dict:
     marks.mkdir()
     name = f"wt240-{uuid.uuid4().hex[:4]}"
     with SLURMCluster(cores=1, memory="1GB", walltime="00:01:00", log_directory=str(tmp / "logs"),
-                      name=name) as cluster, Client(cluster) as c:
+                      name=name, job_name=name) as cluster, Client(cluster) as c:
         t0 = time.time()
         cluster.scale(2)
         c.wait_for_workers(2, timeout=120)
@@ -69,7 +72,7 @@ def run_240(tmp: Path) -> dict:
 def run_long(tmp: Path) -> dict:
     name = f"wtlong-{uuid.uuid4().hex[:4]}"
     with SLURMCluster(cores=1, memory="1GB", walltime="00:01:00", log_directory=str(tmp / "logs"),
-                      name=name) as cluster, Client(cluster) as c:
+                      name=name, job_name=name) as cluster, Client(cluster) as c:
         cluster.scale(1)
         c.wait_for_workers(1, timeout=120)
         w = next(iter(c.scheduler_info()["workers"].values()))
@@ -82,12 +85,41 @@ def run_long(tmp: Path) -> dict:
     return {"results": results, "left_when_submitted": left_when_submitted, "leftover": _queue_ids(name)}
 
 
+def run_lifetime(tmp: Path) -> dict:
+    marks = tmp / "marks"
+    marks.mkdir()
+    name = f"wtlife-{uuid.uuid4().hex[:4]}"
+    with SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp / "logs"),
+                      name=name, job_name=name, worker_extra_args=["--lifetime", "40s"]) as cluster, \
+            Client(cluster) as c:
+        cluster.scale(1)
+        c.wait_for_workers(1, timeout=120)
+        results = c.gather(c.map(two_seconds, range(45), [str(marks)] * 45))     # 90 s on one worker
+        deaths = c.deaths()
+        table = cluster.status_table()
+    return {"results": results, "deaths": deaths, "jobs": table["jobs"],
+            "executions": sorted(p.name.split("-")[0] for p in marks.iterdir()), "leftover": _queue_ids(name)}
+
+
 @pytest.fixture(scope="module")
 def outcomes(slurm_cluster, tmp_path_factory):
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         a = pool.submit(run_240, tmp_path_factory.mktemp("wt240"))
         b = pool.submit(run_long, tmp_path_factory.mktemp("wtlong"))
-        return {"240": a.result(), "long": b.result()}
+        c = pool.submit(run_lifetime, tmp_path_factory.mktemp("wtlife"))
+        return {"240": a.result(), "long": b.result(), "lifetime": c.result()}
+
+
+def test_a_worker_lifetime_ends_in_a_drain_and_a_renewed_job(outcomes):
+    o = outcomes["lifetime"]
+    assert o["results"] == [i * i for i in range(45)]
+    assert o["executions"] == sorted(str(i) for i in range(45))      # none ran twice
+    assert [d["cause"] for d in o["deaths"]] and all(d["cause"] == "retired" and not d["blame"]
+                                                     for d in o["deaths"]), o["deaths"]
+    assert any(d["text"] == "asked to leave (lifetime)" for d in o["deaths"]), o["deaths"]
+    # The job ended with its worker, well before its 10-minute walltime; a replacement ran on.
+    assert len(o["jobs"]) >= 2 and not any(j["state"] == "timeout" for j in o["jobs"]), o["jobs"]
+    assert o["leftover"] == []
 
 
 def test_240_tasks_across_walltime_boundaries(outcomes):
