@@ -239,6 +239,20 @@ def test_config_import_jobqueue_writes_a_site_config_that_resolves_the_same(home
     assert main(["config", "check", "--config", str(target)]) == 0
 
 
+def test_config_check_reads_dask_jobqueues_sections_too(home, capsys):
+    with dask.config.set({"jobqueue.slurm": {"queue": "normal", "ncpus": 4}}):
+        assert main(["config", "check"]) == 0
+        out = capsys.readouterr().out
+        assert "dask-jobqueue's jobqueue.slurm: queue" in out and "note: jobqueue.slurm.ncpus" in out
+        assert "jobqueue.pbs" not in out
+    with dask.config.set({"jobqueue.pbs.walltime": "1-00:00:00", "jobqueue.pbs.cores": "many"}):
+        assert main(["config", "check"]) == 2
+        err = capsys.readouterr().err
+        assert "jobqueue.pbs.cores (dask.config.set): cores='many' must be a whole number" in err
+        assert "jobqueue.pbs.walltime (dask.config.set): walltime='1-00:00:00' is not a duration I understand " \
+               "(PBS has no day form)" in err
+
+
 def test_config_show_with_a_batch_system_says_what_came_from_jobqueue(home, capsys):
     with dask.config.set({"jobqueue.slurm.queue": "fromdask", "jobqueue.slurm.scheduler-options":
                           {"dashboard_address": ":8787"}}):

@@ -128,6 +128,7 @@ def _check(args, out, err) -> int:
         print(f"environment: {names or 'no HPC_CLUSTER_<KEY> settings'}", file=out)
     except cfg.ConfigError as e:
         problems.extend(e.problems)
+    problems += _check_jobqueue(out)
     if files and not problems:
         # The default named in one file must exist in the merged set of sites.
         try:
@@ -143,6 +144,29 @@ def _check(args, out, err) -> int:
     print("all good" if files else "no config files found: the defaults apply "
           "(`hpc-cluster config init` writes a starter file)", file=out)
     return 0
+
+
+def _check_jobqueue(out) -> list[str]:
+    """dask-jobqueue's SLURM and PBS sections, as SLURMCluster()/PBSCluster() would read them."""
+    import warnings
+
+    from ..config.jobqueue import jobqueue_layer
+    problems = []
+    for batch in ("slurm", "pbs"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)     # renamed keys: listed as notes below
+                layer = jobqueue_layer(batch, batch)
+        except cfg.ConfigError as e:
+            problems.extend(e.problems)
+            continue
+        problems.extend(layer.problems)
+        if layer.entries or layer.fallbacks or layer.notes:
+            keys = ", ".join(sorted(layer.entries)) or "nothing we use"
+            print(f"dask-jobqueue's jobqueue.{batch}: {keys}", file=out)
+            for note in layer.notes:
+                print(f"  note: {note}", file=out)
+    return problems
 
 
 def _show(args, out, err) -> int:

@@ -103,12 +103,15 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
             continue                              # the standard worker, which is ours
         if option == "scheduler_options" and not raw:
             continue
-        _add(out.entries, out.problems, option, raw, source, where)
+        _add(out.entries, out.problems, option, raw, source, where, batch)
     return out
 
 
-def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: str) -> None:
+def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: str,
+         batch: str | None = None) -> None:
     try:
+        if option == "walltime" and batch:        # read as this batch system reads it
+            parse_walltime(raw, what="walltime", batch=batch)
         into[option] = Entry(raw, parse_value(option, raw), source)
     except ValueError as e:
         problems.append(f"{where} ({source.removeprefix('jobqueue:')}): {e}")
