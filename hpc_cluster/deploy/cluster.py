@@ -343,11 +343,13 @@ class JobQueueCluster:
     @property
     def workers(self) -> dict[str, dict]:
         """The jobs in the queue or running, by worker-group name (NAME-<index>), as
-        dask-jobqueue keys its Job objects; each value is the job's row (id, state, workers)."""
+        dask-jobqueue keys its Job objects; each value is the job's row (id, state, workers).
+        A job we asked to go whose workers have all left is gone here, as dask-jobqueue drops
+        a Job once it closed it, even while the batch system still ends it."""
         if self.status is not Status.running:
             return {}
         return {f"{self.name}-{j['index']}": j for j in self._table()["jobs"]
-                if j["state"] in ("pending", "running", "unknown")}
+                if j["state"] in ("pending", "running", "unknown") and not (j["retiring"] and not j["workers"])}
 
     @property
     def worker_spec(self) -> dict[str, dict]:
