@@ -114,3 +114,16 @@ def test_the_process_tree_counts_descendants_found_at_the_last_look():
     finally:
         parent.kill()
         parent.wait(10)
+
+
+def test_a_terminate_fraction_of_false_turns_the_nanny_memory_kill_off():
+    # dask's `false` for a memory threshold: the task holds 150 MB in a worker whose budget is
+    # 100 MB; with the default fraction the nanny stops it, with False it runs to the end.
+    with LocalCluster(n_workers=1, memory_limit="100MB", memory_terminate_fraction=False) as cluster, \
+            Client(cluster) as client:
+        assert client.submit(hold, 150 * MB, 1.5, pure=False).result(timeout=60) == 150 * MB
+        assert client.deaths() == []
+    with LocalCluster(n_workers=1, memory_limit="100MB", allowed_failures=0) as cluster, Client(cluster) as client:
+        future = client.submit(hold, 150 * MB, 1.5, pure=False)
+        wait_until(lambda: future.done(), 60, "the nanny to stop the worker")
+        assert [d["cause"] for d in client.deaths()] == ["memory-nanny"]

@@ -68,8 +68,10 @@ def _seconds(allow_zero: bool) -> Callable[[str, Any], float]:
 
 
 def _fraction(key, v):
+    if v is False:                      # dask's way to turn a memory threshold off
+        return False
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError(f"{key}={v!r} must be a fraction with 0 < x <= 1, e.g. 0.95")
+        raise ValueError(f"{key}={v!r} must be a fraction with 0 < x <= 1, e.g. 0.95, or false to turn it off")
     return float(v)
 
 
@@ -310,8 +312,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),
     Option("heartbeat_ttl", "seconds", _seconds(False), 5,
            "a worker silent this long is declared lost; its nanny ends and replaces it", "both"),
-    Option("memory_terminate_fraction", "0 < x <= 1", _fraction, 0.95,
-           "the nanny stops a worker above this fraction of its memory budget", "both"),
+    Option("memory_terminate_fraction", "0 < x <= 1 or false", _fraction, 0.95,
+           "the nanny stops a worker above this fraction of its memory budget (false: never)", "both"),
     Option("memory_limit", "size", _size, None, "memory budget per worker; unset: memory / processes", "both",
            example="4GB"),
     Option("versions", "warn|strict", _choice("warn", "strict"), "warn",

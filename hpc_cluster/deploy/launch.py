@@ -96,10 +96,14 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str) -> str:
     else:
         args += ["--host", "0.0.0.0"]
     args += ["--heartbeat-interval", f"{v['heartbeat_interval']:g}",
-             "--memory-terminate-fraction", f"{v['memory_terminate_fraction']:g}",
+             "--memory-terminate-fraction", _fraction_arg(v["memory_terminate_fraction"]),
              "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
     args += list(v["worker_extra_args"])
     return " ".join(head) + " " + shlex.join(args)
+
+
+def _fraction_arg(value) -> str:
+    return "false" if value is False else f"{value:g}"
 
 
 def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> JobSpec:

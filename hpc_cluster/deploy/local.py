@@ -158,7 +158,7 @@ class LocalCluster:
                "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
                "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny",
                "--heartbeat-interval", str(self.settings["heartbeat_interval"]),
-               "--memory-terminate-fraction", str(self.settings["memory_terminate_fraction"]),
+               "--memory-terminate-fraction", str(self.settings["memory_terminate_fraction"] or "false"),
                *self._limit_args()]
         if self.resources:
             cmd += ["--resources", " ".join(f"{k}={v}" for k, v in self.resources.items())]

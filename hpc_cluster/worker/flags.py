@@ -188,6 +188,19 @@ def _float(text: str) -> float:
         raise ValueError("not a number") from None
 
 
+def _fraction_or_false(text: str) -> float:
+    """dask's memory fractions: a number in (0, 1], or false (0 here) to turn it off."""
+    if str(text).strip().lower() in ("false", "none", "0"):
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a fraction; use a number in (0, 1], or false to turn it off") from None
+    if not 0 < value <= 1:
+        raise ValueError("must be in (0, 1], or false to turn it off")
+    return value
+
+
 def _tcp(text: str) -> str:
     if str(text).strip().lower() not in ("tcp", "tcp://"):
         raise ValueError("only tcp is offered (TLS, UCX, websockets and inproc are not): "
@@ -312,7 +325,7 @@ FLAGS: tuple[Flag, ...] = (
          metavar="PATH"),
     Flag("--heartbeat-interval", SUPPORTED, "seconds between heartbeats to the scheduler", _float, dask=False),
     Flag("--memory-terminate-fraction", SUPPORTED, "the nanny stops the worker at this fraction of "
-         "--memory-limit", _float, dask=False),
+         "--memory-limit (false: never)", _fraction_or_false, dask=False),
     Flag("--max-message-bytes", SUPPORTED, "largest message accepted", _int_at_least(1, "bytes"), dask=False),
     Flag("--max-frame-bytes", SUPPORTED, "largest frame accepted", _int_at_least(1, "bytes"), dask=False),
     Flag("--log-level", SUPPORTED, "DEBUG, INFO, WARNING or ERROR", dask=False),

@@ -197,8 +197,10 @@ def walltime(nanny: bool, log_dir: Path) -> dict:
 
 def batch_oom(nanny: bool, log_dir: Path) -> dict:
     """A task needs ~1 GB in a 300 MB job: the kernel's OOM killer (cgroup) ends it."""
-    # With a nanny its budget is set above the job's memory, so the kernel kills first.
-    extra = {"memory_limit": "2GB"} if nanny else {}
+    # With a nanny, its own memory kill is turned off, so the kernel kills first. (A budget
+    # above the job's memory no longer does it: as in dask, a worker's memory limit is capped
+    # at its cgroup's, and the nanny would stop the worker at 95% of that.)
+    extra = {"memory_terminate_fraction": False} if nanny else {}
     with deployed("batch-oom", nanny, log_dir, jobs=1, allowed_failures=0, **extra) as run:
         hog = run.client.submit(grow, 1 << 30, key="hog-1GB")
         normal = run.client.map(inc, range(20))
