@@ -207,7 +207,8 @@ def test_the_pickler_check_catches_direct_lazy_and_indirect_imports(tmp_path):
 CLOCKS_AND_IO = {"time", "datetime", "socket", "asyncio", "tornado", "subprocess", "random"}
 IO_BUILTINS = {"open", "input", "print"}
 STATE_MACHINE = ["scheduler/state.py", "scheduler/placement.py", "scheduler/drain.py",
-                 "scheduler/replicas.py", "scheduler/blame.py", "scheduler/diagnosis.py"]
+                 "scheduler/replicas.py", "scheduler/blame.py", "scheduler/diagnosis.py",
+                 "scheduler/clients.py", "scheduler/records.py"]
 
 
 def parser_modules() -> list[str]:

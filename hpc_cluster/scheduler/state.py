@@ -22,68 +22,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 
 from .blame import BlameMixin
+from .clients import ClientsMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
 from .placement import TaskDurations, expected_duration, pick_worker
+from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
 
-@dataclass(eq=False)
-class TaskState:
-    key: str
-    func: object = None                     # Opaque, None for scattered data
-    args: object = None                     # Opaque
-    priority: tuple = (0, 0)
-    retries: int = 0
-    resources: dict | None = None
-    state: str = "released"
-    dependencies: set = field(default_factory=set)
-    dependents: set = field(default_factory=set)
-    waiting_on: set = field(default_factory=set)
-    waiters: set = field(default_factory=set)        # active dependents needing our result
-    who_wants: set = field(default_factory=set)      # client ids
-    who_has: set = field(default_factory=set)        # WorkerStates
-    processing_on: "WorkerState | None" = None
-    executing: bool = False
-    nbytes: int = 0
-    error: dict | None = None
-    attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
-    started_at: float | None = None
-    duration: float | None = None                    # seconds, as the user said (submit(duration=))
-    replicas: int = 1                                # copies to keep (replicate); pinned
-    copying: set = field(default_factory=set)        # workers fetching a replica now
-
-    def __repr__(self) -> str:
-        return f"<Task {self.key!r} {self.state}>"
-
-
-@dataclass(eq=False)
-class WorkerState:
-    address: str
-    nthreads: int = 1
-    memory_limit: int = 0
-    name: str = ""
-    resources: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
-    processing: set = field(default_factory=set)
-    executing: set = field(default_factory=set)
-    has_what: set = field(default_factory=set)
-    used_resources: dict = field(default_factory=dict)
-    abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
-    joined: float = 0.0
-    last_seen: float = 0.0
-    deadline: float | None = None                    # when its job's walltime ends
-    draining: bool = False                           # leaving before the deadline: no new tasks
-
-    def __repr__(self) -> str:
-        return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
-
-
-class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
+class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
@@ -125,122 +75,6 @@ class SchedulerState(BlameMixin, DrainMixin, ReplicaMixin):
             self._free.add(ws)
         else:
             self._free.discard(ws)
-
-    # -- clients ---------------------------------------------------------------
-    def add_client(self, cid: str) -> None:
-        self.clients.add(cid)
-
-    def remove_client(self, cid: str) -> None:
-        self.clients.discard(cid)
-        self.client_releases(cid, [k for k, ts in self.tasks.items() if cid in ts.who_wants])
-        self.outbox.pop(cid, None)
-
-    def update_graph(self, cid: str, tasks: list[dict], wanted: list[str]) -> None:
-        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources."""
-        new: list[TaskState] = []
-        for spec in tasks:
-            key = spec["key"]
-            ts = self.tasks.get(key)
-            if ts is not None and ts.state != "released":
-                continue                              # same key already known: share it
-            if ts is None:
-                ts = self.tasks[key] = TaskState(key)
-            ts.func, ts.args = spec["func"], spec["args"]
-            ts.priority = (-int(spec.get("priority", 0)), next(self._seq))
-            ts.retries = int(spec.get("retries", 0))
-            ts.resources = spec.get("resources") or None
-            ts.duration = float(spec["duration"]) if spec.get("duration") else None
-            new.append(ts)
-        specs = {s["key"]: s for s in tasks}
-        for ts in new:
-            for dkey in specs[ts.key].get("deps", ()):
-                dep = self.tasks.get(dkey)
-                if dep is None:
-                    ts.error = {"kind": "missing", "text": f"input {dkey!r} of {ts.key!r} was released "
-                                "before the task was submitted; keep a future to it"}
-                    continue
-                ts.dependencies.add(dep)
-                dep.dependents.add(ts)
-        for key in wanted:
-            ts = self.tasks.get(key)
-            if ts is None:
-                continue
-            ts.who_wants.add(cid)
-            if ts.state == "memory":
-                self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
-            elif ts.state == "erred":
-                self._send(cid, {"op": "task-erred", "key": key, "error": ts.error})
-        for ts in new:
-            if ts.error is not None:
-                self._err(ts, ts.error)
-            elif ts.who_wants or ts.dependents:
-                self._activate(ts)
-            else:
-                self._maybe_forget(ts)               # nobody holds a future to it
-        self._schedule()
-
-    def client_releases(self, cid: str, keys) -> None:
-        touched = []
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is not None and cid in ts.who_wants:
-                ts.who_wants.discard(cid)
-                touched.append(ts)
-        for ts in touched:
-            self._maybe_release(ts)
-        self._schedule()
-
-    def cancel(self, keys, reason: str) -> None:
-        """Cancel tasks (and what depends on them) for every client."""
-        for key in keys:
-            ts = self.tasks.get(key)
-            if ts is None or ts.state in ("memory", "erred"):
-                continue
-            self._err(ts, {"kind": "cancelled", "text": reason})
-        self._schedule()
-
-    def scatter(self, cid: str, who_has: dict[str, list[str]], nbytes: dict[str, int]) -> None:
-        for key, addrs in who_has.items():
-            holders = [self.workers[a] for a in addrs if a in self.workers]
-            ts = self.tasks.get(key) or self.tasks.setdefault(key, TaskState(key))
-            ts.who_wants.add(cid)
-            ts.nbytes = int(nbytes.get(key, 0))
-            if not holders:
-                self._err(ts, {"kind": "lost-data", "text": f"scattered data {key!r} reached no live worker"})
-                continue
-            ts.state, ts.error = "memory", None
-            for ws in holders:
-                ts.who_has.add(ws)
-                ws.has_what.add(ts)
-            self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
-        self._schedule()
-
-    def clear(self, reason: str) -> list[str]:
-        """Forget every task (client.restart()); tell clients their futures were cancelled.
-
-        Returns the workers that still hold data, so the caller can have them drop it.
-        """
-        for ts in self.tasks.values():
-            self._tell_clients(ts, {"op": "task-erred", "key": ts.key,
-                                    "error": {"kind": "cancelled", "text": reason}})
-        holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
-        self.tasks.clear()
-        self._ready.clear()
-        for ws in self.workers.values():
-            ws.abandoned |= {t.key for t in ws.executing}
-            ws.processing.clear()
-            ws.executing.clear()
-            ws.has_what.clear()
-            ws.used_resources.clear()
-            self._update_free(ws)
-        return holders
-
-    def who_has(self, keys) -> dict[str, list[str]]:
-        out = {}
-        for key in keys:
-            ts = self.tasks.get(key)
-            out[key] = [ws.address for ws in ts.who_has] if ts is not None else []
-        return out
 
     # -- workers ---------------------------------------------------------------
     def add_worker(self, address: str, nthreads: int, now: float, memory_limit: int = 0,

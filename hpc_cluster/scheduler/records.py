@@ -1,0 +1,57 @@
+"""What the scheduler knows of each task and each worker: plain records, no behaviour.
+The state machine (state.py and its mixins) changes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class TaskState:
+    key: str
+    func: object = None                     # Opaque, None for scattered data
+    args: object = None                     # Opaque
+    priority: tuple = (0, 0)
+    retries: int = 0
+    resources: dict | None = None
+    state: str = "released"
+    dependencies: set = field(default_factory=set)
+    dependents: set = field(default_factory=set)
+    waiting_on: set = field(default_factory=set)
+    waiters: set = field(default_factory=set)        # active dependents needing our result
+    who_wants: set = field(default_factory=set)      # client ids
+    who_has: set = field(default_factory=set)        # WorkerStates
+    processing_on: "WorkerState | None" = None
+    executing: bool = False
+    nbytes: int = 0
+    error: dict | None = None
+    attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
+    started_at: float | None = None
+    duration: float | None = None                    # seconds, as the user said (submit(duration=))
+    replicas: int = 1                                # copies to keep (replicate); pinned
+    copying: set = field(default_factory=set)        # workers fetching a replica now
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+
+@dataclass(eq=False)
+class WorkerState:
+    address: str
+    nthreads: int = 1
+    memory_limit: int = 0
+    name: str = ""
+    resources: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    processing: set = field(default_factory=set)
+    executing: set = field(default_factory=set)
+    has_what: set = field(default_factory=set)
+    used_resources: dict = field(default_factory=dict)
+    abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
+    joined: float = 0.0
+    last_seen: float = 0.0
+    deadline: float | None = None                    # when its job's walltime ends
+    draining: bool = False                           # leaving before the deadline: no new tasks
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
