@@ -12,6 +12,8 @@ _EXPORTS = {
     "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster",
     "LocalCluster": "deploy.local",
     "progress": "progress",
+    "futures_of": "dask_collections",
+    **{name: "subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},
     **{name: "exceptions" for name in (
         "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError",
         "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},

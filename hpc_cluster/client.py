@@ -20,6 +20,7 @@ from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_tools import ClusterToolsMixin
+from .dask_collections import CollectionsMixin
 from .futures import Future, FutureState, flatten_futures, replace_futures
 from .protocol import serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
@@ -65,16 +66,17 @@ def _funcname(func) -> str:
     return "lambda" if name == "<lambda>" else name
 
 
-class Client(ClusterToolsMixin):
+class Client(CollectionsMixin, ClusterToolsMixin):
     """Connect to a cluster and run work on it.
 
     `Client(cluster)`, `Client("tcp://host:port")` (secret from $HPC_CLUSTER_SECRET or
     `secret=`), `Client(cluster_file=path)`, or `Client("name")` for a cluster started
-    with `hpc-cluster up --name name`.
+    with `hpc-cluster up --name name`. It becomes dask's default scheduler (so
+    `x.compute()` runs on the cluster) unless `set_as_default=False`.
     """
 
     def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, set_as_default: bool = True):
         self.cluster = None
         if address is not None and not isinstance(address, str):
             self.cluster = address
@@ -112,6 +114,8 @@ class Client(ClusterToolsMixin):
         self.status = "running"
         versions = self._lt.run(self._request({"op": "versions"}), timeout)
         self._warn_on_other_versions(versions["scheduler"], versions["workers"], stacklevel=2)
+        if set_as_default:
+            self._make_default()
 
     # -- connection --------------------------------------------------------------
     @property
@@ -301,20 +305,6 @@ class Client(ClusterToolsMixin):
         self._send({"op": "update-graph", "tasks": specs, "keys": [s["key"] for s in specs]})
         return futures
 
-    def get(self, dsk: dict, keys, **kwargs):
-        """Run a dask-style graph; usable as `dask.compute(x, scheduler=client.get)`."""
-        from .graph import graph_tasks
-        tasks, wire, func_blob = graph_tasks(dsk, self._func_blob)
-        wanted = []
-        _collect_keys(keys, wanted)
-        specs = [{"key": wire[k], "func": Opaque(func_blob), "args": Opaque(blob), "deps": deps,
-                  "priority": 0, "retries": 0, "resources": {}} for k, (blob, deps) in tasks.items()]
-        futures = {k: Future(wire[k], self) for k in wanted}
-        self._send({"op": "update-graph", "tasks": specs, "keys": [wire[k] for k in wanted]})
-        values = self.gather(list(futures.values()))
-        by_key = dict(zip(futures, values))
-        return _rebuild_keys(keys, by_key)
-
     # -- results -------------------------------------------------------------------------
     def future_error(self, key: str) -> BaseException:
         st = self._states.get(key)
@@ -326,8 +316,14 @@ class Client(ClusterToolsMixin):
         """Results of a Future or of a (nested) list/tuple/set/dict of them, in the same shape.
 
         errors="skip" leaves failed (or cancelled) futures out: from lists, tuples and sets
-        at any depth, and their entries from dicts; a lone failed Future gives None.
+        at any depth, and their entries from dicts; a lone failed Future gives None. Inside
+        a task, waiting for its own cluster gives up the task's thread slot meanwhile.
         """
+        from .subtasks import seceded_while_waiting
+        with seceded_while_waiting(self.scheduler_address):
+            return self._gather(futures, errors, timeout)
+
+    def _gather(self, futures, errors: str, timeout: float | None):
         if errors not in ("raise", "skip"):
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
@@ -471,6 +467,7 @@ class Client(ClusterToolsMixin):
         if self.status in ("closed", "closing"):
             return
         self.status = "closing"
+        self._stop_being_default()
 
         async def _close():
             await self._stream.drain()
@@ -506,17 +503,3 @@ def _run_callback(fn) -> None:
         fn()
     except Exception:
         logger.exception("future callback failed")
-
-
-def _collect_keys(keys, out: list) -> None:
-    if isinstance(keys, list):
-        for k in keys:
-            _collect_keys(k, out)
-    else:
-        out.append(keys)
-
-
-def _rebuild_keys(keys, values: dict):
-    if isinstance(keys, list):
-        return [_rebuild_keys(k, values) for k in keys]
-    return values[keys]

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Protocol
 
+from dask._task_spec import TaskRef
+
 from .exceptions import TimeoutError
 
 
@@ -45,16 +47,25 @@ class FutureState:
         self.callbacks: list = []
 
 
-class Future:
-    """A task's result, somewhere on the cluster."""
+class Future(TaskRef):
+    """A task's result, somewhere on the cluster.
 
-    __slots__ = ("key", "_hpc_key", "client", "__weakref__")
+    To dask it is a reference to a task (a `TaskRef`, as distributed's Future is): put in a
+    dask graph, or in a `delayed` call, it becomes that task's input by its key, and the
+    graph's tasks wait for it instead of computing it again.
+    """
+
+    __slots__ = ("_hpc_key", "client", "__weakref__")
+    __dask_future__ = True
 
     def __init__(self, key: str, client: FutureOwner):
-        self.key = key
+        super().__init__(key)
         self._hpc_key = key                 # recognised by the pickler as a task reference
         self.client = client
         client.hold_key(key)
+
+    def __dask_tokenize__(self):
+        return ("hpc_cluster.Future", self.key)
 
     @property
     def _state(self) -> FutureState:
@@ -99,14 +110,20 @@ class Future:
 
 
 def flatten_futures(obj, out: list) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif isinstance(obj, (list, tuple, set)):
-        for o in obj:
-            flatten_futures(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            flatten_futures(o, out)
+    """Append the Futures in `obj`: a Future, lists, tuples, sets and dicts of them at any
+    depth, and persisted dask collections (whose graphs hold them). No recursion: a deep
+    nesting cannot overflow the stack."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Future):
+            out.append(x)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(reversed(list(x)))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+        elif hasattr(x, "__dask_graph__") and hasattr(x, "__dask_keys__"):
+            stack.extend(reversed([v for v in dict(x.__dask_graph__()).values() if isinstance(v, Future)]))
 
 
 def replace_futures(obj, values: dict, dropped: frozenset | set = frozenset()):

@@ -1,13 +1,29 @@
-"""dask-style graphs -> our tasks, for `Client.get` (so `dask.compute(x, scheduler=client.get)` works).
+"""dask graphs -> our tasks, for the Client as dask's scheduler (`get`, `compute`, `persist`).
 
-Graphs are normalised with dask's own converter (dask is needed only if you pass dask
-graphs). Each node is pickled with references to its inputs; the worker resolves them
-and calls the node with its inputs' values.
+dask hands over an expression, a HighLevelGraph or a plain dict; dask's own converter turns
+it into its task spec (Task, Alias, DataNode), which is what a worker runs: each node is
+pickled with references to its inputs, the worker resolves them and calls the node with its
+inputs' values. A node may depend on a key that is not in the graph: a Future (persisted
+data, scattered data, a future placed in a `delayed` call), which the scheduler then waits
+for like any other input. Annotations (retries, priority, resources) reach the tasks they
+name; what we cannot honour is refused, never dropped.
 """
 
 from __future__ import annotations
 
+import warnings
+
 from .protocol import serialize
+
+# dask's annotations that mean something to a scheduler, and ours for each.
+HONOURED = ("retries", "priority", "resources")
+# Task keys of dask's "disk" shuffle: partd files in a worker's local temporary directory,
+# which a worker on another node cannot see. Run on a cluster they lose rows silently.
+DISK_SHUFFLE_PREFIXES = ("zpartd", "diskshuffle", "partd")
+
+
+class UnsupportedGraph(ValueError):
+    """A graph asks for something this cluster cannot do; the message names it."""
 
 
 def wire_key(key) -> str:
@@ -31,21 +47,81 @@ def _dask_order(graph: dict) -> list:
         return list(graph)
 
 
-def graph_tasks(dsk: dict, func_blob_of) -> tuple[dict, dict, bytes]:
-    """Return ({key: (args_blob, dep wire keys)}, {key: wire key}, pickled runner function)."""
-    try:
-        from dask._task_spec import convert_legacy_graph
-    except ImportError:  # pragma: no cover - dask is a test/optional dependency
-        raise ImportError("Client.get runs dask graphs and needs dask installed: pip install dask") from None
-    if hasattr(dsk, "__dask_graph__"):         # dask >= 2025 hands over an expression
+def materialize(dsk) -> tuple[dict, dict]:
+    """(dask task spec graph, {annotation: {key: value}}) of what dask hands a scheduler."""
+    from dask._task_spec import convert_legacy_graph
+    annotations: dict = {}
+    if hasattr(dsk, "__dask_graph__"):           # an expression (dask >= 2025)
+        try:
+            annotations = dict(dsk.__dask_annotations__() or {})
+        except Exception:                        # annotations are extra; the graph is what counts
+            annotations = {}
         dsk = dsk.__dask_graph__()
-    graph = convert_legacy_graph(dict(dsk))
+    if hasattr(dsk, "layers"):                   # a HighLevelGraph: annotations are per layer
+        for layer in dsk.layers.values():
+            for name, value in (getattr(layer, "annotations", None) or {}).items():
+                per_key = annotations.setdefault(name, {})
+                for key in layer.keys():
+                    per_key.setdefault(key, value(key) if callable(value) else value)
+    return convert_legacy_graph(dict(dsk)), annotations
+
+
+def check_graph(graph: dict) -> None:
+    from dask.utils import key_split
+    disk = sorted({key_split(k) for k in graph} & set(DISK_SHUFFLE_PREFIXES))
+    if disk:
+        raise UnsupportedGraph(
+            f"this graph shuffles through files on a local disk (dask's 'disk' shuffle method: tasks "
+            f"{', '.join(repr(d) for d in disk)}), which loses data on workers that share no "
+            "filesystem. Build it while the Client is dask's default scheduler (Client(...) makes it "
+            "so), or with dask.config.set({'dataframe.shuffle.method': 'tasks'}); for a dataframe "
+            "also shuffle(..., method='tasks')")
+
+
+def task_annotations(key, per_key: dict, overall: dict) -> dict:
+    """The annotations of one task: per-key (from the graph) over those of the whole call."""
+    out = dict(overall)
+    for name, values in per_key.items():
+        if isinstance(values, dict) and key in values:
+            out[name] = values[key]
+    return out
+
+
+def check_annotations(overall: dict, per_key: dict) -> None:
+    """Refuse what we cannot honour (worker restrictions); say what has no meaning here."""
+    workers = overall.get("workers") or next((v for v in (per_key.get("workers") or {}).values() if v), None)
+    if workers:
+        raise UnsupportedGraph(
+            f"workers={workers!r}: hpc-cluster does not pin tasks to named workers; label the "
+            "workers with resources (worker_extra_args=['--resources', 'GPU=1']) and ask for them "
+            "with resources={'GPU': 1} (or dask.annotate(resources=...))")
+    names = set(overall) | {n for n, v in per_key.items() if v}
+    ignored = sorted(names - set(HONOURED) - {"workers", "allow_other_workers", "fifo_timeout"})
+    if ignored:
+        warnings.warn(f"dask annotations {ignored} have no meaning to hpc-cluster's scheduler and are "
+                      f"ignored (honoured: {', '.join(HONOURED)})", UserWarning, stacklevel=4)
+
+
+def graph_tasks(dsk, func_blob_of, overall: dict | None = None) -> tuple[list[dict], dict]:
+    """Task specs for our scheduler, in dask.order's order, and {dask key: wire key}.
+
+    `overall`: annotations for every task (keywords of compute/get, dask.annotate around
+    the call); the graph's own per-key annotations win over them.
+    """
+    graph, per_key = materialize(dsk)
+    check_graph(graph)
+    overall = dict(overall or {})
+    check_annotations(overall, per_key)
     wire = {k: wire_key(k) for k in graph}
-    tasks = {}
+    func_blob = func_blob_of(run_graph_node)
+    specs = []
     for key in _dask_order(graph):
         node = graph[key]
-        deps = [d for d in node.dependencies if d in graph]
-        refs = {d: serialize.KeyRef(wire[d]) for d in deps}
-        blob, _ = serialize.dumps_args((node, refs), {})
-        tasks[key] = (blob, sorted(wire[d] for d in deps))
-    return tasks, wire, func_blob_of(run_graph_node)
+        # Inputs outside the graph (futures: persisted or scattered data) are keys too.
+        refs = {d: serialize.KeyRef(wire.get(d) or wire_key(d)) for d in node.dependencies}
+        blob, deps = serialize.dumps_args((node, refs), {})
+        ann = task_annotations(key, per_key, overall)
+        specs.append({"key": wire[key], "func": func_blob, "args": blob, "deps": sorted(deps),
+                      "priority": int(ann.get("priority") or 0), "retries": int(ann.get("retries") or 0),
+                      "resources": dict(ann.get("resources") or {})})
+    return specs, wire

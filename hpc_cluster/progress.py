@@ -15,22 +15,11 @@ import sys
 import time
 from typing import IO, Iterable
 
-from .futures import Future
+from .futures import Future, flatten_futures
 
 BAR_WIDTH = 20
 PLAIN_EVERY_FRACTION = 0.10
 PLAIN_EVERY_SECONDS = 5.0
-
-
-def _flatten(futures, out: list) -> None:
-    if isinstance(futures, Future):
-        out.append(futures)
-    elif isinstance(futures, dict):
-        for v in futures.values():
-            _flatten(v, out)
-    elif isinstance(futures, (list, tuple, set, frozenset)):
-        for v in futures:
-            _flatten(v, out)
 
 
 def _is_tty(file) -> bool:
@@ -61,7 +50,7 @@ def progress(futures: Future | Iterable | dict, *, interval: float = 0.1, file: 
     """
     file = sys.stderr if file is None else file
     flat: list[Future] = []
-    _flatten(futures, flat)
+    flatten_futures(futures, flat)
     total = len(flat)
     tty = _is_tty(file)
     start = time.monotonic()

@@ -240,15 +240,16 @@ def test_dask_graphs_are_submitted_in_dask_order():
     dsk.update({f"pair-{i}": (add, f"leaf-{2 * i}", f"leaf-{2 * i + 1}") for i in range(8)})
     dsk.update({f"quad-{i}": (add, f"pair-{2 * i}", f"pair-{2 * i + 1}") for i in range(4)})
     dsk["total"] = (sum, [f"quad-{i}" for i in range(4)])
-    tasks, wire, _ = graph_tasks(dsk, lambda f: b"")
-    submitted = [wire_key(k) for k in tasks]
+    specs, wire = graph_tasks(dsk, lambda f: b"")
+    submitted = [s["key"] for s in specs]
     def first(prefix):
         return min(i for i, k in enumerate(submitted) if k.startswith(prefix))
 
     last_leaf = max(i for i, k in enumerate(submitted) if k.startswith("leaf-"))
     assert first("pair-") < last_leaf and first("quad-") < last_leaf    # depth-first
-    for k, (_blob, deps) in tasks.items():                             # inputs before users
-        assert all(submitted.index(d) < submitted.index(wire_key(k)) for d in deps)
+    for spec in specs:                                                 # inputs before users
+        assert all(submitted.index(d) < submitted.index(spec["key"]) for d in spec["deps"])
+    assert wire == {k: wire_key(k) for k in dsk}
 
 
 def test_client_from_address_needs_the_secret(cluster):

@@ -33,7 +33,8 @@ FORBIDDEN = {
     "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli"},
     "deploy": {"cli"},
 }
-CLIENT_MODULES = {"client", "client_tools", "futures", "exceptions", "graph", "progress"}
+CLIENT_MODULES = {"client", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
+                  "subtasks"}
 
 
 def layer_of(module: str) -> str | None:

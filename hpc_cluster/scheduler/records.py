@@ -48,6 +48,7 @@ class WorkerState:
     has_what: set = field(default_factory=set)
     used_resources: dict = field(default_factory=dict)
     abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
+    seceded: set = field(default_factory=set)            # running tasks that gave up their slot (worker_client)
     joined: float = 0.0
     last_seen: float = 0.0
     deadline: float | None = None                    # when its job's walltime ends

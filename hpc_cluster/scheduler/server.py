@@ -281,6 +281,8 @@ class Scheduler:
                 st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
             elif op == "handed-back":
                 st.handed_back(addr, _keys(msg["keys"], "keys"))
+            elif op in ("task-seceded", "task-rejoined"):
+                st.task_seceded(addr, str(msg["key"]), op == "task-seceded")
             elif op == "abandoned-done":
                 st.abandoned_done(addr, msg["key"])
             elif op == "add-replica":

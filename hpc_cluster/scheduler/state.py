@@ -67,7 +67,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             self._send(cid, msg)
 
     def _capacity(self, ws: WorkerState) -> int:
-        return ws.nthreads + self.prefetch
+        # A task that seceded (waits on its own subtasks in worker_client) frees its slot.
+        return ws.nthreads + len(ws.seceded) + self.prefetch
 
     def _update_free(self, ws: WorkerState) -> None:
         if (ws.address in self.workers and not ws.draining
@@ -179,6 +180,15 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             ts.executing = True
             ts.started_at = now
             ws.executing.add(ts)
+
+    def task_seceded(self, address: str, key: str, seceded: bool = True) -> None:
+        """A running task gave up its thread slot (secede), or took one again (rejoin)."""
+        ws, ts = self.workers.get(address), self.tasks.get(key)
+        if ws is None or ts is None or ts.processing_on is not ws:
+            return
+        (ws.seceded.add if seceded else ws.seceded.discard)(ts)
+        self._update_free(ws)
+        self._schedule()
 
     def set_time(self, now: float) -> None:
         """Time comes in with events; placement uses the latest."""
@@ -294,6 +304,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
         if ws is not None:
             ws.processing.discard(ts)
             ws.executing.discard(ts)
+            ws.seceded.discard(ts)
             for r, n in (ts.resources or {}).items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) - n
             self._update_free(ws)

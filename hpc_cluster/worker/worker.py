@@ -22,7 +22,7 @@ import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from ..protocol import serialize
+from ..protocol import context, serialize
 from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
@@ -30,6 +30,10 @@ from ..protocol.versions import get_versions
 from .sizeof import sizeof
 
 logger = logging.getLogger("hpc_cluster.worker")
+
+# Threads beyond nthreads for tasks that seceded (each waits on its own subtasks): a task
+# that starts more nested levels than this waits for a thread, as in dask's own pools.
+SECEDED_THREADS = 64
 
 
 class _Task:
@@ -61,9 +65,13 @@ class Worker:
         self.tasks: dict[str, _Task] = {}
         self.ready: list = []
         self.executing: set[str] = set()
+        self.seceded: set[str] = set()           # running, but gave up their slot (worker_client)
+        self._rejoining: collections.deque = collections.deque()   # (key, event): waiting for a slot
         self.functions = serialize.FunctionCache()
         self._func_lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="hpc-task")
+        # Concurrency is bounded by nthreads below (seceded tasks do not count), not by the
+        # pool: a task waiting on its subtasks in worker_client keeps its thread.
+        self.executor = ThreadPoolExecutor(self.nthreads + SECEDED_THREADS, thread_name_prefix="hpc-task")
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
         self._fetching: dict[str, asyncio.Future] = {}
@@ -95,6 +103,8 @@ class Worker:
             raise ConnectionError(f"scheduler refused registration: {reply}")
         self._reader = asyncio.create_task(self._read_scheduler())
         self._beat = asyncio.create_task(self._heartbeat())
+        context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
+                                                 self._secede, self._rejoin))
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
 
@@ -308,9 +318,16 @@ class Worker:
         self.scheduler.send({"op": "missing-data", "key": ts.key, "dep": dep, "holders": holders})
 
     # -- execution -------------------------------------------------------------------
+    def _busy(self) -> int:
+        return len(self.executing) - len(self.seceded)
+
     def _run_ready(self) -> None:
+        while self._rejoining and self._busy() < self.nthreads:
+            key, event = self._rejoining.popleft()        # a seceded task first: it holds memory
+            self._take_slot_again(key)
+            event.set()
         starting = []
-        while self.ready and len(self.executing) < self.nthreads:
+        while self.ready and self._busy() < self.nthreads:
             _, key = heapq.heappop(self.ready)
             ts = self.tasks.get(key)
             if ts is None or ts.state != "ready":
@@ -326,9 +343,41 @@ class Worker:
             for ts in starting:
                 self.executor.submit(self._execute, ts)
 
+    # -- secede / rejoin (worker_client) -----------------------------------------------
+    def _secede(self, key: str) -> None:
+        """From the task's thread: its slot is free for other tasks while it waits."""
+        self.loop.call_soon_threadsafe(self._give_up_slot, key)
+
+    def _give_up_slot(self, key: str) -> None:
+        if key in self.executing and key not in self.seceded:
+            self.seceded.add(key)
+            self.scheduler.send({"op": "task-seceded", "key": key})
+            self._run_ready()
+
+    def _rejoin(self, key: str) -> None:
+        """From the task's thread: block until a slot is free, then hold it again."""
+        event = threading.Event()
+        self.loop.call_soon_threadsafe(self._ask_to_rejoin, key, event)
+        event.wait()
+
+    def _ask_to_rejoin(self, key: str, event: threading.Event) -> None:
+        if key not in self.seceded:
+            event.set()
+        elif self._busy() < self.nthreads:
+            self._take_slot_again(key)
+            event.set()
+        else:
+            self._rejoining.append((key, event))
+
+    def _take_slot_again(self, key: str) -> None:
+        if key in self.seceded:
+            self.seceded.discard(key)
+            self.scheduler.send({"op": "task-rejoined", "key": key})
+
     def _execute(self, ts: _Task) -> None:
         """Runs in a pool thread. Hands the outcome back to the event loop."""
         start = time.time()
+        context.set_task(ts.key)              # for get_client()/secede() inside the task
         try:
             with self._func_lock:
                 func = self.functions.get(ts.func)
@@ -337,6 +386,8 @@ class Worker:
             outcome = ("ok", result, sizeof(result))
         except BaseException as exc:  # the user's exception, whatever it is, goes to the client
             outcome = ("error", exc, tb_module.format_exc())
+        finally:
+            context.set_task(None)
         self._done.append((ts, outcome, time.time() - start))
         if not self._done_scheduled:
             self._done_scheduled = True
@@ -347,6 +398,7 @@ class Worker:
         while self._done:
             ts, outcome, duration = self._done.popleft()
             self.executing.discard(ts.key)
+            self.seceded.discard(ts.key)
             cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
             self._forget_task(ts)
             if cancelled:

@@ -1,0 +1,257 @@
+"""The Client as dask's scheduler: `get`, `compute`, `persist`, `futures_of`, the default client.
+
+A new Client becomes dask's default scheduler, as distributed's does: `x.compute()`,
+`dask.compute`, `dask.persist`, xarray's `.compute()`/`.load()`/`.persist()` then run on
+the workers, and dask builds shuffles that move data through the workers ('tasks'), never
+through a local disk that other nodes cannot see. Closing it (or leaving `as_current()`)
+gives back whatever was the default before. An explicit `scheduler="threads"` still runs
+on threads.
+
+Mixed into Client (client.py), like client_tools.py: it uses the client's submission path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+from .futures import Future, flatten_futures
+from .graph import graph_tasks, wire_key
+from .protocol.frames import Opaque
+
+# Keywords of dask's compute()/get() that only mean something to dask's local schedulers.
+_LOCAL_ONLY = frozenset({"num_workers", "pool", "chunksize", "raise_task_exception", "get_id", "rerun_exceptions_locally"})
+_SCHEDULER_CONFIG = ("scheduler", "dataframe.shuffle.method")
+
+
+class _DefaultScheduler:
+    """What dask's `scheduler` setting holds while a Client is the default. dask calls it as
+    a get function, and (dask.persist) asks its `__self__` for the client, whose `persist`
+    keeps results on the workers. Looking the client up at each call keeps no strong
+    reference from dask's global config to a client."""
+
+    def __call__(self, dsk, keys, **kwargs):
+        return current_client().get(dsk, keys, **kwargs)
+
+    @property
+    def __self__(self):
+        return current_client()
+
+    def __repr__(self) -> str:
+        return "<hpc_cluster default client>"
+
+
+_lock = threading.RLock()
+_defaults: list[weakref.ref] = []          # clients made default, the current one last
+_before: dict | None = None                 # dask's settings before the first one
+_SCHEDULER = _DefaultScheduler()
+
+
+def current_client(default: bool = True):
+    """The Client dask computes on now: the innermost `as_current()`, else the newest one
+    made default and not closed. Raises ValueError when there is none."""
+    with _lock:
+        while _defaults:
+            client = _defaults[-1]()
+            if client is not None and client.status not in ("closed", "closing"):
+                return client
+            _defaults.pop()
+    raise ValueError("no hpc_cluster Client: create one, e.g. client = Client(cluster)")
+
+
+def _apply() -> None:
+    """Point dask's settings at the current default client, or back to what they were."""
+    import dask
+    global _before
+    with _lock:
+        live = [r for r in _defaults if r() is not None and r().status not in ("closed", "closing")]
+        _defaults[:] = live
+        if live:
+            if _before is None:
+                _before = {k: dask.config.get(k, None) for k in _SCHEDULER_CONFIG}
+            dask.config.set({"scheduler": _SCHEDULER, "dataframe.shuffle.method": "tasks"})
+        elif _before is not None:
+            for key, value in _before.items():
+                if value is None:
+                    _unset(dask.config.config, key.split("."))
+                else:
+                    dask.config.set({key: value})
+            _before = None
+
+
+def _unset(config: dict, path: list[str]) -> None:
+    node = config
+    for part in path[:-1]:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return
+    node.pop(path[-1], None)
+
+
+def futures_of(obj) -> list[Future]:
+    """The Futures inside a collection (a persisted one: its graph holds them), a list, a
+    dict, a Future, at any depth, each once, in order."""
+    found: list[Future] = []
+    flatten_futures(obj, found)
+    return list({f.key: f for f in found}.values())
+
+
+class CollectionsMixin:
+    asynchronous = False            # dask checks this before it uses a client as its scheduler
+
+    # -- being dask's scheduler ---------------------------------------------------------
+    def _make_default(self) -> None:
+        with _lock:
+            _defaults.append(weakref.ref(self))
+            _apply()
+
+    def _stop_being_default(self) -> None:
+        with _lock:
+            _defaults[:] = [r for r in _defaults if r() is not None and r() is not self]
+            _apply()
+
+    @contextlib.contextmanager
+    def as_current(self):
+        """Make this client dask's scheduler inside the block (another may be the default)."""
+        with _lock:
+            ref = weakref.ref(self)
+            _defaults.append(ref)
+            _apply()
+        try:
+            yield self
+        finally:
+            with _lock:
+                for i in range(len(_defaults) - 1, -1, -1):
+                    if _defaults[i] is ref:
+                        del _defaults[i]
+                        break
+                _apply()
+
+    # -- graphs ---------------------------------------------------------------------------
+    def _graph_to_futures(self, dsk, keys: list, annotations: dict) -> dict:
+        """Submit a dask graph; {dask key: Future} for `keys`."""
+        specs, wire = graph_tasks(dsk, self._func_blob, annotations)
+        in_graph = {s["key"] for s in specs}
+        for spec in specs:
+            for dep in spec["deps"]:
+                if dep not in in_graph and dep not in self._states:
+                    raise ValueError(f"the graph refers to future {dep!r}, which this client does not "
+                                     "hold (released, or another client's): keep a reference to the "
+                                     "future (or the persisted collection) while graphs use it")
+        futures = {k: Future(wire.get(k) or wire_key(k), self) for k in keys}
+        for spec in specs:
+            spec["func"], spec["args"] = Opaque(spec["func"]), Opaque(spec["args"])
+        self._send({"op": "update-graph", "tasks": specs, "keys": [f.key for f in futures.values()]})
+        return futures
+
+    @staticmethod
+    def _annotations(retries=None, priority=0, resources=None, workers=None, allow_other_workers=None) -> dict:
+        """The annotations of one call: dask.annotate(...) around it, then its keywords."""
+        import dask
+        out = dict(dask.get_annotations())
+        for name, value in (("retries", retries), ("priority", priority), ("resources", resources),
+                            ("workers", workers), ("allow_other_workers", allow_other_workers)):
+            if value:
+                out[name] = value
+        return out
+
+    @staticmethod
+    def _check_kwargs(kwargs: dict, what: str) -> None:
+        unknown = sorted(set(kwargs) - _LOCAL_ONLY)
+        if unknown:
+            raise TypeError(f"{what}() got unexpected keyword arguments {unknown}: the cluster takes retries=, "
+                            "priority=, resources= (and dask.annotate(...) around the call)")
+        if kwargs:
+            import warnings
+            warnings.warn(f"{sorted(kwargs)} only mean something to dask's local schedulers; ignored on the "
+                          "cluster", UserWarning, stacklevel=3)
+
+    def get(self, dsk, keys, *, sync: bool = True, retries: int | None = None, priority: int = 0,
+            resources: dict | None = None, workers=None, allow_other_workers=None, **kwargs):
+        """Run a dask graph on the cluster (dask's scheduler interface): the values of `keys`,
+        in their (nested list) shape, or with sync=False the Futures."""
+        self._check_kwargs(kwargs, "get")
+        wanted: list = []
+        _collect_keys(keys, wanted)
+        futures = self._graph_to_futures(dsk, list(dict.fromkeys(wanted)),
+                                         self._annotations(retries, priority, resources, workers, allow_other_workers))
+        if not sync:
+            return _rebuild_keys(keys, futures)
+        values = self.gather(list(futures.values()))
+        return _rebuild_keys(keys, dict(zip(futures, values)))
+
+    def compute(self, collections, sync: bool = False, optimize_graph: bool = True, traverse: bool = True,
+                retries: int | None = None, priority: int = 0, resources: dict | None = None, workers=None,
+                allow_other_workers=None, **kwargs):
+        """Start computing dask collections (one, or a list); their results as Futures (the
+        final values with sync=True). Things that are not collections pass through."""
+        import dask
+        from dask._expr import FinalizeCompute
+        from dask.base import collections_to_expr
+        from dask.core import flatten
+        self._check_kwargs(kwargs, "compute")
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        if traverse:
+            items = [dask.delayed(a) if isinstance(a, (list, set, tuple, dict)) and not dask.is_dask_collection(a)
+                     else a for a in items]
+        variables = [a for a in items if dask.is_dask_collection(a)]
+        by_key: dict = {}
+        names: list = []
+        if variables:
+            expr = FinalizeCompute(collections_to_expr(variables, optimize_graph)).optimize()
+            names = list(flatten(expr.__dask_keys__()))
+            by_key = self._graph_to_futures(expr, names, self._annotations(retries, priority, resources, workers,
+                                                                           allow_other_workers))
+        results, i = [], 0
+        for a in items:
+            if dask.is_dask_collection(a):
+                results.append(by_key[names[i]])
+                i += 1
+            else:
+                results.append(a)
+        if sync:
+            results = self.gather(results)
+        return results[0] if singleton else results
+
+    def persist(self, collections, optimize_graph: bool = True, retries: int | None = None, priority: int = 0,
+                resources: dict | None = None, workers=None, allow_other_workers=None, **kwargs):
+        """Start computing dask collections and return them, each backed by Futures: the data
+        stays on the workers, and graphs built on them start from it."""
+        import dask
+        from dask.base import collections_to_expr
+        from dask.core import flatten
+        self._check_kwargs(kwargs, "persist")
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        not_collections = [type(a).__name__ for a in items if not dask.is_dask_collection(a)]
+        if not_collections:
+            raise TypeError(f"persist() takes dask collections, not {', '.join(not_collections)}")
+        expr = collections_to_expr(items, optimize_graph).optimize()
+        keys = expr.__dask_keys__()
+        futures = self._graph_to_futures(expr, list(flatten(keys)),
+                                         self._annotations(retries, priority, resources, workers, allow_other_workers))
+        out = [rebuild({k: futures[k] for k in flatten(ks)}, *args)
+               for (rebuild, args), ks in zip((a.__dask_postpersist__() for a in items), keys)]
+        return out[0] if singleton else out
+
+    def futures_of(self, obj) -> list[Future]:
+        return futures_of(obj)
+
+
+def _collect_keys(keys, out: list) -> None:
+    if isinstance(keys, list):
+        for k in keys:
+            _collect_keys(k, out)
+    else:
+        out.append(keys)
+
+
+def _rebuild_keys(keys, values: dict):
+    if isinstance(keys, list):
+        return [_rebuild_keys(k, values) for k in keys]
+    return values[keys]
+
+
+__all__ = ["CollectionsMixin", "current_client", "futures_of"]

@@ -1,0 +1,55 @@
+"""Where a task runs, for code inside it: `get_client()`, `secede()`, `rejoin()`.
+
+The worker process registers itself here (its scheduler's address and the cluster's secret,
+and how to secede and rejoin), and each task thread records the key it runs. The client
+layer reads it; the worker never imports the client, nor the client the worker: both use
+this small registry at the bottom of the layers.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    scheduler: str                        # the scheduler's address
+    secret: bytes                         # the cluster's secret (kept in memory, not in the environment)
+    address: str                          # this worker's own address
+    secede: Callable[[str], None]         # give up the task's thread slot (the task runs on)
+    rejoin: Callable[[str], None]         # wait for a free slot and take it again
+
+
+_worker: WorkerContext | None = None
+_local = threading.local()
+
+
+def set_worker(context: WorkerContext | None) -> None:
+    global _worker
+    _worker = context
+
+
+def worker() -> WorkerContext | None:
+    """This process's worker, when it is one."""
+    return _worker
+
+
+def set_task(key: str | None) -> None:
+    _local.key = key
+    _local.seceded = False
+
+
+def task() -> str | None:
+    """The key of the task this thread is running, if any."""
+    return getattr(_local, "key", None)
+
+
+def set_seceded(seceded: bool) -> None:
+    _local.seceded = seceded
+
+
+def seceded() -> bool:
+    """Has the task this thread runs given up its slot (secede) and not taken one again?"""
+    return getattr(_local, "seceded", False)

@@ -1,0 +1,91 @@
+"""Work that submits work: `get_client()`, `worker_client()`, `secede()`, `rejoin()`.
+
+Inside a task, `get_client()` gives a Client connected to the task's own cluster (one per
+worker process, made dask's default there, so `x.compute()` inside a task also runs on the
+cluster). A task that waits on the subtasks it submits should do so inside
+`worker_client()`, which gives up the task's thread slot while it waits (secede) and takes
+one again after (rejoin): on a worker with one thread, the subtasks could not run otherwise.
+Outside a task, `get_client()` is the current default Client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from .protocol import context
+
+_lock = threading.Lock()
+_worker_clients: dict[str, object] = {}
+
+
+def get_client(timeout: float = 30.0):
+    """The Client of this task's cluster (inside a task), else the current default Client.
+
+    Inside a task it is not dask's default scheduler there: a plain `x.compute()` in a task
+    still runs in the task's process; `get_client().compute(x)` runs it on the cluster, and
+    waiting for it gives up the task's thread slot meanwhile (no deadlock on one thread)."""
+    ctx = context.worker()
+    if ctx is None:
+        from .dask_collections import current_client
+        return current_client()
+    with _lock:
+        client = _worker_clients.get(ctx.scheduler)
+        if client is None or client.status in ("closed", "closing", "disconnected"):
+            from .client import Client
+            client = Client(ctx.scheduler, secret=ctx.secret, timeout=timeout, set_as_default=False)
+            _worker_clients[ctx.scheduler] = client
+    return client
+
+
+def _running_task() -> tuple[context.WorkerContext, str]:
+    ctx, key = context.worker(), context.task()
+    if ctx is None or key is None:
+        raise RuntimeError("secede() and rejoin() work only inside a task running on a worker")
+    return ctx, key
+
+
+def secede() -> None:
+    """Give up this task's thread slot: the worker may start another task while this one
+    waits (it keeps running; a worker death still counts it as executing)."""
+    ctx, key = _running_task()
+    if not context.seceded():
+        ctx.secede(key)
+        context.set_seceded(True)
+
+
+def rejoin() -> None:
+    """Wait for a free thread slot on this worker and take it again (after secede())."""
+    ctx, key = _running_task()
+    if context.seceded():
+        ctx.rejoin(key)
+        context.set_seceded(False)
+
+
+@contextlib.contextmanager
+def seceded_while_waiting(scheduler: str):
+    """Around a blocking wait in a task for results of its own cluster: give up the slot
+    while waiting, unless the task already did (worker_client)."""
+    ctx = context.worker()
+    if ctx is None or context.task() is None or context.seceded() or ctx.scheduler != scheduler:
+        yield
+        return
+    secede()
+    try:
+        yield
+    finally:
+        rejoin()
+
+
+@contextlib.contextmanager
+def worker_client(timeout: float = 30.0, separate_thread: bool = True):
+    """`with worker_client() as client:` inside a task: submit subtasks and wait for them
+    without holding the task's thread slot (dask.distributed's worker_client)."""
+    client = get_client(timeout)
+    if separate_thread:
+        secede()
+    try:
+        yield client
+    finally:
+        if separate_thread:
+            rejoin()
