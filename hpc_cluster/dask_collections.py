@@ -32,11 +32,26 @@ class _DefaultScheduler:
     reference from dask's global config to a client."""
 
     def __call__(self, dsk, keys, **kwargs):
-        return current_client().get(dsk, keys, **kwargs)
+        try:
+            client = current_client()
+        except ValueError:
+            # Every default client is gone without close() (garbage collected): give dask its
+            # own settings back and run this one as dask would have without us.
+            import warnings
+
+            from dask.threaded import get
+            _apply()
+            warnings.warn("the hpc_cluster Client that was dask's default scheduler is gone; computing "
+                          "with dask's local threads", UserWarning, stacklevel=2)
+            return get(dsk, keys, **kwargs)
+        return client.get(dsk, keys, **kwargs)
 
     @property
     def __self__(self):
-        return current_client()
+        try:
+            return current_client()
+        except ValueError:
+            return None
 
     def __repr__(self) -> str:
         return "<hpc_cluster default client>"
