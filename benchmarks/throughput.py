@@ -280,10 +280,12 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
+def run_main(parse_args, run, format_table, argv=None) -> int:
+    """A benchmark script's main: arguments, SIGTERM unwinds (the clusters close), the
+    table on stdout, the JSON if asked. Shared with transfer.py."""
     args = parse_args(argv)
 
-    def on_term(signum, frame):                     # SIGTERM: unwind so the clusters close
+    def on_term(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, on_term)
     report = run(args)
@@ -292,6 +294,10 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         log(args, f"wrote {args.json}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_main(parse_args, run, format_table, argv)
 
 
 if __name__ == "__main__":

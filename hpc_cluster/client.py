@@ -374,7 +374,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 missing.extend(ks)
                 continue
             for k, blob in reply["data"].items():
-                values[k] = serialize.loads(blob.data)
+                values[k] = serialize.loads_value(blob)
             missing.extend(reply.get("missing") or [])
         return values, missing
 
@@ -392,7 +392,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             items = [(None, data)]
         blobs = []
         for k, v in items:
-            blob = serialize.dumps(v)
+            blob = serialize.dumps_value(v)
             if k is None:
                 token = serialize.tokenize(b"scatter", blob) if hash else uuid.uuid4().hex
                 k = f"{type(v).__name__}-{token}"
@@ -416,7 +416,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         who_has: dict[str, list] = collections.defaultdict(list)
         for i, (k, blob) in enumerate(blobs):
             for w in (workers if broadcast else [workers[i % len(workers)]]):
-                plan[w][k] = Opaque(blob)
+                plan[w][k] = blob
                 who_has[k].append(w)
         replies = await asyncio.gather(*(self._worker_request(w, {"op": "put-data", "data": d})
                                          for w, d in plan.items()))

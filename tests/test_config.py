@@ -175,7 +175,7 @@ def test_no_files_gives_the_defaults(place):
     assert rc.site is None and rc.files == []
     # The defaults, with the walltime worked out (no batch system: a bare number is seconds).
     assert rc.values == {**cfg.default_values(), "walltime": 1800}
-    assert rc["max_message_bytes"] == 2**31 and rc["walltime_margin"] == 60
+    assert rc["max_message_bytes"] == 64 * 2**30 and rc["walltime_margin"] == 60
     assert (rc["job_name"], rc["cores"], rc["memory"], rc["shebang"]) == ("dask-worker", None, None,
                                                                          "#!/usr/bin/env bash")
     assert set(rc.sources.values()) == {"default"}

@@ -14,7 +14,8 @@ import pytest
 
 from hpc_cluster import Client
 from hpc_cluster.protocol.comm import MAGIC, AuthenticationError, CommClosedError, connect, parse_address
-from hpc_cluster.protocol.frames import Limits, Opaque, ProtocolError, check_count, check_lengths, dumps, loads
+from hpc_cluster.protocol.frames import (CONTINUED, Limits, Opaque, ProtocolError, check_count, check_lengths, dumps,
+                                         loads)
 from hpc_cluster.protocol.versions import get_versions
 from waiting import wait_until
 
@@ -119,6 +120,12 @@ def _garbage_cases():
     lying_total = struct.pack("<IQQ", 1, 8 + 100, 3) + b"\x90" * 100
     unknown_op = dumps([{"op": "format-disk"}])
     not_a_map = dumps([1, 2, 3])
+    # Split frames: the last one claims a continuation that never comes (small and large
+    # messages are read on different paths), and a payload claims more buffers than sent.
+    cut_short = struct.pack("<IQQ", 1, 8 + 3, 3 | CONTINUED) + b"\x90" * 3
+    cut_short_large = struct.pack("<IQQQ", 2, 16 + 100 + 2**20, 100, 2**20 | CONTINUED)
+    header = msgpack.packb([{"op": "x", "v": msgpack.ExtType(2, struct.pack("<QQ", 1, 5) + bytes(5))}])
+    extra_buffers = struct.pack("<IQQQ", 2, 16 + len(header) + 4, len(header), 4) + header + b"data"
     return {
         "oversized frame": (huge_header, "exceeds the limit"),
         "too many frames": (too_many_frames, "frame count"),
@@ -126,6 +133,9 @@ def _garbage_cases():
         "lengths that lie": (lying_total, "do not add up"),
         "unknown op": (b"".join(unknown_op), "unknown op 'format-disk'"),
         "not a message": (b"".join(not_a_map), "must be a map"),
+        "continued past the end": (cut_short, "marked as continued"),
+        "continued past the end, large": (cut_short_large, "marked as continued"),
+        "more buffers than sent": (extra_buffers, "with 5 buffers outside the 1 frames sent"),
     }
 
 
@@ -262,7 +272,8 @@ def test_bad_messages_after_handshake_drop_only_that_connection(cluster, case):
         assert len(c.scheduler_info()["workers"]) == 2    # no worker was disturbed
 
 
-@pytest.mark.parametrize("case", ["oversized frame", "malformed msgpack", "unknown op"])
+@pytest.mark.parametrize("case", ["oversized frame", "malformed msgpack", "unknown op", "continued past the end, large",
+                                  "more buffers than sent"])
 def test_bad_messages_on_a_worker_port(cluster, case):
     raw, reason = _garbage_cases()[case]
     with Client(cluster) as c:

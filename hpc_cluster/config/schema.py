@@ -318,7 +318,8 @@ OPTIONS: tuple[Option, ...] = (
            example="4GB"),
     Option("versions", "warn|strict", _choice("warn", "strict"), "warn",
            "on a version mismatch between client, scheduler and workers: warn, or refuse", "both"),
-    Option("max_message_bytes", "size", _size, "2GiB", "largest message a connection accepts", "both"),
+    Option("max_message_bytes", "size", _size, "64GiB", "largest message a connection accepts (a peer's claimed "
+           "size costs nothing until its bytes arrive)", "both"),
     Option("max_frame_bytes", "size", _size, "1GiB", "largest single frame a connection accepts", "both"),
     Option("walltime_margin", "seconds", _seconds(True), 60,
            "workers stop taking tasks and drain this many seconds before walltime ends", "both",

@@ -4,14 +4,22 @@ Every connection starts with a magic string and a mutual HMAC challenge/response
 per-cluster secret; package versions are exchanged only after both sides have proven
 the secret. Until then a peer may send at most one tiny frame (HANDSHAKE_LIMITS), so an
 unauthenticated peer can neither make us allocate nor make us decode anything large.
+Each side also announces the limits it reads with, so a sender splits frames to fit the
+receiver and refuses, with advice, a message the receiver would drop the connection for.
+
+Large messages move without copies: frames are written from the payloads' own memory
+(a numpy array's buffer) and read into memory of their own per part (see frames.py), both
+in pieces of _CHUNK bytes so that moving a gigabyte never holds the event loop for long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -21,13 +29,23 @@ from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
-from .frames import HANDSHAKE_LIMITS, Limits, ProtocolError, check_count, check_lengths, dumps, loads
+from ..units import format_memory
+from .frames import (HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, check_count,
+                     check_lengths, dumps, join, loads, nbytes)
 
 logger = logging.getLogger("hpc_cluster.comm")
 
-MAGIC = b"HPCC\x00\x01\r\n"      # protocol name + version; garbage fails here at once
+# Protocol name + wire version; garbage fails here at once. Version 2: out-of-band buffers
+# (msgpack extension 2), split frames (bit 63 of a length) and limits in the handshake.
+MAGIC = b"HPCC\x00\x02\r\n"
 HANDSHAKE_TIMEOUT = 10.0
-_JOIN_BELOW = 8 * 2**20
+_JOIN_BELOW = 8 * 2**20         # a message smaller than this is joined and written in one call
+_READ_AT_ONCE = 65536           # a message up to this size is read in one call
+_CHUNK = 16 * 2**20             # larger ones are written and read in pieces of this size: a few ms
+                                # each, so heartbeats and other connections are served in between
+_OWN_BUFFER = 65536             # a part this large is read into memory of its own (freed with it)
+_RUN_MAX = 2**20                # smaller parts are read together, up to this much at a time
+_MMAP_FROM = 2**20              # parts this large are read into anonymous mmaps (see _allocate)
 
 
 class AuthenticationError(ConnectionError):
@@ -59,6 +77,9 @@ class Comm:
         self.peer = peer
         self.limits = limits or Limits()
         self.peer_info: dict = {}           # role, versions ... from the handshake
+        self.peer_limits: Limits | None = None  # what the peer reads with (None: an older peer)
+        self._backlog: collections.deque | None = None  # messages queued behind a large write
+        self._writer: asyncio.Task | None = None
         self._close_callbacks: list[Callable[[], None]] = []
         stream.set_close_callback(self._on_close)
 
@@ -68,26 +89,49 @@ class Comm:
             head = await self.stream.read_bytes(12)
             count, total = struct.unpack("<IQ", head)
             check_count(count, limits)
-            if total < 8 * count or total - 8 * count > limits.max_message_bytes:
+            body = total - 8 * count
+            if total < 8 * count or body > limits.max_message_bytes:
                 raise ProtocolError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-            if total <= 65536:
-                buf = memoryview(await self.stream.read_bytes(total))
-            else:
-                # Check the announced frame sizes before allocating the whole message.
-                lengths = list(struct.unpack(f"<{count}Q", await self.stream.read_bytes(8 * count)))
-                check_lengths(lengths, limits)
-                if sum(lengths) != total - 8 * count:
-                    raise ProtocolError("frame lengths do not add up to the announced total")
-                body = memoryview(bytearray(total - 8 * count))
-                await self.stream.read_into(body)
-                return _split(body, lengths)
+            if total <= _READ_AT_ONCE:
+                buf = bytearray(total)          # writeable: arrays built on it are too
+                await self.stream.read_into(buf)
+                groups = check_lengths(struct.unpack_from(f"<{count}Q", buf), limits, body)
+                return join(memoryview(buf)[8 * count:], groups)
+            # Check the announced frame sizes before allocating anything for them.
+            lengths = struct.unpack(f"<{count}Q", await self.stream.read_bytes(8 * count))
+            groups = check_lengths(lengths, limits, body)
+            return await self._read_parts([sum(g) for g in groups])
         except StreamClosedError:
             raise CommClosedError(f"connection to {self.peer} closed") from None
-        lengths = list(struct.unpack_from(f"<{count}Q", buf))
-        check_lengths(lengths, limits)
-        if sum(lengths) != total - 8 * count:
-            raise ProtocolError("frame lengths do not add up to the announced total")
-        return _split(buf[8 * count:], lengths)
+
+    async def _read_parts(self, sizes: list[int]) -> list[memoryview]:
+        """Read the logical frames: each large one into memory of its own, so that one array
+        of a reply can be freed while the others live on, and small ones a run at a time."""
+        frames: list = []
+        i = 0
+        while i < len(sizes):
+            if sizes[i] >= _OWN_BUFFER:
+                buf = _allocate(sizes[i])
+                await self._read_into(buf)
+                frames.append(buf)
+                i += 1
+                continue
+            j, run = i, 0
+            while j < len(sizes) and sizes[j] < _OWN_BUFFER and run + sizes[j] <= _RUN_MAX:
+                run += sizes[j]
+                j += 1
+            buf = memoryview(bytearray(run))
+            await self._read_into(buf)
+            pos = 0
+            for n in sizes[i:j]:
+                frames.append(buf[pos:pos + n])
+                pos += n
+            i = j
+        return frames
+
+    async def _read_into(self, view: memoryview) -> None:
+        for start in range(0, len(view), _CHUNK):
+            await self.stream.read_into(view[start:start + _CHUNK])
 
     async def read(self, limits: Limits | None = None) -> list[dict]:
         """Read one batch: a list of dicts, each with a string 'op'."""
@@ -101,21 +145,68 @@ class Comm:
 
     # -- writing ----------------------------------------------------------------
     def write_nowait(self, msgs) -> Awaitable | None:
-        """Queue a batch on the stream; returns the write future (errors are swallowed)."""
+        """Queue a batch on the stream; returns the write future (errors are swallowed).
+
+        Raises MessageTooLargeError, before writing anything, for a message the peer would
+        refuse (over the limits it announced)."""
         if self.stream.closed():
             return None
-        frames = dumps(msgs)
         try:
-            if sum(len(f) for f in frames) < _JOIN_BELOW:
+            frames = dumps(msgs, (self.peer_limits or self.limits).max_frame_bytes, self.peer_limits)
+        except MessageTooLargeError as exc:
+            raise MessageTooLargeError(f"cannot send to {self.peer}: {exc}") from None
+        try:
+            if self._backlog is None and sum(nbytes(f) for f in frames) < _JOIN_BELOW:
                 fut = self.stream.write(b"".join(frames))
             else:
-                for f in frames[:-1]:
-                    self.stream.write(f)
-                fut = self.stream.write(frames[-1])
+                fut = self._enqueue(frames)
         except StreamClosedError:
             return None
         fut.add_done_callback(_swallow)
         return fut
+
+    def _enqueue(self, frames: list) -> asyncio.Future:
+        """Write a large message in pieces; later messages wait behind it (in order)."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._backlog is None:
+            self._backlog = collections.deque()
+            self._writer = asyncio.ensure_future(self._write_backlog(self._backlog))
+        self._backlog.append((frames, fut))
+        return fut
+
+    async def _write_backlog(self, backlog: collections.deque) -> None:
+        try:
+            while backlog:
+                frames, fut = backlog[0]
+                try:
+                    await self._write_pieces(frames)
+                except BaseException as exc:
+                    # Closed, or anything else that leaves a message half-written: the stream
+                    # is unusable, so close it and fail every queued write (as closed).
+                    self.stream.close()
+                    for _, f in backlog:
+                        if not f.done():
+                            f.set_exception(StreamClosedError(real_error=exc))
+                    backlog.clear()
+                    if not isinstance(exc, StreamClosedError):
+                        raise
+                    return
+                backlog.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+        finally:
+            self._backlog = self._writer = None
+
+    async def _write_pieces(self, frames: list) -> None:
+        # Two pieces in flight: the kernel always has the next one while we wait for this one.
+        pending = None
+        for piece in _pieces(frames):
+            fut = self.stream.write(piece)
+            if pending is not None:
+                await pending
+            pending = fut
+        if pending is not None:
+            await pending
 
     async def write(self, msgs) -> None:
         if self.stream.closed():
@@ -149,12 +240,70 @@ class Comm:
         return f"<Comm {self.peer} {self.peer_info.get('role', '?')}>"
 
 
-def _split(buf: memoryview, lengths: list[int]) -> list[memoryview]:
-    frames, pos = [], 0
-    for n in lengths:
-        frames.append(buf[pos:pos + n])
-        pos += n
-    return frames
+def _pieces(frames: list):
+    """The writes for one message: small frames joined (one copy of a few bytes), large
+    ones as slices of their own memory (no copy), at most _CHUNK bytes each."""
+    small: list = []
+    size = 0
+    for f in frames:
+        n = nbytes(f)
+        if n < _OWN_BUFFER:
+            small.append(f)
+            size += n
+            if size >= _OWN_BUFFER:
+                yield b"".join(small)
+                small, size = [], 0
+            continue
+        if small:
+            yield b"".join(small)
+            small, size = [], 0
+        view = byte_view(f)
+        for start in range(0, n, _CHUNK):
+            yield view[start:start + _CHUNK]
+    if small:
+        yield b"".join(small)
+
+
+def _allocate(n: int) -> memoryview:
+    """Memory for one large part. A private anonymous mmap, not a bytearray (which zero-fills,
+    so commits, all of it at once): its pages are committed only as the peer's bytes arrive,
+    so a size a peer claims costs nothing until it is sent, and munmap returns it whole.
+    Transparent huge pages where the kernel offers them (as numpy asks for its arrays): a
+    fault per 2 MiB instead of per 4 KiB, which on a VM was most of a transfer's time."""
+    try:
+        if n < _MMAP_FROM:
+            return memoryview(bytearray(n))
+        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)
+    except (OSError, ValueError, OverflowError, MemoryError) as exc:
+        raise ProtocolError(f"cannot allocate {format_memory(n)} for a part of a message the peer announced: "
+                            f"{exc}") from None
+    if _HUGEPAGE is not None:
+        try:
+            buf.madvise(_HUGEPAGE)
+        except OSError:                 # THP disabled: ordinary pages
+            pass
+    return memoryview(buf)
+
+
+_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _announced(value) -> Limits | None:
+    """The limits a peer announced in its handshake (None if absent or not understood)."""
+    if not isinstance(value, dict):
+        return None
+    fields = {}
+    for name in ("max_frames", "max_frame_bytes", "max_message_bytes", "max_header_bytes"):
+        v = value.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return None
+        fields[name] = v
+    return Limits(**fields)
+
+
+def _announce(limits: Limits) -> dict:
+    return {"max_frames": limits.max_frames, "max_frame_bytes": limits.max_frame_bytes,
+            "max_message_bytes": limits.max_message_bytes, "max_header_bytes": limits.max_header_bytes}
 
 
 def _swallow(fut) -> None:
@@ -195,14 +344,15 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
         reply = (await comm.read(HANDSHAKE_LIMITS))[0]
     except (CommClosedError, ProtocolError) as exc:
         raise AuthenticationError(f"{comm.peer} closed the connection during the handshake ({exc}); "
-                                  "is it an hpc-cluster scheduler or worker with the same secret?") from None
+                                  "is it an hpc-cluster scheduler or worker of the same hpc-cluster "
+                                  "version, with the same secret?") from None
     s_nonce, proof = reply.get("nonce"), reply.get("proof")
     if not isinstance(s_nonce, bytes) or not isinstance(proof, bytes) or not hmac.compare_digest(
             proof, _proof(secret, b"listener", c_nonce, s_nonce)):
         raise AuthenticationError(f"{comm.peer} did not prove the cluster secret; check that you use "
                                   "the cluster file (or secret) of the cluster you meant")
     await comm.write({"op": "auth-proof", "proof": _proof(secret, b"connector", c_nonce, s_nonce),
-                      "info": info})
+                      "info": info, "limits": _announce(comm.limits)})
     try:
         welcome = (await comm.read(HANDSHAKE_LIMITS))[0]
     except CommClosedError:
@@ -211,12 +361,17 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
     if welcome.get("op") == "refused":
         raise AuthenticationError(f"{comm.peer} refused the connection: {welcome.get('reason')}")
     comm.peer_info = welcome.get("info") or {}
+    comm.peer_limits = _announced(welcome.get("limits"))
 
 
 async def _handshake_listener(comm: Comm, secret: bytes, info: dict,
                               check: Callable[[dict], str | None] | None) -> None:
     magic = await comm.stream.read_bytes(len(MAGIC))
     if magic != MAGIC:
+        if magic[:5] == MAGIC[:5]:
+            raise ProtocolError(f"the peer speaks hpc-cluster wire protocol {magic[5]}, this process "
+                                f"{MAGIC[5]}: run one hpc-cluster version on the client, the scheduler "
+                                "and the workers")
         raise ProtocolError(f"not an hpc-cluster peer (first bytes {bytes(magic)!r})")
     hello = (await comm.read(HANDSHAKE_LIMITS))[0]
     c_nonce = hello.get("nonce")
@@ -235,7 +390,8 @@ async def _handshake_listener(comm: Comm, secret: bytes, info: dict,
         await comm.write({"op": "refused", "reason": reason})
         raise AuthenticationError(f"refused: {reason}")
     comm.peer_info = peer_info
-    await comm.write({"op": "welcome", "info": info})
+    comm.peer_limits = _announced(msg.get("limits"))
+    await comm.write({"op": "welcome", "info": info, "limits": _announce(comm.limits)})
 
 
 class Listener(TCPServer):
@@ -348,7 +504,13 @@ class BatchedSend:
         if not self.buffer:
             return
         msgs, self.buffer = self.buffer, []
-        self.comm.write_nowait(msgs)
+        try:
+            self.comm.write_nowait(msgs)
+        except MessageTooLargeError as exc:
+            # The peer would drop the connection on reading it; drop it ourselves, saying why
+            # (a batch cannot be half-sent, and silently losing it would leave waiters hanging).
+            logger.error("%s; closing the connection", exc)
+            self.comm.close()
 
     async def drain(self) -> None:
         """Write what is buffered and wait until it is on the wire."""

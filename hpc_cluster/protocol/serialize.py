@@ -5,6 +5,11 @@ A task travels as two opaque blobs: the pickled function (shared by every task o
 to other tasks' results inside the arguments, at any depth of lists, tuples, dicts or
 objects, are pickled as persistent ids; the worker resolves them to the values, so
 "futures nested in args" needs no tree walking of our own.
+
+Results (and scattered data) travel as `dumps_value(obj) -> Opaque`: pickle protocol 5
+with the large buffers of numpy arrays and pandas objects left out of the pickle stream
+(`Opaque.buffers`), so they go to the socket from the array's own memory and arrive in
+memory of their own, on which `loads_value` builds the array: no copy beyond the socket's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from .frames import Opaque
+
+# Buffers smaller than this stay in the pickle stream: a frame per small column or index
+# would cost more (8 bytes of length, a read) than copying a few KiB.
+OUT_OF_BAND_MIN = 65536
 
 class SerializationError(TypeError):
     """A function or argument could not be pickled; the message names which one."""
@@ -56,8 +66,31 @@ def dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def loads(data) -> Any:
-    return pickle.loads(data)
+def loads(data, buffers=()) -> Any:
+    return pickle.loads(data, buffers=buffers)
+
+
+def dumps_value(obj: Any) -> Opaque:
+    """Pickle a value for the wire with its large buffers out of band (not copied)."""
+    buffers: list[memoryview] = []
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buf.raw()             # the exporter's own memory, as flat bytes
+        except BufferError:             # neither C- nor Fortran-contiguous: pickle copies it
+            return True
+        if raw.nbytes < OUT_OF_BAND_MIN:
+            return True                 # true: keep it in the stream
+        buffers.append(raw)
+        return False
+
+    header = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    return Opaque(header, buffers)
+
+
+def loads_value(payload: Opaque) -> Any:
+    """The value of `dumps_value`, built on the received buffers (no copy)."""
+    return pickle.loads(payload.data, buffers=payload.buffers)
 
 
 _INSTALLED = tuple(os.path.realpath(p) + os.sep for p in {
@@ -127,8 +160,14 @@ def _which_argument(args: tuple, kwargs: dict, exc: Exception) -> str:
     return f"could not pickle the arguments: {type(exc).__name__}: {exc}"
 
 
-def tokenize(func_blob: bytes, args_blob: bytes) -> str:
-    return hashlib.blake2b(func_blob + b"\0" + args_blob, digest_size=12).hexdigest()
+def tokenize(func_blob: bytes, args_blob: bytes | Opaque) -> str:
+    """A key from pickled bytes (or an Opaque of `dumps_value`: its buffers are hashed where
+    they lie, not joined into one copy)."""
+    h = hashlib.blake2b(func_blob, digest_size=12)
+    h.update(b"\0")
+    for part in (args_blob.data, *args_blob.buffers) if isinstance(args_blob, Opaque) else (args_blob,):
+        h.update(part)
+    return h.hexdigest()
 
 
 class _RefUnpickler(pickle.Unpickler):

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--heartbeat-ttl", type=float, default=5.0)
     p.add_argument("--versions", choices=["warn", "strict"], default="warn",
                    help="what to do when a peer's package versions differ")
-    p.add_argument("--max-message-bytes", type=int, default=2**31)
+    p.add_argument("--max-message-bytes", type=int, default=64 * 2**30)
     p.add_argument("--max-frame-bytes", type=int, default=2**30)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)

@@ -344,7 +344,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "host": "127.0.0.1", "worker_port": None, "pid_file": None, "worker_class": None,
             "dashboard_address": None, "dashboard_prefix": None, "nanny_port": None, "scheduler": None,
             "cluster_file": None, "heartbeat_interval": 0.5, "memory_terminate_fraction": 0.95,
-            "max_message_bytes": 2**31, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
+            "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
             "ready_fd": None}
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")

@@ -270,7 +270,7 @@ class Worker:
         try:
             reply = await self.request(holder, {"op": "get-data", "keys": keys})
             for k, blob in reply["data"].items():
-                self.data[k] = serialize.loads(blob.data)
+                self.data[k] = serialize.loads_value(blob)
             fut.set_result(reply.get("missing") or [])
         except Exception as exc:
             logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
@@ -306,7 +306,7 @@ class Worker:
                 logger.warning("could not copy %r from %s: %s", key, holder, exc)
                 continue
             if key in reply["data"]:
-                value = serialize.loads(reply["data"][key].data)
+                value = serialize.loads_value(reply["data"][key])
                 self.data[key] = value
                 self.nbytes[key] = sizeof(value)
                 self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
@@ -434,7 +434,7 @@ class Worker:
                     data, missing = {}, []
                     for k in keys:
                         if k in self.data:
-                            data[k] = Opaque(serialize.dumps(self.data[k]))
+                            data[k] = serialize.dumps_value(self.data[k])
                         else:
                             missing.append(k)
                     await comm.write({"op": "data", "data": data, "missing": missing})
@@ -443,7 +443,7 @@ class Worker:
                     if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
                         raise ProtocolError("put-data needs a map of keys to payloads")
                     for k, blob in items.items():
-                        value = serialize.loads(blob.data)
+                        value = serialize.loads_value(blob)
                         self.data[k] = value
                         self.nbytes[k] = sizeof(value)
                     await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
