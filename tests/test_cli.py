@@ -292,6 +292,9 @@ def test_jobs_table_hides_old_finished_jobs():
     assert lines[1].split() == ["99", "running", "w-99", "vm", "1m05s", "1h00m", "2GB"]
     assert [ln.split()[0] for ln in lines[2:5]] == ["12", "13", "14"]
     assert "12 older finished job(s) not shown" in text
+    # with its workers' reports: what they use, what they spilled, how many are paused
+    rows[-1].update(memory_used=1_200_000_000, spilled=3_400_000_000, paused=1)
+    assert jobs_table(rows, max_finished=0).splitlines()[1].endswith("1.2GB of 2GB, 3.4GB spilled, 1 paused")
 
 
 def test_deaths_print_with_missing_fields():

@@ -55,6 +55,35 @@ def test_placement_prefers_worker_holding_inputs():
     assert out[holder][-1]["deps"] == {"x": [holder]}
 
 
+def test_a_task_with_large_inputs_waits_for_their_busy_worker_instead_of_copying_them():
+    # x (100 MB) is on w1, which is busy with a task (0.5 s when nothing is known); w2 is
+    # free. Copying x would take ~1 s (and a second copy in memory): y waits for w1. A small
+    # input, or a long queue on the holder, is copied to the free worker as before.
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task("x")], ["x"])
+    s.take_outbox()
+    s.task_finished("w1", "x", nbytes=100_000_000, duration=0.1)
+    s.update_graph("c", [task("busy")], ["busy"])
+    s.task_started("w1", "busy", now=s.now)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.update_graph("c", [task("y", deps=["x"])], ["y"])
+    out = s.take_outbox()
+    assert computes(out, "w2") == [] and s.tasks["y"].state == "queued"
+    s.task_finished("w1", "busy", nbytes=8, duration=0.1)
+    assert computes(s.take_outbox(), "w1") == ["y"]
+    # a small input moves to the free worker at once
+    s.task_finished("w1", "y", nbytes=100, duration=0.1)
+    s.take_outbox()
+    s.update_graph("c", [task("busy2"), task("busy3")], ["busy2", "busy3"])
+    s.take_outbox()
+    for k in ("busy2", "busy3"):
+        s.task_started(s.tasks[k].processing_on.address, k, now=s.now)
+    s.add_worker("w3", nthreads=1, now=0)
+    s.update_graph("c", [task("z", deps=["y"])], ["z"])
+    assert computes(s.take_outbox(), "w3") == ["z"]
+
+
 def test_dependencies_and_release_of_intermediates():
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0)

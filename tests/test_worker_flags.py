@@ -33,6 +33,8 @@ GOOD = {
     "--dashboard-address": (":8787", ":8787"), "--dashboard-prefix": ("/w", "/w"), "--nanny-port": ("4000", "4000"),
     "--scheduler": ("tcp://10.0.0.1:8786", "tcp://10.0.0.1:8786"), "--cluster-file": ("/c.json", "/c.json"),
     "--heartbeat-interval": ("0.25", 0.25), "--memory-terminate-fraction": ("0.9", 0.9),
+    "--memory-target-fraction": ("false", 0.0), "--memory-spill-fraction": ("0.75", 0.75),
+    "--memory-pause-fraction": ("0.85", 0.85),
     "--max-message-bytes": ("1000000", 1000000), "--max-frame-bytes": ("1000", 1000), "--log-level": ("debug", "debug"),
     "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7),
 }

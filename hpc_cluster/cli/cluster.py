@@ -205,6 +205,15 @@ def cmd_status(args, out, err) -> int:
     live = [r for r in rows if r["state"] in ("pending", "running")]
     workers = sum(len(r.get("workers") or []) for r in live)
     adaptive = table.get("adaptive")
+    if args.json:
+        # For scripts: the daemon's job table as it is, plus the deaths (all of them).
+        with Client(cluster_file=str(path), timeout=30) as client:
+            deaths = client.deaths()
+        json.dump({"name": name, "address": info.get("address"), "batch": info.get("batch"),
+                   "site": info.get("site"), "daemon_pid": info.get("pid"), **table, "deaths": deaths},
+                  out, indent=1, default=str)
+        print(file=out)
+        return OK
     print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
           f"daemon pid {info.get('pid')})", file=out)
     print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
@@ -501,7 +510,9 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster status                       the only running cluster
   hpc-cluster status big
   hpc-cluster status big --finished 50     also the last 50 finished jobs
+  hpc-cluster status --json                the same as JSON, for scripts
 """, cmd_status)
+    p.add_argument("--json", action="store_true", help="print JSON (jobs, workers' memory, deaths) instead")
     p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
     p.add_argument("--finished", type=int, default=10, metavar="K", help="finished jobs to show (default 10)")
     p.add_argument("--deaths", type=int, default=10, metavar="K", help="recent deaths to show (default 10)")

@@ -70,6 +70,18 @@ def status_line(live: list[dict], connected: int, want: int, elapsed: float) -> 
             f"{elapsed:.0f} s")
 
 
+def memory_cell(row: dict) -> str:
+    """'2GB', or with its workers connected '1.2GB of 2GB, 3.4GB spilled, 1 paused'."""
+    text = mem(row.get("memory"))
+    if row.get("memory_used") is not None and row.get("state") in LIVE:
+        text = f"{mem(row['memory_used'])} of {text}"
+        if row.get("spilled"):
+            text += f", {mem(row['spilled'])} spilled"
+        if row.get("paused"):
+            text += f", {row['paused']} paused"
+    return text
+
+
 def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     """Live jobs, then the last `max_finished` finished ones, as an aligned table."""
     live = [r for r in rows if r.get("state") in LIVE]
@@ -90,7 +102,7 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
             state += ", retiring"
         workers = ",".join(r.get("worker_names") or []) or "-"
         lines.append((str(r.get("job_id")), state, workers, r.get("node") or "-", dur(r.get("uptime")),
-                      dur(r.get("time_left")), mem(r.get("memory"))))
+                      dur(r.get("time_left")), memory_cell(r)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
     if hidden:

@@ -312,6 +312,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),
     Option("heartbeat_ttl", "seconds", _seconds(False), 5,
            "a worker silent this long is declared lost; its nanny ends and replaces it", "both"),
+    # dask's distributed.worker.memory.target/spill/pause/terminate, with its defaults
+    Option("memory_target_fraction", "0 < x <= 1 or false", _fraction, 0.6,
+           "a worker writes stored results to disk (least recently used first) when they take more than "
+           "this fraction of its memory budget (false: never)", "both"),
+    Option("memory_spill_fraction", "0 < x <= 1 or false", _fraction, 0.7,
+           "a worker whose process memory is above this fraction of its budget writes results to disk until "
+           "it is below the target fraction (false: never)", "both"),
+    Option("memory_pause_fraction", "0 < x <= 1 or false", _fraction, 0.8,
+           "a worker above this fraction of its memory budget starts no new task until its memory falls "
+           "(false: never)", "both"),
     Option("memory_terminate_fraction", "0 < x <= 1 or false", _fraction, 0.95,
            "the nanny stops a worker above this fraction of its memory budget (false: never)", "both"),
     Option("memory_limit", "size", _size, None, "memory budget per worker; unset: memory / processes", "both",

@@ -24,6 +24,7 @@ from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
 from ..config import ConfigError, ResolvedConfig
+from ..worker.flags import memory_fraction_args
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -96,14 +97,10 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str) -> str:
     else:
         args += ["--host", "0.0.0.0"]
     args += ["--heartbeat-interval", f"{v['heartbeat_interval']:g}",
-             "--memory-terminate-fraction", _fraction_arg(v["memory_terminate_fraction"]),
+             *memory_fraction_args(v),
              "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
     args += list(v["worker_extra_args"])
     return " ".join(head) + " " + shlex.join(args)
-
-
-def _fraction_arg(value) -> str:
-    return "false" if value is False else f"{value:g}"
 
 
 def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> JobSpec:

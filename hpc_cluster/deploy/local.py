@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from ..units import parse_memory
+from ..worker.flags import memory_fraction_args
 from ..protocol.secret import SECRET_ENV, new_secret
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -59,7 +60,8 @@ def _wait_for(condition, timeout: float, what: str, check=None):
         delay = min(delay * 1.5, 0.2)
 
 
-KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_terminate_fraction",
+KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_target_fraction",
+         "memory_spill_fraction", "memory_pause_fraction", "memory_terminate_fraction",
          "versions", "max_message_bytes", "max_frame_bytes")
 
 
@@ -76,8 +78,11 @@ class LocalCluster:
     """Scheduler and workers on this machine.
 
     The fault-tolerance knobs (`allowed_failures`, `heartbeat_ttl`, `heartbeat_interval`,
-    `memory_terminate_fraction`, `versions`, `max_message_bytes`, `max_frame_bytes`) left
-    as None come from $HPC_CLUSTER_<KNOB> or the config files' `settings` (docs/configuration.md).
+    `memory_target_fraction`, `memory_spill_fraction`, `memory_pause_fraction`,
+    `memory_terminate_fraction` (dask's 0.6 / 0.7 / 0.8 / 0.95, False: off), `versions`,
+    `max_message_bytes`, `max_frame_bytes`) left as None come from $HPC_CLUSTER_<KNOB> or the
+    config files' `settings` (docs/configuration.md). `local_directory`, as in dask: where the
+    workers run and spill results to disk (default: the temp directory).
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -87,6 +92,8 @@ class LocalCluster:
                  heartbeat_ttl: float | None = None, heartbeat_interval: float | None = None,
                  memory_terminate_fraction: float | None = None, versions: str | None = None,
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
+                 memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
+                 memory_pause_fraction: float | None = None, local_directory: str | None = None,
                  **unknown):
         if unknown:
             import inspect
@@ -98,6 +105,8 @@ class LocalCluster:
         self.settings = cluster_settings(
             config, allowed_failures=allowed_failures, heartbeat_ttl=heartbeat_ttl,
             heartbeat_interval=heartbeat_interval, memory_terminate_fraction=memory_terminate_fraction,
+            memory_target_fraction=memory_target_fraction, memory_spill_fraction=memory_spill_fraction,
+            memory_pause_fraction=memory_pause_fraction,
             versions=versions, max_message_bytes=max_message_bytes, max_frame_bytes=max_frame_bytes)
         cpus = os.cpu_count() or 1
         self.n_workers = cpus if n_workers is None else int(n_workers)
@@ -109,6 +118,7 @@ class LocalCluster:
         else:
             self.memory_limit = parse_memory(memory_limit, "memory_limit")
         self.nanny, self.host, self.timeout = nanny, host, timeout
+        self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.resources = resources or {}
         self.secret = new_secret()
         self._tmp = tempfile.TemporaryDirectory(prefix="hpc-cluster-")
@@ -158,8 +168,9 @@ class LocalCluster:
                "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
                "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny",
                "--heartbeat-interval", str(self.settings["heartbeat_interval"]),
-               "--memory-terminate-fraction", str(self.settings["memory_terminate_fraction"] or "false"),
-               *self._limit_args()]
+               *memory_fraction_args(self.settings), *self._limit_args()]
+        if self.local_directory:
+            cmd += ["--local-directory", self.local_directory]
         if self.resources:
             cmd += ["--resources", " ".join(f"{k}={v}" for k, v in self.resources.items())]
         return cmd

@@ -4,11 +4,13 @@ Pure and table-driven. Evidence arrives in pieces: our own intent, the connectio
 nanny's exit report at once; the batch system's accounting record and the job's log tail
 seconds later. `diagnose` is simply called again with more evidence and may refine the
 verdict. The causes are the stable strings of DESIGN.md's table; only `memory-*` and
-`crash` blame the tasks that were executing.
+`crash` blame the tasks that were executing, and a memory death only when the running task's
+own growth explains it, never the results the worker held (see `memory_blame`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from dataclasses import dataclass, field
@@ -67,6 +69,10 @@ class Evidence:
     executing: list[str] = field(default_factory=list)
     registered: bool = True                # False: the job ended before its worker joined
     job_id: str | None = None
+    # The worker's memory as the scheduler knew it (evidence.memory_evidence): its limit and
+    # fractions, its last report (rss, peak_rss, managed results, spilled), its memory when
+    # the oldest running task started (start_rss, start_managed), the cluster's stored results.
+    memory: dict | None = None
 
 
 @dataclass
@@ -235,8 +241,146 @@ def diagnose(ev: Evidence) -> Verdict:
         if applies(ev):
             cause, text = build(ev)
             blame = cause in BLAMED and bool(ev.executing)
+            if cause in MEMORY_CAUSES:
+                picture = memory_picture(ev, cause)
+                blame = blame and picture.charged is not False
+                return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)), facts,
+                               memory_advice(picture, cause, blame))
             return Verdict(cause, blame, text, facts, ADVICE[cause])
     return Verdict("unknown", False, "no evidence about this death", facts, ADVICE["unknown"])
+
+
+# -- memory deaths: what the running task allocated vs what the worker held ------------------
+MEMORY_CAUSES = ("memory-batch", "memory-nanny")
+# A memory death is charged to the running task(s) only when their own growth (from the
+# oldest one's start to the death, less results stored meanwhile) explains it: at least as
+# much as the stored results the worker held in memory, and at least this share of its
+# limit. Results are the user's (persist, scatter) or the cluster's (inputs of other tasks),
+# never the running task's: a task that grew by a few MiB in a worker full of them is a
+# victim, and failing it would fail good work (issue 13: a 32 MB random chunk got a
+# TaskMemoryError in workers full of persisted results). Below a tenth of the limit a
+# task's growth is within the noise of a process's own memory (a fresh worker with numpy
+# takes ~100 MiB), too little to say it needs a bigger worker.
+TASK_MIN_SHARE = 0.1
+# Spilling's default target when a worker does not say (dask's distributed.worker.memory.target).
+DEFAULT_TARGET = 0.6
+
+
+@dataclass
+class MemoryPicture:
+    """The numbers of one memory death (bytes; None where unknown)."""
+
+    limit: int | None = None          # the worker's memory_limit (or the job's request)
+    at_death: int | None = None       # what the worker process had when it was ended (at least)
+    growth: int | None = None         # what the running task(s) added since the oldest started
+    start_rss: int | None = None      # the process when that task started
+    other: int | None = None          # memory at that start that was not stored results
+    held: int | None = None           # stored results in memory at the end (last report)
+    spilled: int | None = None        # stored results on disk
+    stored_total: int | None = None   # results all workers held
+    fractions: dict = field(default_factory=dict)
+    charged: bool | None = None       # None: not enough known to tell (charged, as before)
+
+    def story(self, blame: bool, executing: bool) -> str:
+        """What the verdict's text adds: how much the task grew and what the worker held."""
+        held = (f"it held {_size(self.held)} of stored results in memory"
+                + (f" ({_size(self.spilled)} more on disk)" if self.spilled else "")) if self.held else ""
+        if not executing or self.growth is None:
+            return f"; {held}" if held else ""
+        grew = f"the running task grew by {'' if blame else 'only '}{_size(self.growth)} " \
+               f"(from {_size(self.start_rss)} when it started)"
+        if blame:
+            return f"; {grew}" + (f"; {held}" if held else "")
+        if self.held and self.held >= (self.other or 0):
+            return f"; {held}, and {grew}: not the task's doing"
+        return f"; {grew}, and {_size(self.other)} of other memory (not results) was in use then: not the task's doing"
+
+
+def memory_picture(ev: Evidence, cause: str) -> MemoryPicture:
+    m, n, a = ev.memory or {}, _nanny(ev), _acct(ev)
+    p = MemoryPicture(limit=m.get("limit") or n.get("memory_limit") or a.get("requested_memory"),
+                      held=m.get("managed"), spilled=m.get("spilled") or None,
+                      stored_total=m.get("stored_total"), fractions=m.get("fractions") or {})
+    # The nanny samples the process 10 times a second; without it, the worker's own reports
+    # (every heartbeat), and the job's MaxRSS only when the worker is the whole job.
+    seen = [n.get("peak_rss")] if ev.nanny else [m.get("peak_rss"), m.get("rss")]
+    if not ev.nanny and not any(seen):
+        seen.append(a.get("max_rss"))
+    if cause == "memory-batch" and m.get("limit"):
+        # The kernel ends a process when its cgroup is full, and the worker's memory_limit is
+        # at most its cgroup's: samples taken before a fast allocation undercount it.
+        seen.append(m["limit"])
+    p.at_death = max((int(x) for x in seen if x), default=None)
+    start_rss, start_managed = m.get("start_rss"), m.get("start_managed")
+    if p.at_death is None or start_rss is None or not ev.executing:
+        return p
+    p.start_rss, p.other = start_rss, max(0, start_rss - (start_managed or 0))
+    # Results stored (or spilled, freeing memory) since the task started are not its growth.
+    p.growth = max(0, p.at_death - start_rss - ((p.held or 0) - (start_managed or 0)))
+    p.charged = p.growth >= (p.held or 0) and p.growth >= TASK_MIN_SHARE * (p.limit or 0)
+    return p
+
+
+# Sizes to ask for: decimal, as users write them (memory='3GB'), rounded up to a round number.
+_ROUND = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)
+
+
+def ask_for(nbytes: float) -> str:
+    """'3GB', '600MB', '1.5GB': at least `nbytes`, rounded up to a round size."""
+    exp = 10 ** max(0, math.floor(math.log10(max(nbytes, 1))))
+    step = next(r for r in _ROUND if r * exp >= nbytes)
+    size = step * exp
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:g}{unit}"
+    return f"{size:g}B"
+
+
+def _size(n) -> str:
+    return "0 B" if n == 0 else fmt_bytes(n)
+
+
+def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
+    """The fix for a memory death, with a number in it."""
+    limit = p.limit or p.at_death
+    if not limit:
+        return ADVICE[cause]              # nothing known of its memory: no number to give
+    if blame or (p.growth is None and not p.held):
+        # The task needs more than it got. It was stopped while still growing, so what it
+        # reached is a floor: ask for a quarter more than that (over the nanny's fraction)
+        # and at least half again the current limit.
+        terminate = p.fractions.get("terminate") or 0.95
+        need = ((p.other or 0) + p.growth) / terminate if p.growth is not None else 0
+        size = ask_for(max(1.25 * need, 1.5 * limit))
+        grew = (f"the running task grew by {_size(p.growth)} (the worker reached {_size(p.at_death)})"
+                if p.growth is not None else f"the worker reached {_size(p.at_death)}")
+        if cause == "memory-batch":
+            return (f"{grew}; memory= gives {_size(limit)} per worker: raise memory= to '{size}' or more "
+                    "per worker process (the job's request is shared by its processes), or make the task "
+                    "use less memory")
+        return (f"{grew}, over {terminate:.0%} of its memory_limit of {_size(limit)}: raise memory_limit "
+                f"to '{size}' or more per worker (memory= '{size}' per worker process on a batch cluster) or "
+                "memory_terminate_fraction, or make the task use less memory")
+    if p.held and p.held >= (p.other or 0):
+        f = p.fractions
+        target = f.get("target") or DEFAULT_TARGET
+        total = max(p.stored_total or 0, p.held + (p.spilled or 0))
+        workers = math.ceil(total / (target * limit))
+        if not f:
+            spill = "spill results to disk (memory_target_fraction, memory_spill_fraction), "
+        elif not (f.get("target") or f.get("spill")):
+            spill = ("turn spilling on (memory_target_fraction: 0.6, memory_spill_fraction: 0.7; this worker "
+                     "had both false), ")
+        else:
+            spill = "spilling did not keep up (check the free space of the workers' local_directory), "
+        return (f"stored results filled the worker ({_size(p.held)} in memory), not the running task: {spill}"
+                f"use at least {workers} workers of {_size(limit)} (the cluster holds {_size(total)} of results, "
+                f"and {target:.0%} of a worker's memory is for results), or persist less (client.persist and "
+                "dask.persist keep every chunk)")
+    return (f"the worker's memory was neither stored results ({_size(p.held or 0)}) nor the running task's "
+            f"growth ({_size(p.growth or 0)}): {_size(p.other)} was in use when the task started "
+            "(libraries, memory earlier tasks did not give back to the OS, or a leak); restart the workers "
+            f"(client.restart()) or raise memory_limit to '{ask_for(1.5 * limit)}' or more")
 
 
 def facts_of(ev: Evidence) -> list[str]:
@@ -268,6 +412,14 @@ def facts_of(ev: Evidence) -> list[str]:
         if steps:
             line += f" (steps: {', '.join(steps)})"
         out.append(line)
+    m = ev.memory or {}
+    if m.get("rss") is not None:
+        out.append(f"memory: the worker's last report: {_size(m['rss'])}"
+                   + (f" of {_size(m['limit'])} memory_limit" if m.get("limit") else "")
+                   + f", {_size(m.get('managed') or 0)} of results in memory, {_size(m.get('spilled') or 0)} "
+                     f"spilled to disk ({m.get('spilled_count') or 0} results)" + (", paused" if m.get("paused") else "")
+                   + (f"; {_size(m['start_rss'])} when the running task started"
+                      if m.get("start_rss") is not None and ev.executing else ""))
     for cause, _pattern in LOG_PATTERNS:
         hit = _log_says(ev, cause)
         if hit:

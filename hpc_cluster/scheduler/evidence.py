@@ -30,6 +30,26 @@ def _complete(record: dict) -> bool:
     return record.get("requested_memory") is not None and record.get("time_limit") is not None
 
 
+def memory_evidence(state: SchedulerState, ws) -> dict:
+    """What the scheduler knows of a worker's memory as it is lost: its limit and fractions,
+    its last report, its memory when the oldest running task started, and the results the
+    whole cluster holds. The diagnosis tells what a task allocated from what was held with it."""
+    out = {"limit": ws.memory_limit or None, "fractions": ws.info.get("memory_fractions") or {},
+           **ws.memory, "workers": len(state.workers),
+           "stored_total": sum(ts.nbytes for ts in state.tasks.values() if ts.state == "memory")}
+    started = [ts for ts in ws.executing if ts.start_memory]
+    if started:
+        first = min(started, key=lambda ts: ts.started_at or 0)
+        out["start_rss"] = first.start_memory.get("rss")
+        out["start_managed"] = first.start_memory.get("managed")
+        # A task that started after the last heartbeat knows more recent numbers.
+        latest = max(started, key=lambda ts: ts.started_at or 0)
+        if ws.memory_at is None or (latest.started_at or 0) > ws.memory_at:
+            out["managed"] = latest.start_memory.get("managed", out.get("managed"))
+            out["rss"] = max(out.get("rss") or 0, latest.start_memory.get("rss") or 0)
+    return out
+
+
 class EvidenceSource(Protocol):
     """What the batch layer offers (deploy's job manager); the scheduler imports no batch system."""
 
@@ -60,7 +80,8 @@ class EvidenceCollector:
         nanny_id = ws.info.get("nanny_id")
         ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
                       nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
-                      job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None)
+                      job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None,
+                      memory=memory_evidence(self.state, ws))
         if ev.nanny:
             ev.log_tail = list(ev.nanny.get("log_tail") or [])
         verdict = diagnose(ev)

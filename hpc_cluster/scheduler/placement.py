@@ -3,7 +3,15 @@
 A task goes to a worker with a free slot that (1) has the resources it asks for and
 (2) still has time for it (expected run x1.1 + 1 s) before the worker's job hits its walltime, judged from the
 duration the user gave (`submit(..., duration=)`) or the one learned from earlier tasks
-of the same function. Among those, the worker already holding most of its input bytes wins.
+of the same function. (Paused workers, over their memory's pause fraction, have no free
+slot: the state machine leaves them out.) Among those, in order:
+
+1. the worker already holding most of the task's input bytes: moving a result costs a
+   copy in a second worker's memory as well as the transfer;
+2. a worker with memory to spare: below its spill fraction rather than above it (there it
+   is writing results to disk to make room);
+3. the least busy (tasks per thread);
+4. the one with the most memory left (of its limit).
 """
 
 from __future__ import annotations
@@ -75,6 +83,21 @@ def has_time(expected: float | None, ws, now: float) -> bool:
     return now + expected * FIT_FACTOR + FIT_SLACK <= ws.deadline
 
 
+# Where a worker that did not say otherwise starts spilling (dask's distributed.worker.memory.spill).
+SPILL_FRACTION = 0.7
+
+
+def memory_room(ws) -> tuple[bool, float]:
+    """(below the fraction of its limit where it spills, the fraction of its limit still
+    free), from the worker's last memory report; a worker without a limit or a report has room."""
+    rss = ws.memory.get("rss")
+    if not ws.memory_limit or rss is None:
+        return True, 1.0
+    used = rss / ws.memory_limit
+    spill = (ws.info.get("memory_fractions") or {}).get("spill") or SPILL_FRACTION
+    return used <= spill, 1.0 - used
+
+
 def pick_worker(ts, free, expected: float | None, now: float):
     """The best worker for `ts` among `free` ones, or None if none fits (it waits)."""
     best, best_score = None, None
@@ -85,10 +108,50 @@ def pick_worker(ts, free, expected: float | None, now: float):
         for dep in ts.dependencies:
             if ws in dep.who_has:
                 local += dep.nbytes or 1
-        score = (local, -len(ws.processing) / ws.nthreads)
+        roomy, left = memory_room(ws)
+        score = (local, roomy, -len(ws.processing) / ws.nthreads, left)
         if best_score is None or score > best_score:
             best, best_score = ws, score
     return best
+
+
+# Moving a result costs its bytes over the network and a second copy in memory; waiting for
+# the worker that has them costs its queue. dask weighs the same two (its default bandwidth
+# estimate is 100 MB/s); below a megabyte moving is always cheaper than thinking about it.
+BANDWIDTH = 100e6
+LOCALITY_MIN_BYTES = 2**20
+UNKNOWN_DURATION = 0.5
+
+
+def wait_for_holder(ts, chosen, durations, now: float) -> bool:
+    """True when `ts` should wait for the busy worker holding most of its input bytes rather
+    than run on `chosen` (free) after copying them: the copy would take longer than the
+    holder's queue ahead of it. A paused or draining holder is not waited for."""
+    held: dict = {}
+    for dep in ts.dependencies:
+        for w in dep.who_has:
+            held[w] = held.get(w, 0) + (dep.nbytes or 0)
+    if not held:
+        return False
+    holder = max(held, key=held.get)
+    missing = held[holder] - held.get(chosen, 0)
+    if holder is chosen or missing < LOCALITY_MIN_BYTES or holder.paused or holder.draining:
+        return False
+    if ts.resources and not has_resources(ts, holder):
+        return False
+    if not has_time(expected_duration(ts, durations), holder, now):
+        return False
+    queued, running = 0.0, []
+    for other in holder.processing:
+        expected = expected_duration(other, durations)
+        expected = UNKNOWN_DURATION if expected is None else expected
+        if other.executing:
+            running.append(max(0.0, expected - (now - (other.started_at or now))))
+        else:
+            queued += expected
+    # Its threads are busy until the first running task ends (if all are busy), then the queue.
+    first_slot = min(running) if len(running) >= holder.nthreads else 0.0
+    return first_slot + queued / holder.nthreads < missing / BANDWIDTH
 
 
 def workload(state, unknown: float = 1.0) -> float:

@@ -27,6 +27,7 @@ class TaskState:
     error: dict | None = None
     attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
     started_at: float | None = None
+    start_memory: dict | None = None                 # the worker's memory as it started ({rss, managed})
     duration: float | None = None                    # seconds, as the user said (submit(duration=))
     replicas: int = 1                                # copies to keep (replicate); pinned
     copying: set = field(default_factory=set)        # workers fetching a replica now
@@ -53,6 +54,11 @@ class WorkerState:
     last_seen: float = 0.0
     deadline: float | None = None                    # when its job's walltime ends
     draining: bool = False                           # leaving before the deadline: no new tasks
+    # What its heartbeats say of its memory: rss, peak_rss (since the last), managed (results
+    # in memory), spilled / spilled_disk / spilled_count (results on disk), paused.
+    memory: dict = field(default_factory=dict)
+    memory_at: float | None = None                   # when that report came
+    paused: bool = False                             # over its pause fraction: no new tasks
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"

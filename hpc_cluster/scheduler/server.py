@@ -51,6 +51,29 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
+MEMORY_FIELDS = ("rss", "peak_rss", "managed", "spilled", "spilled_disk", "spilled_count")
+
+
+def _memory(value) -> dict | None:
+    """A worker's memory report (heartbeat, task-started): byte counts and `paused`; None if absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError("memory must be a map")
+    out = {k: int(v) for k, v in value.items() if k in MEMORY_FIELDS and isinstance(v, (int, float))}
+    if "paused" in value:
+        out["paused"] = bool(value["paused"])
+    return out
+
+
+def _fractions(value) -> dict | None:
+    """The worker's memory fractions (target, spill, pause, terminate): numbers, or False for off."""
+    if not isinstance(value, dict):
+        return None
+    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v else False)
+            for k, v in value.items() if k in ("target", "spill", "pause", "terminate")}
+
+
 def _deadline(info: dict) -> float | None:
     """When the worker must be gone: the earlier of its job's end (job start + walltime, as the
     job script recorded) and its lifetime's (`lifetime_end`: --lifetime, drawn by the worker).
@@ -245,7 +268,10 @@ class Scheduler:
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
                 "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),
                 "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start")),
-                "lifetime": _number(first.get("lifetime")), "lifetime_end": _number(first.get("lifetime_end"))}
+                "lifetime": _number(first.get("lifetime")), "lifetime_end": _number(first.get("lifetime_end")),
+                "memory_fractions": _fractions(first.get("memory_fractions")),
+                "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
+                else None}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=str(first.get("name") or addr), resources=first.get("resources") or {},
                               info=info, deadline=_deadline(info))
@@ -272,7 +298,7 @@ class Scheduler:
             if op == "task-finished":
                 st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0), _number(msg.get("duration")))
             elif op == "task-started":
-                st.task_started(addr, msg["key"], now)
+                st.task_started(addr, msg["key"], now, _memory(msg.get("memory")))
             elif op == "task-erred":
                 st.task_erred(addr, msg["key"], {"exception": msg.get("exception"),
                                                   "traceback": msg.get("traceback"),
@@ -290,7 +316,8 @@ class Scheduler:
             elif op == "replica-failed":
                 st.replica_failed(addr, msg["key"])
             elif op == "heartbeat":
-                pass
+                if msg.get("memory") is not None:
+                    st.worker_memory(addr, _memory(msg["memory"]), now)
             elif op == "goodbye":
                 return "goodbye"
             else:
@@ -448,5 +475,10 @@ class Scheduler:
         return [{"address": ws.address, "name": ws.name, "id": ws.name, "nthreads": ws.nthreads,
                  "memory_limit": ws.memory_limit, "resources": ws.resources,
                  "processing": len(ws.processing), "executing": len(ws.executing),
-                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info}
+                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info,
+                 "status": "paused" if ws.paused else "running", "memory": dict(ws.memory),
+                 # dask's names for the same numbers (scheduler_info()["workers"][addr]["metrics"])
+                 "metrics": {"memory": ws.memory.get("rss", 0), "managed_bytes": ws.memory.get("managed", 0),
+                             "spilled_bytes": {"memory": ws.memory.get("spilled", 0),
+                                               "disk": ws.memory.get("spilled_disk", 0)}}}
                 for ws in self.state.workers.values()]

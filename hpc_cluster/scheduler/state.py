@@ -27,7 +27,7 @@ from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
-from .placement import TaskDurations, expected_duration, pick_worker
+from .placement import TaskDurations, expected_duration, pick_worker, wait_for_holder
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
@@ -71,7 +71,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
         return ws.nthreads + len(ws.seceded) + self.prefetch
 
     def _update_free(self, ws: WorkerState) -> None:
-        if (ws.address in self.workers and not ws.draining
+        if (ws.address in self.workers and not ws.draining and not ws.paused
                 and len(ws.processing) + len(ws.abandoned) < self._capacity(ws)):
             self._free.add(ws)
         else:
@@ -96,6 +96,19 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
         ws = self.workers.get(address)
         if ws is not None:
             ws.last_seen = now
+
+    def worker_memory(self, address: str, memory: dict, now: float | None = None) -> None:
+        """A worker's memory report. A paused worker (over its pause fraction) gets no new
+        tasks until it says it resumed, as in dask; it handed back those it had not started."""
+        ws = self.workers.get(address)
+        if ws is None:
+            return
+        ws.memory, ws.memory_at = memory, now
+        paused = bool(memory.get("paused"))
+        if paused != ws.paused:
+            ws.paused = paused
+            self._update_free(ws)
+            self._schedule()
 
     def silent_workers(self, now: float, ttl: float) -> list[str]:
         return [a for a, ws in self.workers.items() if now - ws.last_seen > ttl]
@@ -173,12 +186,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 self._activate(ts)
 
     # -- worker reports ----------------------------------------------------------
-    def task_started(self, address: str, key: str, now: float | None = None) -> None:
+    def task_started(self, address: str, key: str, now: float | None = None, memory: dict | None = None) -> None:
         ts = self.tasks.get(key)
         ws = self.workers.get(address)
         if ts is not None and ws is not None and ts.processing_on is ws:
             ts.executing = True
-            ts.started_at = now
+            ts.started_at, ts.start_memory = now, memory
             ws.executing.add(ts)
 
     def task_seceded(self, address: str, key: str, seceded: bool = True) -> None:
@@ -410,6 +423,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                     self._err(ts, self._too_long_error(ts, expected))
                 else:
                     deferred.append((prio, key))      # waits for a worker with time (or a slot) for it
+                continue
+            if wait_for_holder(ts, ws, self.durations, self.now):
+                deferred.append((prio, key))          # its inputs' worker takes it when a slot frees
                 continue
             self._assign(ts, ws)
         for item in deferred:

@@ -15,6 +15,7 @@ import sys
 
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env
+from .store import MemoryFractions, tune_malloc
 from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
                     threads_per_worker)
@@ -236,12 +237,13 @@ def main(argv=None) -> int:
         child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart")
         return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
-                         lifetime_restart=args.lifetime_restart)
+                         lifetime_restart=args.lifetime_restart, local_directory=args.local_directory)
     from .worker import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
     # Only the crashing thread, so it stays short enough for the log tail.
     faulthandler.enable(all_threads=False)
+    tune_malloc()                          # freed results go back to the OS (worker/store.py)
     extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
              "job_walltime": _number(os.environ.get("HPC_CLUSTER_JOB_WALLTIME")),
              "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START")), **lifetime_info(args)}
@@ -249,7 +251,11 @@ def main(argv=None) -> int:
                       host=args.host, port=_ports(args.worker_port), resources=parse_resources(args.resources or ""),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
                       limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
-                      death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd))
+                      death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd),
+                      memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
+                                                            args.memory_pause_fraction,
+                                                            args.memory_terminate_fraction),
+                      local_directory=args.local_directory)
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     remove_pid_file(pid_file)              # os._exit skips atexit

@@ -324,6 +324,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--cluster-file", SUPPORTED, "cluster file with the scheduler's address and the secret", dask=False,
          metavar="PATH"),
     Flag("--heartbeat-interval", SUPPORTED, "seconds between heartbeats to the scheduler", _float, dask=False),
+    # dask's distributed.worker.memory.target/spill/pause/terminate, as flags (false: off)
+    Flag("--memory-target-fraction", SUPPORTED, "results held in memory above this fraction of "
+         "--memory-limit go to disk, least recently used first (false: never)", _fraction_or_false, dask=False),
+    Flag("--memory-spill-fraction", SUPPORTED, "when the process's memory is above this fraction of "
+         "--memory-limit, results go to disk until it is under the target fraction (false: never)",
+         _fraction_or_false, dask=False),
+    Flag("--memory-pause-fraction", SUPPORTED, "above this fraction of --memory-limit the worker starts no "
+         "new task until its memory falls (false: never)", _fraction_or_false, dask=False),
     Flag("--memory-terminate-fraction", SUPPORTED, "the nanny stops the worker at this fraction of "
          "--memory-limit (false: never)", _fraction_or_false, dask=False),
     Flag("--max-message-bytes", SUPPORTED, "largest message accepted", _int_at_least(1, "bytes"), dask=False),
@@ -344,6 +352,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "host": "127.0.0.1", "worker_port": None, "pid_file": None, "worker_class": None,
             "dashboard_address": None, "dashboard_prefix": None, "nanny_port": None, "scheduler": None,
             "cluster_file": None, "heartbeat_interval": 0.5, "memory_terminate_fraction": 0.95,
+            "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,
             "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
             "ready_fd": None}
 
@@ -408,6 +417,18 @@ def ignored_worker_args(args: list[str]) -> list[str]:
     """Notes on flags that are accepted but do nothing here (the worker logs them at start)."""
     seen = [BY_NAME[str(a).partition("=")[0]] for a in args if str(a).partition("=")[0] in BY_NAME]
     return [f"{f.name}: {f.text}" for f in dict.fromkeys(seen) if f.kind == IGNORED]
+
+
+MEMORY_FRACTIONS = ("target", "spill", "pause", "terminate")
+
+
+def memory_fraction_args(values: dict) -> list[str]:
+    """--memory-{target,spill,pause,terminate}-fraction from the settings (False: 'false')."""
+    out = []
+    for name in MEMORY_FRACTIONS:
+        value = values[f"memory_{name}_fraction"]
+        out += [f"--memory-{name}-fraction", "false" if value is False else f"{value:g}"]
+    return out
 
 
 def drop_flags(args: list[str], *names: str) -> list[str]:

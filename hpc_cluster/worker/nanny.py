@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME
 
 logger = logging.getLogger("hpc_cluster.nanny")
@@ -114,7 +115,8 @@ class ProcessTree:
 
 class Nanny:
     def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
-                 name: str | None = None, max_startup_failures: int = 5, lifetime_restart: bool = False):
+                 name: str | None = None, max_startup_failures: int = 5, lifetime_restart: bool = False,
+                 local_directory: str | None = None):
         self.child_argv = child_argv
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
@@ -122,6 +124,7 @@ class Nanny:
         self.id = uuid.uuid4().hex[:12]
         self.max_startup_failures = max_startup_failures
         self.lifetime_restart = lifetime_restart
+        self.local_directory = local_directory      # where the worker spills (store.spill_directory)
         self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
         self.reports: list[dict] = []
@@ -194,6 +197,9 @@ class Nanny:
                 break
         ended = time.time()
         code = exited.result()
+        # A worker that was killed (by us over its budget, by the kernel) could not remove
+        # its spill files; they are of no use to its successor.
+        remove_spill_directory(spill_directory(self.local_directory, pid))
         await asyncio.wait_for(pump, 5)
         try:
             registered = os.read(ready_r, 1) == b"1"
@@ -364,9 +370,11 @@ class SchedulerLink:
 
 
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
-              terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False) -> int:
+              terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
+              local_directory: str | None = None) -> int:
     async def main() -> int:
-        nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart)
+        nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
+                      local_directory=local_directory)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)

@@ -28,6 +28,7 @@ from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedE
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .sizeof import sizeof
+from .store import MONITOR_INTERVAL, MemoryFractions, MemoryManager
 
 logger = logging.getLogger("hpc_cluster.worker")
 
@@ -49,7 +50,8 @@ class Worker:
     def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
                  name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
-                 limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None):
+                 limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None,
+                 memory_fractions: MemoryFractions | None = None, local_directory: str | None = None):
         self.scheduler_address, self.secret = scheduler, secret
         self.nthreads, self.memory_limit = max(1, int(nthreads)), int(memory_limit or 0)
         self.name = name
@@ -59,7 +61,10 @@ class Worker:
         self.limits = limits or Limits()
         self.nanny = nanny
         self.extra_info = extra_info or {}
-        self.data: dict[str, object] = {}
+        # Results, ours and borrowed, in memory or spilled to disk (worker/store.py); the
+        # memory manager also decides when to pause. `nbytes`: the results that are ours.
+        self.memory = MemoryManager(self.memory_limit, memory_fractions, local_directory)
+        self.data = self.memory.store
         self.nbytes: dict[str, int] = {}
         self.borrowed: collections.Counter = collections.Counter()
         self.tasks: dict[str, _Task] = {}
@@ -97,12 +102,14 @@ class Worker:
         await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
                           "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
                           "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
-                          **self.extra_info})
+                          "memory_fractions": self.memory.fractions.as_dict(),
+                          "spill_directory": self.data.directory, **self.extra_info})
         reply = (await comm.read())[0]
         if reply.get("op") != "registered":
             raise ConnectionError(f"scheduler refused registration: {reply}")
         self._reader = asyncio.create_task(self._read_scheduler())
         self._beat = asyncio.create_task(self._heartbeat())
+        self._monitor = asyncio.create_task(self._watch_memory())
         context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
                                                  self._secede, self._rejoin))
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
@@ -138,7 +145,7 @@ class Worker:
         if report and self.scheduler is not None and not self.scheduler_comm.closed:
             self.scheduler.send({"op": "goodbye", "reason": reason})
             await self.scheduler.drain()
-        for t in (getattr(self, "_beat", None), getattr(self, "_reader", None)):
+        for t in (getattr(self, "_beat", None), getattr(self, "_reader", None), getattr(self, "_monitor", None)):
             if t is not None and t is not asyncio.current_task():
                 t.cancel()
         self.listener.stop()
@@ -146,12 +153,42 @@ class Worker:
         if self.scheduler is not None:
             self.scheduler_comm.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.data.close()                    # spill files go with the worker
         self.closed.set()
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            self.scheduler.send({"op": "heartbeat"})
+            self.scheduler.send({"op": "heartbeat", "memory": self.memory.report()})
+
+    # -- memory: spill, pause (worker/store.py has the policy) ------------------------------
+    async def _watch_memory(self) -> None:
+        """dask's memory monitor: pause over the pause fraction, spill over the spill fraction."""
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL)
+            try:
+                rss = self.memory.sample()
+                self._maybe_pause(rss)        # first: no task starts while we spill
+                if self.memory.spill_level(rss) is not None:
+                    self._maybe_pause(await self.memory.spill_down(rss))
+            except Exception:  # the monitor must outlive one bad look
+                logger.exception("memory monitor failed")
+
+    def _maybe_pause(self, rss: int) -> None:
+        if not self.memory.pause_changed(rss):
+            return
+        paused = self.memory.paused
+        logger.warning("worker at %s of memory: %s", self.memory.describe(rss),
+                       "pausing: no new tasks start until it falls below the pause fraction "
+                       f"({self.memory.fractions.pause:g})" if paused else "resuming")
+        # The scheduler stops (or resumes) sending tasks at once, not at the next heartbeat.
+        self.scheduler.send({"op": "heartbeat", "memory": self.memory.report()})
+        if paused:
+            # Tasks waiting here for a thread go back to the scheduler, for a worker with room
+            # (or for this one once it resumes): none is stranded on a worker that stays paused.
+            self._hand_back([k for k, ts in self.tasks.items() if ts.state == "ready"], paused=True)
+        else:
+            self._run_ready()
 
     # -- scheduler stream ----------------------------------------------------------
     async def _read_scheduler(self) -> None:
@@ -215,6 +252,9 @@ class Worker:
 
     def _make_ready(self, ts: _Task) -> None:
         ts.state = "ready"
+        if self.memory.paused:
+            self._hand_back([ts.key], paused=True)
+            return
         heapq.heappush(self.ready, (ts.priority, ts.key))
 
     def _free(self, keys) -> None:
@@ -228,15 +268,16 @@ class Worker:
             if key not in self.borrowed:
                 self.data.pop(key, None)
 
-    def _hand_back(self, keys) -> None:
-        """Draining: give back the tasks not started yet; started ones finish here."""
+    def _hand_back(self, keys, paused: bool = False) -> None:
+        """Draining (or paused): give back the tasks not started yet; started ones finish here."""
         given = []
         for key in keys:
             ts = self.tasks.get(key)
             if ts is not None and ts.state in ("fetching", "ready"):
                 self._forget_task(ts)
                 given.append(key)
-        self.scheduler.send({"op": "handed-back", "keys": given})
+        if given or not paused:
+            self.scheduler.send({"op": "handed-back", "keys": given})
 
     def _forget_task(self, ts: _Task) -> None:
         self.tasks.pop(ts.key, None)
@@ -270,7 +311,8 @@ class Worker:
         try:
             reply = await self.request(holder, {"op": "get-data", "keys": keys})
             for k, blob in reply["data"].items():
-                self.data[k] = serialize.loads_value(blob)
+                if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
+                    self.data[k] = serialize.loads_value(blob)
             fut.set_result(reply.get("missing") or [])
         except Exception as exc:
             logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
@@ -306,9 +348,7 @@ class Worker:
                 logger.warning("could not copy %r from %s: %s", key, holder, exc)
                 continue
             if key in reply["data"]:
-                value = serialize.loads_value(reply["data"][key])
-                self.data[key] = value
-                self.nbytes[key] = sizeof(value)
+                self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]))
                 self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
                 return
         self.scheduler.send({"op": "replica-failed", "key": key})
@@ -327,14 +367,16 @@ class Worker:
             self._take_slot_again(key)
             event.set()
         starting = []
-        while self.ready and self._busy() < self.nthreads:
+        while self.ready and self._busy() < self.nthreads and not self.memory.paused:
             _, key = heapq.heappop(self.ready)
             ts = self.tasks.get(key)
             if ts is None or ts.state != "ready":
                 continue
             ts.state = "executing"
             self.executing.add(key)
-            self.scheduler.send({"op": "task-started", "key": key})
+            if not starting:
+                start = self.memory.at_task_start()
+            self.scheduler.send({"op": "task-started", "key": key, "memory": start})
             starting.append(ts)
         if starting:
             # Put "started" on the wire before the task can crash this process: the
@@ -383,7 +425,7 @@ class Worker:
                 func = self.functions.get(ts.func)
             args, kwargs = serialize.loads_args(ts.args, self.data.__getitem__)
             result = func(*args, **kwargs)
-            outcome = ("ok", result, sizeof(result))
+            outcome = ("ok", result, sizeof(result))       # measured here, off the event loop
         except BaseException as exc:  # the user's exception, whatever it is, goes to the client
             outcome = ("error", exc, tb_module.format_exc())
         finally:
@@ -406,8 +448,7 @@ class Worker:
                 self.scheduler.send({"op": "abandoned-done", "key": ts.key})
                 continue
             if outcome[0] == "ok":
-                self.data[ts.key] = outcome[1]
-                self.nbytes[ts.key] = outcome[2]
+                self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2])
                 self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
                                      "duration": duration})
             else:
@@ -431,21 +472,18 @@ class Worker:
                     keys = msg.get("keys")
                     if not isinstance(keys, list):
                         raise ProtocolError("get-data needs a list of keys")
-                    data, missing = {}, []
-                    for k in keys:
-                        if k in self.data:
-                            data[k] = serialize.dumps_value(self.data[k])
-                        else:
-                            missing.append(k)
+                    if any(self.data.is_spilled(k) for k in keys):
+                        # Read from disk in a thread: the event loop keeps serving meanwhile.
+                        data, missing = await self.loop.run_in_executor(None, self._payloads, keys)
+                    else:
+                        data, missing = self._payloads(keys)
                     await comm.write({"op": "data", "data": data, "missing": missing})
                 elif op == "put-data":
                     items = msg.get("data")
                     if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
                         raise ProtocolError("put-data needs a map of keys to payloads")
                     for k, blob in items.items():
-                        value = serialize.loads_value(blob)
-                        self.data[k] = value
-                        self.nbytes[k] = sizeof(value)
+                        self.nbytes[k] = self.data.put(k, serialize.loads_value(blob))
                     await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
                 elif op == "ping":
                     await comm.write({"op": "pong", "address": self.address})
@@ -455,6 +493,17 @@ class Worker:
                     await comm.write({"op": "logs", "lines": lines})
                 else:
                     raise ProtocolError(f"unknown op {op!r} on the worker's port")
+
+
+    def _payloads(self, keys: list) -> tuple[dict, list]:
+        """Results for a peer or a client, as they travel; spilled ones straight from their files."""
+        data, missing = {}, []
+        for k in keys:
+            try:
+                data[k] = self.data.payload(k)
+            except KeyError:
+                missing.append(k)
+        return data, missing
 
 
 EXIT_LOST_SCHEDULER = 4        # the nanny restarts on this one; 0 and 3 end it

@@ -90,8 +90,15 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
                 and ln.split()[0] in job_ids}
         assert set(rows) == job_ids
         for jid, cols in rows.items():
-            assert cols[1] == "running" and cols[2] == worker_of[jid] and cols[-1] == "1GB"
+            # MEMORY: what the job's worker uses now, of what the job asked for
+            assert cols[1] == "running" and cols[2] == worker_of[jid] and cols[-3:-1] == ["of", "1GB"], cols
+            assert re.fullmatch(r"\d+(\.\d)?MB", cols[-4]), cols
         assert "2 worker(s) connected" in status.stdout and "no worker deaths" in status.stdout
+        as_json = cli("status", "t-cli", "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        data = json.loads(as_json.stdout)
+        assert {r["job_id"] for r in data["jobs"] if r["state"] == "running"} == job_ids
+        assert all(r["memory_used"] > 10**7 and r["spilled"] == 0 for r in data["jobs"]) and data["deaths"] == []
 
         listed = cli("list")
         assert listed.returncode == 0 and re.search(rf"^t-cli\s+tcp://\S+\s+slurm\s+t\s+{pid}\s+2 running",

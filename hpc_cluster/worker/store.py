@@ -1,0 +1,490 @@
+"""The worker's results: in memory while they fit, the least recently used ones in files.
+
+dask's SpillBuffer in spirit (distributed/spill.py), and its thresholds
+(distributed/worker_memory.py), by the same names and defaults:
+
+- target (0.6): when the results held in memory (their `sizeof`, "managed" memory) add up to
+  more than target x memory limit, the least recently used go to a file each;
+- spill (0.7): when the whole process (its RSS) is above spill x limit, results go to disk,
+  least recently used first, until the process is back under target x limit (or
+  spill x limit when target is off);
+- pause (0.8): above it the worker starts no new task until its memory falls again;
+- terminate (0.95): the nanny's kill (worker/nanny.py), the last resort.
+
+Each can be False (off). A spilled result comes back into memory when a task reads it; a
+peer or client that asks for it gets the file's bytes as they are (no unpickling, no
+unspilling). Values are written as `serialize.dumps_value` makes them, the pickle stream
+and each out-of-band buffer (numpy/pandas data) as they are, so an array goes from its own
+memory to the file without an extra copy and is read back into a buffer of its own.
+
+Thread-safe: task threads read their inputs through it while the event loop stores results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..protocol import serialize
+from ..protocol.frames import Opaque
+from .sizeof import sizeof
+
+logger = logging.getLogger("hpc_cluster.worker.memory")
+
+MONITOR_INTERVAL = 0.1          # seconds between the memory monitor's looks (dask's monitor-interval)
+SPILL_DIRECTORY = "hpc-cluster-spill"
+
+
+@dataclass(frozen=True)
+class MemoryFractions:
+    """dask's distributed.worker.memory.target/spill/pause/terminate; False: off."""
+
+    target: float | bool = 0.6
+    spill: float | bool = 0.7
+    pause: float | bool = 0.8
+    terminate: float | bool = 0.95
+
+    @classmethod
+    def read(cls, target=0.6, spill=0.7, pause=0.8, terminate=0.95) -> "MemoryFractions":
+        """From the worker's flags, where 0 stands for false."""
+        return cls(*(float(x) if x else False for x in (target, spill, pause, terminate)))
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "spill": self.spill, "pause": self.pause, "terminate": self.terminate}
+
+
+def spill_directory(base: str | None, pid: int) -> str:
+    """Where worker `pid` spills: under its local directory (its working directory with
+    --local-directory) or the node's temp directory. Known from the host and pid alone, so
+    the nanny can remove what a worker it saw die left behind; the host name keeps workers of
+    two nodes apart in a local directory that is shared after all."""
+    return os.path.join(base or tempfile.gettempdir(), f"{SPILL_DIRECTORY}-{socket.gethostname()}-{pid}")
+
+
+def remove_spill_directory(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the files: u64 count | u64 length per part | the parts (pickle stream, buffers) -----------
+_U64 = struct.Struct("<Q")
+
+
+def write_parts(path: str, payload: Opaque) -> int:
+    parts = (payload.data, *payload.buffers)
+    head = _U64.pack(len(parts)) + b"".join(_U64.pack(memoryview(p).nbytes) for p in parts)
+    with open(path, "wb") as f:
+        f.write(head)
+        for part in parts:              # large buffers go to the kernel from their own memory
+            f.write(part)
+    return len(head) + sum(memoryview(p).nbytes for p in parts)
+
+
+def read_parts(path: str) -> Opaque:
+    with open(path, "rb", buffering=0) as f:
+        count = _U64.unpack(_read_exactly(f, 8))[0]
+        lengths = [_U64.unpack(_read_exactly(f, 8))[0] for _ in range(count)]
+        parts = [_read_exactly(f, n) for n in lengths]
+    return Opaque(bytes(parts[0]), parts[1:])
+
+
+def _read_exactly(f, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            raise OSError(f"spill file {f.name} is truncated")
+        got += k
+    return buf
+
+
+class SpillStore:
+    """Results by key: `fast` in memory (least recently used first), `slow` in files.
+
+    `target` is the managed memory (bytes) above which results are spilled on insert (None:
+    only when asked, by `evict`); `directory` None turns spilling off (a plain dict)."""
+
+    def __init__(self, directory: str | None = None, target: int | None = None):
+        self.directory = directory
+        self.target = target or None
+        self.fast: OrderedDict[str, object] = OrderedDict()
+        self.weight: dict[str, int] = {}              # sizeof of every result, in memory or not
+        self.slow: dict[str, tuple[str, int]] = {}     # key -> (file, bytes on disk)
+        self.memory_bytes = 0                          # managed memory: sizeof of `fast`
+        self.spilled_bytes = 0                         # sizeof of `slow` (what it takes in memory)
+        self.disk_bytes = 0                            # the files' sizes
+        self.spills = 0                                # results written to disk, ever
+        self.unspills = 0                              # results read back into memory, ever
+        # A spilled value that something still holds (a running task's input) is that same
+        # object when read again, not a second copy (dask's zict.Cache over a WeakValueMapping).
+        self._alive: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._unpicklable: set[str] = set()
+        self._names = itertools.count()
+        self._lock = threading.RLock()
+        self._made_directory = False
+
+    # -- the mapping ---------------------------------------------------------------------
+    def __contains__(self, key) -> bool:
+        return key in self.fast or key in self.slow
+
+    def __len__(self) -> int:
+        return len(self.fast) + len(self.slow)
+
+    def __iter__(self):
+        with self._lock:
+            return iter([*self.fast, *self.slow])
+
+    def keys(self):
+        return list(self)
+
+    def __setitem__(self, key: str, value) -> None:
+        self.put(key, value)
+
+    def __getitem__(self, key: str):
+        return self.get(key)
+
+    def __delitem__(self, key: str) -> None:
+        if not self.discard(key):
+            raise KeyError(key)
+
+    def pop(self, key: str, default=None):
+        """Forget `key`; returns `default` (not the value: reading it back from disk to
+        return it would cost for nothing)."""
+        self.discard(key)
+        return default
+
+    def put(self, key: str, value, nbytes: int | None = None) -> int:
+        """Store a result; returns its size. May spill older ones (or this one, if it alone
+        is larger than the target)."""
+        weight = sizeof(value) if nbytes is None else int(nbytes)
+        with self._lock:
+            self.discard(key)
+            self.weight[key] = weight
+            if self.directory is not None and self.target is not None and weight > self.target \
+                    and self._write(key, value):
+                return weight                          # too large to keep: straight to disk, as dask
+            self.fast[key] = value
+            self.memory_bytes += weight
+            self._evict_to(self.target)
+        return weight
+
+    def get(self, key: str):
+        """The value, read back into memory if it was spilled (for a task's input)."""
+        with self._lock:
+            if key in self.fast:
+                self.fast.move_to_end(key)
+                return self.fast[key]
+            entry = self.slow.get(key)
+            if entry is None:
+                raise KeyError(key)
+            value = self._alive.get(key)
+        if value is None:
+            # Read outside the lock: the event loop may store results meanwhile. A file
+            # removed under us (released) was still open or is gone: KeyError either way.
+            try:
+                value = serialize.loads_value(read_parts(entry[0]))
+            except FileNotFoundError:
+                raise KeyError(key) from None
+        with self._lock:
+            if self.slow.get(key) is entry:
+                self._unspill(key, value, entry)
+        return value
+
+    def payload(self, key: str) -> Opaque:
+        """The value as `dumps_value` makes it, for a peer or a client: a spilled one is sent
+        from its file as it is (neither unpickled nor brought back into memory)."""
+        with self._lock:
+            if key in self.fast:
+                self.fast.move_to_end(key)
+                value = self.fast[key]
+            else:
+                entry = self.slow.get(key)
+                if entry is None:
+                    raise KeyError(key)
+                value = self._alive.get(key)
+                if value is None:
+                    path = entry[0]
+        if value is not None:
+            return serialize.dumps_value(value)
+        try:
+            return read_parts(path)
+        except FileNotFoundError:
+            raise KeyError(key) from None
+
+    def is_spilled(self, key: str) -> bool:
+        return key in self.slow
+
+    def discard(self, key: str) -> bool:
+        with self._lock:
+            self._unpicklable.discard(key)
+            if key in self.fast:
+                del self.fast[key]
+                self.memory_bytes -= self.weight.pop(key)
+                return True
+            entry = self.slow.pop(key, None)
+            if entry is None:
+                return False
+            self._forget_file(key, entry)
+            del self.weight[key]
+            return True
+
+    # -- spilling ------------------------------------------------------------------------
+    def evict(self) -> int:
+        """Spill the least recently used result that can be spilled; its size, or -1 when
+        nothing could be (spilling off, nothing in memory, disk full, unpicklable)."""
+        if self.directory is None:
+            return -1
+        with self._lock:
+            for key in list(self.fast):
+                if key in self._unpicklable:
+                    continue
+                weight = self.weight[key]
+                if self._spill(key):
+                    return weight
+                if key not in self._unpicklable:
+                    return -1                 # the disk refused: the next one would fare no better
+        return -1
+
+    def close(self) -> None:
+        """Remove every file (the worker is ending)."""
+        with self._lock:
+            for key, entry in list(self.slow.items()):
+                self._forget_file(key, entry)
+            self.slow.clear()
+            if self.directory is not None and self._made_directory:
+                remove_spill_directory(self.directory)
+
+    def metrics(self) -> dict:
+        return {"managed": self.memory_bytes, "spilled": self.spilled_bytes, "spilled_disk": self.disk_bytes,
+                "spilled_count": len(self.slow)}
+
+    # -- internals (under the lock) ---------------------------------------------------------
+    def _evict_to(self, limit: int | None) -> None:
+        if limit is None or self.directory is None:
+            return
+        while self.memory_bytes > limit and self.fast:
+            if self.evict() < 0:
+                return
+
+    def _spill(self, key: str) -> bool:
+        value = self.fast[key]
+        if not self._write(key, value):
+            return False
+        del self.fast[key]
+        self.memory_bytes -= self.weight[key]
+        return True
+
+    def _write(self, key: str, value) -> bool:
+        """Write `value` to a new file and record it as spilled; False if it cannot be."""
+        try:
+            payload = serialize.dumps_value(value)
+        except Exception as exc:
+            self._unpicklable.add(key)
+            logger.error("cannot spill %r to disk (keeping it in memory): it does not pickle: %s: %s",
+                         key, type(exc).__name__, exc)
+            return False
+        if not self._made_directory:
+            os.makedirs(self.directory, exist_ok=True)
+            self._made_directory = True
+        path = os.path.join(self.directory, str(next(self._names)))
+        try:
+            size = write_parts(path, payload)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            logger.error("spilling to %s failed (keeping results in memory): %s", self.directory, exc)
+            return False
+        self.slow[key] = (path, size)
+        self.spilled_bytes += self.weight[key]
+        self.disk_bytes += size
+        self.spills += 1
+        try:
+            self._alive[key] = value
+        except TypeError:            # ints, tuples, dicts... cannot be weakly referenced
+            pass
+        return True
+
+    def _unspill(self, key: str, value, entry) -> None:
+        """A task read a spilled value: keep it in memory again (unless it alone is larger
+        than the target), dropping its file, and spill others if that is too much."""
+        weight = self.weight.get(key, 0)
+        if self.target is not None and weight > self.target:
+            try:
+                self._alive[key] = value
+            except TypeError:
+                pass
+            return
+        del self.slow[key]
+        self._forget_file(key, entry)
+        self.fast[key] = value
+        self.memory_bytes += weight
+        self.unspills += 1
+        self._evict_to(self.target)
+
+    def _forget_file(self, key: str, entry) -> None:
+        """The file of a result no longer in `slow` (its weight still recorded)."""
+        path, size = entry
+        self.spilled_bytes -= self.weight[key]
+        self.disk_bytes -= size
+        self._alive.pop(key, None)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+class MemoryManager:
+    """A worker's memory policy: its store, its limit and fractions, and whether it is paused.
+
+    The worker's monitor calls `sample` every MONITOR_INTERVAL, `pause_changed` and
+    `spill_level`; what it reports to the scheduler is `report` (and `at_task_start` with
+    every task it starts: the scheduler's diagnosis compares those with the memory at a death
+    to tell what a running task allocated from what the worker held)."""
+
+    def __init__(self, limit: int = 0, fractions: MemoryFractions | None = None,
+                 local_directory: str | None = None, pid: int | None = None):
+        import psutil
+        self.limit = int(limit or 0)
+        self.fractions = fractions or MemoryFractions()
+        f = self.fractions
+        spilling = bool(self.limit) and bool(f.target or f.spill)
+        directory = spill_directory(local_directory, pid or os.getpid()) if spilling else None
+        # target off but spill on: only the process-memory rule spills (dask: target = maxsize)
+        target = int(self.limit * f.target) if self.limit and f.target else None
+        self.store = SpillStore(directory, target)
+        self.paused = False
+        self._process = psutil.Process(pid or os.getpid())
+        self.rss = self.read_rss()
+        self.peak = self.rss                  # the most seen since the last report
+        self._quiet_until = 0.0               # no second "nothing to spill" warning before then
+
+    def read_rss(self) -> int:
+        try:
+            return self._process.memory_info().rss
+        except Exception:             # psutil.Error; never let the monitor die of it
+            return 0
+
+    def sample(self) -> int:
+        self.rss = self.read_rss()
+        self.peak = max(self.peak, self.rss)
+        return self.rss
+
+    def _level(self, fraction) -> int | None:
+        return int(self.limit * fraction) if self.limit and fraction else None
+
+    def pause_changed(self, rss: int) -> bool:
+        """Pause above the pause fraction, resume at or below it; True when that flips."""
+        level = self._level(self.fractions.pause)
+        paused = level is not None and rss > level
+        if paused == self.paused:
+            return False
+        self.paused = paused
+        return True
+
+    def spill_level(self, rss: int) -> int | None:
+        """Spill down to this many bytes of process memory now, or None: the process is over
+        the spill fraction (dask's hysteresis: spill from `spill` down to `target`)."""
+        start = self._level(self.fractions.spill)
+        if start is None or self.store.directory is None or rss <= start:
+            return None
+        return self._level(self.fractions.target) or start
+
+    async def spill_down(self, rss: int) -> int:
+        """Over the spill fraction: spill results, least recently used first, until the
+        process is under the target (dask's hysteresis); the process's memory after."""
+        level = self.spill_level(rss)
+        spilled, count, trimmed = 0, 0, False
+        while level is not None and rss > level:
+            weight = self.store.evict()
+            if weight < 0 and not trimmed:
+                # Freed results may still sit in the heap: hand them back and look again.
+                trim_malloc()
+                trimmed, rss = True, self.sample()
+                continue
+            if weight < 0:
+                # Nothing left to spill and still over: the memory is not results.
+                now = time.monotonic()
+                if now > self._quiet_until:
+                    self._quiet_until = now + 300
+                    logger.warning("memory is high but no result is left to spill (%s; %s of results in "
+                                   "memory): unmanaged memory, taken by running tasks, libraries, or not "
+                                   "given back to the OS", self.describe(rss), _mib(self.store.memory_bytes))
+                break
+            spilled, count = spilled + weight, count + 1
+            rss = self.sample()
+            await asyncio.sleep(0)            # writing takes a while: let messages through meanwhile
+        if count and not trimmed and rss > level:
+            trim_malloc()
+            rss = self.sample()
+        if count:
+            logger.debug("spilled %d results (%s) to disk; memory now %s", count, _mib(spilled), self.describe(rss))
+        return rss
+
+    def report(self) -> dict:
+        """What the heartbeat carries: the process's memory now and at most since the last
+        report, results in memory and on disk, whether paused."""
+        rss = self.sample()
+        out = {"rss": rss, "peak_rss": self.peak, "paused": self.paused, **self.store.metrics()}
+        self.peak = rss
+        return out
+
+    def at_task_start(self) -> dict:
+        """Memory as a task starts: the baseline against which its growth is measured."""
+        return {"rss": self.sample(), "managed": self.store.memory_bytes}
+
+    def describe(self, rss: int) -> str:
+        return f"{_mib(rss)} of {_mib(self.limit)} ({rss / self.limit:.0%})" if self.limit else _mib(rss)
+
+
+# -- giving freed memory back to the OS (glibc) ---------------------------------------------
+# glibc keeps freed memory for reuse: after a 25 MB array is freed, its dynamic threshold
+# moves so later arrays up to 32 MiB come from the heap, and a heap rarely shrinks. A worker
+# that spilled every result could then stay over its pause fraction for ever with nothing
+# left to spill (two such workers deadlock a computation). dask sets MALLOC_TRIM_THRESHOLD_
+# in its nanny's environment for the same reason; mallopt does it from inside the process,
+# so a --no-nanny worker gets it too. A value the user set in the environment wins.
+TRIM_THRESHOLD = 65536
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def tune_malloc() -> bool:
+    """Make freed memory go back to the OS promptly; False where that is not glibc's to do."""
+    libc = _libc()
+    if libc is None:
+        return False
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)   # fixed: large results always in their own mmaps
+    return True
+
+
+def trim_malloc() -> None:
+    """Give the heap's free memory back to the OS now (after spilling freed results)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
