@@ -26,6 +26,10 @@ def slow(x, delay=1.0):
     return x
 
 
+def slow_plus(x, y, delay=1.0):
+    return slow(x + y, delay)
+
+
 def segfault(x):
     import ctypes
     ctypes.string_at(0)
@@ -195,8 +199,11 @@ def test_results_lost_with_a_worker_are_recomputed_from_lineage():
 
 def test_only_executing_tasks_are_charged_not_queued_ones():
     with LocalCluster(n_workers=1, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
+        base = c.submit(int, 0)
+        assert base.result(30) == 0
         bad = c.submit(segfault, 0)
-        queued = [c.submit(slow, i, 0.05, pure=False) for i in range(4)]
+        # tasks with an input are prefetched behind it (root tasks would wait for a thread)
+        queued = [c.submit(slow_plus, base, i, 0.05, pure=False) for i in range(4)]
         with pytest.raises(KilledWorker):
             bad.result(60)
         assert c.gather(queued) == list(range(4))

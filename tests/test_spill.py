@@ -265,7 +265,7 @@ def hold_until(path: str, nbytes: int) -> float:
     return time.time()
 
 
-def started_at() -> float:
+def started_at(*_inputs) -> float:
     return time.time()
 
 
@@ -303,8 +303,11 @@ def test_tasks_queued_on_a_worker_that_pauses_go_back_to_the_scheduler(tmp_path)
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB", memory_pause_fraction=0.5,
                       memory_target_fraction=False, memory_spill_fraction=False) as cluster, \
             Client(cluster) as client:
+        ready = client.submit(int, 0)
+        assert ready.result(timeout=30) == 0
         holder = client.submit(hold_until, str(release), 250 * MB, pure=False)
-        queued = [client.submit(started_at, pure=False) for _ in range(2)]    # prefetched behind it
+        # prefetched behind it: tasks with an input (a root task would wait for a thread)
+        queued = [client.submit(started_at, ready, pure=False) for _ in range(2)]
         wait_until(lambda: all(w["status"] == "paused" for w in client.scheduler_info()["workers"].values()),
                    30, "the worker to pause")
         wait_until(lambda: all("(queued)" in client.why(f) for f in queued), 10,

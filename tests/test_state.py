@@ -20,7 +20,7 @@ def ops(out, to, op):
 
 
 def test_tasks_wait_at_the_scheduler_not_on_a_worker():
-    s = SchedulerState(prefetch=1)
+    s = SchedulerState(prefetch=1, queue_roots=False)
     s.add_worker("w1", nthreads=2, now=0)
     s.update_graph("c", [task(f"t{i}") for i in range(10)], [f"t{i}" for i in range(10)])
     out = s.take_outbox()
@@ -30,6 +30,31 @@ def test_tasks_wait_at_the_scheduler_not_on_a_worker():
     out = s.take_outbox()
     assert computes(out, "w1") == ["t3"]
     assert ops(out, "c", "key-in-memory")[0]["key"] == "t0"
+
+
+def test_root_tasks_wait_for_a_thread_and_their_dependents_are_prefetched():
+    # dask's root-task queuing: a task without inputs goes to a worker only when a thread is
+    # open, so results are not made faster than their dependents use them; a dependent still
+    # takes a prefetch slot, and very short root tasks (learned) are prefetched as before.
+    s = SchedulerState(prefetch=2)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task(f"r{i}") for i in range(4)] + [task("d0", deps=["r0"])],
+                   [f"r{i}" for i in range(4)] + ["d0"])
+    assert computes(s.take_outbox(), "w1") == ["r0"]
+    s.task_started("w1", "r0", now=0)
+    s.task_finished("w1", "r0", nbytes=8, duration=0.5)
+    assert computes(s.take_outbox(), "w1") == ["r1", "d0"]            # one root (its thread), the dependent prefetched
+    s.task_started("w1", "d0", now=0)
+    assert computes(s.take_outbox(), "w1") == []
+    # roots learned to take under SHORT_ROOT are prefetched up to nthreads + prefetch
+    s2 = SchedulerState(prefetch=2)
+    s2.add_worker("w1", nthreads=1, now=0)
+    keys = [f"f-{i:032x}" for i in range(6)]                  # one function: one learned duration
+    s2.update_graph("c", [task(keys[0])], keys[:1])
+    s2.take_outbox()
+    s2.task_finished("w1", keys[0], nbytes=8, duration=0.001)
+    s2.update_graph("c", [task(k) for k in keys[1:]], keys[1:])
+    assert computes(s2.take_outbox(), "w1") == keys[1:4]
 
 
 def test_priority_then_submission_order():
@@ -129,7 +154,7 @@ def test_retries_rerun_before_failing():
 
 
 def test_worker_death_charges_only_executing_tasks():
-    s = SchedulerState(prefetch=2, allowed_failures=0)
+    s = SchedulerState(prefetch=2, allowed_failures=0, queue_roots=False)
     s.add_worker("w1", nthreads=1, now=0)
     s.update_graph("c", [task("run"), task("queued1"), task("queued2")], ["run", "queued1", "queued2"])
     s.take_outbox()

@@ -107,6 +107,7 @@ class ClientsMixin:
         holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
         self.tasks.clear()
         self._ready.clear()
+        self._roots.clear()
         for ws in self.workers.values():
             ws.abandoned |= {t.key for t in ws.executing}
             ws.processing.clear()

@@ -98,11 +98,29 @@ def memory_room(ws) -> tuple[bool, float]:
     return used <= spill, 1.0 - used
 
 
-def pick_worker(ts, free, expected: float | None, now: float):
-    """The best worker for `ts` among `free` ones, or None if none fits (it waits)."""
+# Root tasks (no inputs) wait at the scheduler until a worker has a thread for them, as with
+# dask's root-task queuing (worker-saturation): prefetching them would make results faster
+# than their dependents can consume them (a 20000^2 array's chunks piled up on the workers).
+# Tasks this short are still prefetched: for them the round trip is the cost.
+SHORT_ROOT = 0.005
+
+
+def is_queued_root(ts, expected: float | None) -> bool:
+    return not ts.dependencies and (expected is None or expected >= SHORT_ROOT)
+
+
+def has_open_thread(ws) -> bool:
+    return len(ws.processing) < ws.nthreads + len(ws.seceded)
+
+
+def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool = False):
+    """The best worker for `ts` among `free` ones, or None if none fits (it waits).
+    `queue_root`: only a worker with a thread open will do (is_queued_root)."""
     best, best_score = None, None
     for ws in free:
         if ws.draining or (ts.resources and not has_resources(ts, ws)) or not has_time(expected, ws, now):
+            continue
+        if queue_root and not has_open_thread(ws):
             continue
         local = 0
         for dep in ts.dependencies:

@@ -27,24 +27,28 @@ from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
-from .placement import TaskDurations, expected_duration, pick_worker, wait_for_holder
+from .placement import (TaskDurations, expected_duration, has_open_thread, is_queued_root, pick_worker,
+                        wait_for_holder)
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
 
 class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
-    def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3):
+    def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
+                 queue_roots: bool = True):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
         self.clients: set[str] = set()
         self.allowed_failures = allowed_failures
         self.walltime_failures = walltime_failures       # innocent, but never going to fit
         self.prefetch = prefetch
+        self.queue_roots = queue_roots               # root tasks wait for a thread (placement.SHORT_ROOT)
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
         self.replicated: set[str] = set()            # keys client.replicate() asked copies of
-        self._ready: list = []                       # heap of (priority, key)
+        self._ready: list = []                       # heap of (priority, key): tasks with inputs
+        self._roots: list = []                       # the same for tasks without (they may wait for a thread)
         self._seq = itertools.count()
         self._free: set[WorkerState] = set()         # workers with a free slot
         self.durations = TaskDurations()
@@ -309,7 +313,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
 
     def _queue(self, ts: TaskState) -> None:
         ts.state = "queued"
-        heapq.heappush(self._ready, (ts.priority, ts.key))
+        heapq.heappush(self._roots if not ts.dependencies else self._ready, (ts.priority, ts.key))
+
+    def _next_ready(self, roots_open: bool) -> list | None:
+        """The heap whose first task comes first (the roots' only while they may go)."""
+        heaps = [h for h in (self._ready, self._roots if roots_open else None) if h]
+        return min(heaps, key=lambda h: h[0]) if heaps else None
 
     def _unassign(self, ts: TaskState) -> None:
         ws = ts.processing_on
@@ -408,28 +417,39 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
     # -- placement ---------------------------------------------------------------
     def _schedule(self) -> None:
         deferred = []
-        while self._ready and self._free:
-            prio, key = heapq.heappop(self._ready)
+        roots_open = True                  # False once root tasks wait for a thread, for this pass
+        while self._free:
+            heap = self._next_ready(roots_open)
+            if heap is None:
+                break
+            prio, key = heapq.heappop(heap)
             ts = self.tasks.get(key)
             if ts is None or ts.state != "queued" or ts.priority != prio:
                 continue
             if self._awaiting_verdict(ts):
-                deferred.append((prio, key))          # refine_death schedules it again
+                deferred.append((heap, prio, key))          # refine_death schedules it again
                 continue
             expected = expected_duration(ts, self.durations)
-            ws = pick_worker(ts, self._free, expected, self.now)
+            queue_root = self.queue_roots and is_queued_root(ts, expected)
+            ws = pick_worker(ts, self._free, expected, self.now, queue_root)
+            if ws is None and queue_root and not any(map(has_open_thread, self._free)):
+                # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
+                # tasks with inputs may still take prefetch slots. No need to pop every root.
+                deferred.append((heap, prio, key))
+                roots_open = False
+                continue
             if ws is None:
                 if self._fits_nowhere(ts, expected):
                     self._err(ts, self._too_long_error(ts, expected))
                 else:
-                    deferred.append((prio, key))      # waits for a worker with time (or a slot) for it
+                    deferred.append((heap, prio, key))      # waits for a worker with time (or a slot) for it
                 continue
             if wait_for_holder(ts, ws, self.durations, self.now):
-                deferred.append((prio, key))          # its inputs' worker takes it when a slot frees
+                deferred.append((heap, prio, key))          # its inputs' worker takes it when a slot frees
                 continue
             self._assign(ts, ws)
-        for item in deferred:
-            heapq.heappush(self._ready, item)
+        for heap, prio, key in deferred:
+            heapq.heappush(heap, (prio, key))
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         ts.state, ts.processing_on = "processing", ws
