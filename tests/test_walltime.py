@@ -54,7 +54,7 @@ def test_learned_durations_guide_placement():
 
 
 def test_drain_hands_back_queued_tasks_keeps_fitting_ones_and_saves_unique_results():
-    s = SchedulerState(prefetch=2)
+    s = SchedulerState(prefetch=2, queue_roots=False)
     s.add_worker("old", nthreads=1, now=0, deadline=100, info={"job_walltime": 100})
     s.update_graph("c", [task("done"), task("running", duration=5), task("queued1"), task("queued2")],
                    ["done", "running", "queued1", "queued2"])
