@@ -91,8 +91,8 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         assert set(rows) == job_ids
         for jid, cols in rows.items():
             # MEMORY: what the job's worker uses now, of what the job asked for
-            assert cols[1] == "running" and cols[2] == worker_of[jid] and cols[-3:-1] == ["of", "1GB"], cols
-            assert re.fullmatch(r"\d+(\.\d)?MB", cols[-4]), cols
+            assert cols[1] == "running" and cols[2] == worker_of[jid] and cols[-2:] == ["of", "1GB"], cols
+            assert re.fullmatch(r"\d+(\.\d)?MB", cols[-3]), cols
         assert "2 worker(s) connected" in status.stdout and "no worker deaths" in status.stdout
         as_json = cli("status", "t-cli", "--json")
         assert as_json.returncode == 0, as_json.stderr
