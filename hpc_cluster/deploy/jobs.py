@@ -112,7 +112,8 @@ class JobManager:
                 "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
                 "memory": self.spec.memory, "retiring": j.retiring, "index": j.index,
                 # what its workers use now (their last reports), results spilled to disk, paused
-                "memory_used": sum(w.memory.get("rss", 0) for w in wstates) if wstates else None,
+                "memory_used": (sum(w.memory.get("rss", 0) for w in wstates)
+                                if any("rss" in w.memory for w in wstates) else None),
                 "spilled": sum(w.memory.get("spilled", 0) for w in wstates),
                 "paused": sum(bool(w.paused) for w in wstates),
             })

@@ -84,7 +84,9 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
             assert len(client.scheduler_info()["workers"]) == 2
             assert sum(client.gather(client.map(_square, range(50)))) == sum(x * x for x in range(50))
 
-        status = cli("status", "t-cli")
+        # a worker's memory shows from its first heartbeat on ("32MB of 1GB"; before: "1GB")
+        status = wait_until(lambda: (lambda r: r if r.stdout.count(" of 1GB") == 2 else None)(cli("status", "t-cli")),
+                            30, "status to show both workers' memory")
         assert status.returncode == 0, status.stderr
         rows = {ln.split()[0]: ln.split() for ln in status.stdout.splitlines() if ln.split()
                 and ln.split()[0] in job_ids}
