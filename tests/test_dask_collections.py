@@ -34,13 +34,35 @@ def private_tmp_possible() -> bool:
     return probe.returncode == 0
 
 
+# Mounted again inside a worker's private /tmp when they live under /tmp (a clone in /tmp,
+# as CI may make, with its .venv): the worker must still find Python and this package.
+_PRIVATE_TMP = """set -e
+stage=$(mktemp -d /var/tmp/hpc-cluster-stage-XXXXXX)
+mount --bind /tmp "$stage"
+mount -t tmpfs tmpfs /tmp
+for rel in $KEEP_UNDER_TMP; do mkdir -p "/tmp/$rel"; mount --bind "$stage/$rel" "/tmp/$rel"; done
+umount "$stage"; rmdir "$stage"
+exec "$@"
+"""
+
+
+def _kept_under_tmp() -> str:
+    from hpc_cluster.deploy import local
+    keep = set()
+    for p in (local._PACKAGE_PARENT, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        rel = os.path.relpath(os.path.realpath(p), "/tmp")
+        if not rel.startswith(".."):
+            keep.add(rel.split(os.sep)[0])          # the top directory under /tmp is enough
+    return " ".join(sorted(keep))
+
+
 class PrivateTmpCluster(LocalCluster):
     """Each worker (with its nanny) in its own mount namespace with its own empty /tmp: what
     one worker writes to /tmp the others cannot see, as on separate compute nodes."""
 
     def _worker_command(self, name: str) -> list[str]:
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                'mount -t tmpfs tmpfs /tmp && exec "$@"', "--", *super()._worker_command(name)]
+        return ["env", f"KEEP_UNDER_TMP={_kept_under_tmp()}", "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", _PRIVATE_TMP, "--", *super()._worker_command(name)]
 
 
 @pytest.fixture(scope="module")

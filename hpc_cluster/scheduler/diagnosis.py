@@ -244,8 +244,8 @@ def diagnose(ev: Evidence) -> Verdict:
             if cause in MEMORY_CAUSES:
                 picture = memory_picture(ev, cause)
                 blame = blame and picture.charged is not False
-                return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)), facts,
-                               memory_advice(picture, cause, blame))
+                return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)),
+                               facts + memory_facts(ev), memory_advice(picture, cause, blame))
             return Verdict(cause, blame, text, facts, ADVICE[cause])
     return Verdict("unknown", False, "no evidence about this death", facts, ADVICE["unknown"])
 
@@ -383,6 +383,20 @@ def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
             f"(client.restart()) or raise memory_limit to '{ask_for(1.5 * limit)}' or more")
 
 
+def memory_facts(ev: Evidence) -> list[str]:
+    """The worker's own memory reports, as evidence of a memory death (other deaths do not
+    need them)."""
+    m = ev.memory or {}
+    if m.get("rss") is None:
+        return []
+    return [f"memory: the worker's last report: {_size(m['rss'])}"
+            + (f" of {_size(m['limit'])} memory_limit" if m.get("limit") else "")
+            + f", {_size(m.get('managed') or 0)} of results in memory, {_size(m.get('spilled') or 0)} "
+              f"spilled to disk ({m.get('spilled_count') or 0} results)" + (", paused" if m.get("paused") else "")
+            + (f"; {_size(m['start_rss'])} when the running task started"
+               if m.get("start_rss") is not None and ev.executing else "")]
+
+
 def facts_of(ev: Evidence) -> list[str]:
     """The evidence in one line per source, as the user will read it."""
     out = []
@@ -412,14 +426,6 @@ def facts_of(ev: Evidence) -> list[str]:
         if steps:
             line += f" (steps: {', '.join(steps)})"
         out.append(line)
-    m = ev.memory or {}
-    if m.get("rss") is not None:
-        out.append(f"memory: the worker's last report: {_size(m['rss'])}"
-                   + (f" of {_size(m['limit'])} memory_limit" if m.get("limit") else "")
-                   + f", {_size(m.get('managed') or 0)} of results in memory, {_size(m.get('spilled') or 0)} "
-                     f"spilled to disk ({m.get('spilled_count') or 0} results)" + (", paused" if m.get("paused") else "")
-                   + (f"; {_size(m['start_rss'])} when the running task started"
-                      if m.get("start_rss") is not None and ev.executing else ""))
     for cause, _pattern in LOG_PATTERNS:
         hit = _log_says(ev, cause)
         if hit:
