@@ -13,6 +13,7 @@ Mixed into Client (client.py), like client_tools.py: it uses the client's submis
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import weakref
 
@@ -23,6 +24,8 @@ from .protocol.frames import Opaque
 # Keywords of dask's compute()/get() that only mean something to dask's local schedulers.
 _LOCAL_ONLY = frozenset({"num_workers", "pool", "chunksize", "raise_task_exception", "get_id", "rerun_exceptions_locally"})
 _SCHEDULER_CONFIG = ("scheduler", "dataframe.shuffle.method")
+
+logger = logging.getLogger("hpc_cluster.client")
 
 
 class _DefaultScheduler:
@@ -174,7 +177,15 @@ class CollectionsMixin:
     @staticmethod
     def _check_kwargs(kwargs: dict, what: str) -> None:
         unknown = sorted(set(kwargs) - _LOCAL_ONLY)
-        if unknown:
+        if unknown and what == "get":
+            # dask hands every keyword of x.compute(...) / dask.compute(...) to whichever
+            # scheduler is in use, so get() ignores the ones it does not know, as dask's own
+            # schedulers and distributed's do (a warning would make dask code that passes
+            # another scheduler's keyword fail where warnings are errors). Said in the log.
+            logger.warning("compute(): ignored keyword arguments %s (the cluster takes retries=, priority=, "
+                           "resources=)", unknown)
+            kwargs = {k: v for k, v in kwargs.items() if k in _LOCAL_ONLY}
+        elif unknown:
             raise TypeError(f"{what}() got unexpected keyword arguments {unknown}: the cluster takes retries=, "
                             "priority=, resources= (and dask.annotate(...) around the call)")
         if kwargs:

@@ -6,6 +6,7 @@ compute/persist keep data on the workers, and tasks can submit tasks (worker_cli
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -165,7 +166,7 @@ def test_retries_from_compute_and_from_dask_annotate_are_honoured(client, shared
         dask.delayed(flaky)(count3).compute()
 
 
-def test_resources_annotation_is_honoured_and_workers_is_refused(client):
+def test_resources_annotation_is_honoured_and_workers_is_refused(client, caplog):
     with dask.annotate(resources={"GPU": 1}):
         future = client.compute(dask.delayed(where)())
     time.sleep(1.0)
@@ -175,8 +176,13 @@ def test_resources_annotation_is_honoured_and_workers_is_refused(client):
         dask.delayed(where)().compute(workers=["tcp://127.0.0.1:1"])
     with pytest.warns(UserWarning, match=r"num_workers.*only mean something to dask's local schedulers"):
         assert dask.delayed(where)().compute(num_workers=4) != os.getpid()
+    # x.compute(...) hands every keyword to the scheduler: one it does not know is ignored (as
+    # dask's schedulers and distributed's do) and logged; our own compute() refuses it.
+    with caplog.at_level(logging.WARNING, logger="hpc_cluster.client"):
+        assert dask.delayed(where)().compute(bogus=1) != os.getpid()
+    assert "ignored keyword arguments ['bogus']" in caplog.text
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
-        dask.delayed(where)().compute(bogus=1)
+        client.compute(dask.delayed(where)(), bogus=1)
 
 
 # -- 1: the default scheduler ----------------------------------------------------------------

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
-import subprocess
-import sys
 import tarfile
-import tempfile
 from email.parser import HeaderParser
 from pathlib import Path
+
+from upstream import SuiteUnavailable, cache_dir, download_sdist
 
 VERSION = "0.9.0"
 SDIST = f"dask_jobqueue-{VERSION}.tar.gz"
@@ -49,15 +47,6 @@ PACKAGE = "dask_jobqueue_tests"
 OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster",
         "JobQueueCluster": "hpc_cluster.deploy.cluster"}
 OUR_CLIENT = "hpc_cluster"
-
-
-class SuiteUnavailable(RuntimeError):
-    """The sdist could not be fetched or is not the one we expect; the message says why."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hpc-cluster-tests"
 
 
 def sdist() -> Path:
@@ -73,27 +62,7 @@ def sdist() -> Path:
 
 
 def download(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Into a private directory, then renamed: two runs at once never see half a file.
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".download-") as tmp:
-        requirement = Path(tmp) / "requirement.txt"
-        requirement.write_text(f"dask-jobqueue=={VERSION} --hash=sha256:{SHA256}\n")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--require-hashes", "-r", str(requirement), "-d", tmp,
-               "--retries", "2", "--timeout", "30", "--progress-bar", "off"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise SuiteUnavailable(f"`{' '.join(cmd)}` did not finish in 600 s: is the package registry "
-                                   "reachable? These tests need it (CI has it).") from None
-        got = Path(tmp) / SDIST
-        if proc.returncode != 0 or not got.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise SuiteUnavailable(
-                f"could not download dask-jobqueue {VERSION}'s sdist from the package registry "
-                f"(pip exit code {proc.returncode}). These conformance tests need the registry; "
-                f"CI has it. pip said:\n{tail}")
-        os.replace(got, path)
+    download_sdist(f"dask-jobqueue=={VERSION} --hash=sha256:{SHA256}", SDIST, path, f"dask-jobqueue {VERSION}")
 
 
 def extract(dest: Path) -> Path:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from upstream import TableError, table_section
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migrating-from-dask-jobqueue.md"
 HEADING = "## dask-jobqueue's tests we do not pass"
 
@@ -18,29 +20,11 @@ _ROW = re.compile(r"^\|\s*`(?P<id>[^`]+)`\s*\|\s*(?P<reason>.*?)\s*\|\s*$")
 _ID = re.compile(r"^test_\w+\.py::test_\w+(\[[^\]]+\])?$")
 
 
-class TableError(ValueError):
-    """The section is missing or a row cannot be read; the message names the line."""
-
-
 def known_failures(doc: Path = DOC) -> dict[str, str]:
     """Row id -> the reason we do not pass it. A row id is a test id, `test_pbs.py::test_header[PBSCluster]`,
     or a test without its parameters, `test_job.py::test_basic`, for all of them."""
-    lines = doc.read_text().splitlines()
-    try:
-        start = lines.index(HEADING) + 1
-    except ValueError:
-        raise TableError(f"{doc}: no section headed {HEADING!r}") from None
-    section = []
-    for n, line in enumerate(lines[start:], start + 1):
-        if line.startswith("## "):
-            break
-        if line.startswith("|"):
-            section.append((n, line))
-    # The first line is the header, the second its separator; every line after is a row.
-    if len(section) < 2 or not set(section[1][1]) <= set("|-: "):
-        raise TableError(f"{doc}: no | test | reason | table under {HEADING!r}")
     table: dict[str, str] = {}
-    for n, line in section[2:]:
+    for n, line in table_section(doc, HEADING, "| test | reason |"):
         m = _ROW.match(line)
         if m is None:
             raise TableError(f"{doc}:{n}: expected | `test_file.py::test_name[param]` | reason |")
