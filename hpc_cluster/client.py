@@ -392,7 +392,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             items = [(None, data)]
         blobs = []
         for k, v in items:
-            blob = serialize.dumps_value(v)
+            with serialize.local_modules_by_value():
+                blob = serialize.dumps_value(v)
             if k is None:
                 token = serialize.tokenize(b"scatter", blob) if hash else uuid.uuid4().hex
                 k = f"{type(v).__name__}-{token}"

@@ -14,6 +14,7 @@ memory of their own, on which `loads_value` builds the array: no copy beyond the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -95,8 +96,11 @@ def loads_value(payload: Opaque) -> Any:
 
 _INSTALLED = tuple(os.path.realpath(p) + os.sep for p in {
     sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
-_scan_lock = threading.Lock()
+_lock = threading.Lock()
 _scanned: set[str] = set()
+_local: list = []               # the user's own modules seen so far
+_users = 0                      # pickles under way that need them by value
+_ours: list = []                # the modules registered for those pickles (unregistered after)
 
 
 def _is_local(name: str, module) -> bool:
@@ -107,28 +111,55 @@ def _is_local(name: str, module) -> bool:
     return not os.path.realpath(path).startswith(_INSTALLED)
 
 
-def pickle_local_modules_by_value() -> None:
-    """Make functions and classes of the user's own modules travel by value.
-
-    Workers on other nodes, or started from another directory, cannot import a script's
-    helper module (or a test file), so we treat them like code defined in __main__.
-    Only modules imported since the last call are examined, so this is cheap per task.
-    """
+def _scan() -> None:
+    """Note the user's modules imported since the last call (cheap when nothing is new)."""
     if len(_scanned) >= len(sys.modules):
         return
-    with _scan_lock:
-        for name, module in list(sys.modules.items()):
-            if name in _scanned:
-                continue
+    for name, module in list(sys.modules.items()):
+        if name not in _scanned:
             _scanned.add(name)
             if module is not None and _is_local(name, module):
-                cloudpickle.register_pickle_by_value(module)
+                _local.append(module)
+
+
+@contextlib.contextmanager
+def local_modules_by_value():
+    """While our client pickles a task or data, functions and classes of the user's own
+    modules travel by value.
+
+    Workers on other nodes, or started from another directory, cannot import a script's
+    helper module (or a test file), so we treat them like code defined in __main__. The
+    registration is cloudpickle's, which is process-wide, so it lasts only while one of our
+    pickles is under way: left in place, it changed how everything else in the process
+    pickles (dask's own process pool sent the user's classes by value, and partd's plain
+    pickle of such an object then failed). A module the user registered stays registered.
+    """
+    global _users
+    with _lock:
+        _scan()
+        if _users == 0:
+            registered = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", set())
+            for module in _local:
+                if module.__name__ not in registered and module.__name__ in sys.modules:
+                    cloudpickle.register_pickle_by_value(module)
+                    _ours.append(module)
+        _users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _users -= 1
+            if _users == 0:
+                for module in _ours:
+                    with contextlib.suppress(ValueError):
+                        cloudpickle.unregister_pickle_by_value(module)
+                _ours.clear()
 
 
 def dumps_function(func: Callable) -> bytes:
     try:
-        pickle_local_modules_by_value()
-        return dumps(func)
+        with local_modules_by_value():
+            return dumps(func)
     except Exception as exc:
         name = getattr(func, "__qualname__", None) or repr(func)
         raise SerializationError(f"could not pickle the function {name!r}: {type(exc).__name__}: {exc}. "
@@ -139,12 +170,14 @@ def dumps_function(func: Callable) -> bytes:
 def dumps_args(args: tuple, kwargs: dict) -> tuple[bytes, set[str]]:
     """Pickle (args, kwargs); return the blob and the keys of the task results it refers to."""
     refs: set[str] = set()
-    pickle_local_modules_by_value()
     buf = io.BytesIO()
     try:
-        _RefPickler(buf, refs).dump((args, kwargs))
+        with local_modules_by_value():
+            _RefPickler(buf, refs).dump((args, kwargs))
     except Exception as exc:
-        raise SerializationError(_which_argument(args, kwargs, exc)) from exc
+        with local_modules_by_value():
+            why = _which_argument(args, kwargs, exc)
+        raise SerializationError(why) from exc
     return buf.getvalue(), refs
 
 
