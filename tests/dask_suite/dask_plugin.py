@@ -14,7 +14,8 @@ the tasks ran in the workers, each with its own /tmp; before each test the plugi
 that dask's scheduler is still the cluster (a test that changed it for good is named, and
 the scheduler is put back). Both go into `dask-run.json` in the run's directory, which the
 harness reads. `--dask-only FILE` runs only the test ids listed in FILE (one a line, as in
-docs/dask-collections.md), for re-running our failures on distributed's client.
+docs/dask-collections.md), for re-running our failures on distributed's client;
+`--dask-shard I/N` runs every N-th test from the I-th, one part of a long file.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def pytest_addoption(parser):
                     help="how each worker gets its own /tmp (dask_clusters.private_tmp_mode)")
     group.addoption("--dask-run-dir", default=".", help="where the cluster's logs and dask-run.json go")
     group.addoption("--dask-only", metavar="FILE", help="run only the test ids listed in FILE")
+    group.addoption("--dask-shard", metavar="I/N", help="run only every N-th test, from the I-th (0-based)")
 
 
 def table_id(nodeid: str) -> str:
@@ -142,6 +144,21 @@ def pytest_collection_modifyitems(config, items):
         keep = [i for i in items if table_id(i.nodeid) in wanted]
         config.hook.pytest_deselected(items=[i for i in items if table_id(i.nodeid) not in wanted])
         items[:] = keep
+    shard = config.getoption("--dask-shard")
+    if shard:
+        keep = in_shard(items, shard)
+        kept = {id(x) for x in keep}
+        config.hook.pytest_deselected(items=[x for x in items if id(x) not in kept])
+        items[:] = keep
+
+
+def in_shard(items: list, spec: str) -> list:
+    """The items of shard `I/N`: every N-th, from the I-th. The parameter variants of one
+    test (its slow and fast cases) spread over the shards, so they take about as long."""
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--dask-shard {spec}: I/N with 0 <= I < N")
+    return items[i::n]
 
 
 @pytest.hookimpl(tryfirst=True)

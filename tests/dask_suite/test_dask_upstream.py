@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from dask_clusters import WORKERS, check_probe, private_tmp_mode, private_tmp_wrapper
 from dask_fetch import FILES, PACKAGE, ini, rewrite
+from dask_plugin import in_shard
 from dask_runs import DEADLINE, FAILED, SUMMARIES, Campaign, DaskRun, short, table_id
 from dask_table import DOC, HEADING, known_failures, row_for, unknown_rows
 from djq_table import covers
@@ -65,10 +66,11 @@ def failure_text(r) -> str:
 def test_dask_tests_on_our_client(dask_suite, path):
     """Exactly the tests in the table fail; nothing else about the run went wrong."""
     campaign = dask_suite.get()
-    run = campaign.ours[path]
-    campaign.wait_for(run)
-    bad = run_problems(campaign, run)
-    results = run.results()
+    bad, results = [], []
+    for run in campaign.ours[path]:             # the file's parts (dask_runs.SHARDS)
+        campaign.wait_for(run)
+        bad += run_problems(campaign, run)
+        results += run.results()
     unlisted = [r for r in results if r.outcome in FAILED and row_for(dask_suite.table, r.test_id) is None]
     if unlisted:
         # Whether distributed's client fails them too is what their rows must say: wait for it.
@@ -108,7 +110,7 @@ def compared(dask_suite) -> list[tuple]:
     campaign.wait()
     theirs = {r.test_id: r for run in set(campaign.distributed.values()) for r in run.results()}
     return [(r, row_for(dask_suite.table, r.test_id), theirs.get(r.test_id))
-            for run in campaign.ours.values() for r in run.results() if r.outcome in FAILED]
+            for run in campaign.our_runs() for r in run.results() if r.outcome in FAILED]
 
 
 @pytest.mark.timeout(WAIT)
@@ -146,7 +148,7 @@ def test_table_says_which_failures_are_shared(dask_suite):
 def test_table_names_only_tests_that_exist(dask_suite):
     campaign = dask_suite.get()
     collected = set()
-    for run in campaign.ours.values():
+    for run in campaign.our_runs():
         campaign.wait_for(run)
         collected |= {r.test_id for r in run.results()}
     assert collected, "the runs on our client reported no tests"
@@ -160,7 +162,7 @@ def test_workers_each_have_their_own_tmp(dask_suite):
     if dask_suite.private_tmp == "off":
         pytest.skip(dask_suite.private_tmp_why)
     campaign = dask_suite.get()
-    for run in campaign.ours.values():
+    for run in campaign.our_runs():
         campaign.wait_for(run)
         report = run.report()
         assert report.get("private_tmp") == dask_suite.private_tmp, f"{run.cwd}: {report}"
@@ -216,6 +218,14 @@ def test_check_probe_finds_workers_sharing_tmp():
     assert check_probe(shared, private_tmp=False) == []
     one_process = [dict(r, pid=ok[0]["pid"]) for r in ok]
     assert "not one each" in "\n".join(check_probe(one_process, private_tmp=False))
+
+
+def test_shards_split_a_file_into_parts_that_cover_it_once():
+    items = [f"t{i}" for i in range(7)]
+    parts = [in_shard(items, f"{i}/3") for i in range(3)]
+    assert sorted(sum(parts, [])) == items and parts[0] == ["t0", "t3", "t6"]
+    with pytest.raises(ValueError, match="0 <= I < N"):
+        in_shard(items, "3/3")
 
 
 def test_test_ids_are_dask_paths():
