@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpc_cluster import Client, LocalCluster, TaskMemoryError
+from hpc_cluster import Client, LocalCluster, TaskMemoryError, wait
 from hpc_cluster.protocol import serialize
 from hpc_cluster.worker.store import MemoryFractions, MemoryManager, SpillStore, read_parts
 from waiting import wait_until
@@ -363,3 +363,43 @@ def test_a_memory_death_from_the_task_itself_is_charged_with_the_amount():
         grew = re.search(r"grew by ([\d.]+) MiB \(the worker reached ([\d.]+) MiB\)", err.advice)
         assert grew and 150 < float(grew.group(1)) < float(grew.group(2)), err.advice
         assert re.search(r"raise memory_limit to '\d+MB' or more", err.advice), err.advice
+
+
+class SlowToSpill:
+    """A result that says it is large and whose pickling (spilling it) waits for a file."""
+
+    def __init__(self, gate: str, nbytes: int):
+        self.gate, self.nbytes = gate, nbytes
+
+    def __reduce__(self):
+        deadline = time.monotonic() + 20
+        while not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return SlowToSpill, (self.gate, self.nbytes)
+
+
+def make_result(gate: str, nbytes: int) -> SlowToSpill:
+    return SlowToSpill(gate, nbytes)
+
+
+@pytest.mark.timeout(120)
+def test_a_result_is_reported_before_the_older_ones_it_pushes_out_are_written(tmp_path):
+    # Two results over the target (600 MB of 1 GB): storing the second spills the first,
+    # whose writing waits here until the test lets it. The second is reported (its future
+    # done) while that write is still under way: a worker that spills before it reports
+    # keeps the scheduler, and its own next tasks, waiting for the disk. (Neither result
+    # is fetched: sending one would pickle it too.)
+    gate = tmp_path / "gate"
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster, Client(cluster) as client:
+        first = client.submit(make_result, str(gate), 500 * MB, pure=False)
+        wait([first], timeout=30)
+        second = client.submit(make_result, str(gate), 200 * MB, pure=False)
+        try:
+            done, _ = wait([second], timeout=10)
+            assert second in done and not gate.exists()
+        finally:
+            gate.touch()
+        spilled = wait_until(lambda: next(iter(client.scheduler_info()["workers"].values()))["memory"].get("spilled"),
+                             30, "the first result to be spilled")
+        assert spilled == 500 * MB
+        assert first.status == second.status == "finished"

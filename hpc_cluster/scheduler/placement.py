@@ -16,6 +16,8 @@ slot: the state machine leaves them out.) Among those, in order:
 
 from __future__ import annotations
 
+import math
+
 import re
 
 # A task is started only if its expected run, with 10 % and 1 s to spare, ends before the deadline.
@@ -98,29 +100,34 @@ def memory_room(ws) -> tuple[bool, float]:
     return used <= spill, 1.0 - used
 
 
-# Root tasks (no inputs) wait at the scheduler until a worker has a thread for them, as with
-# dask's root-task queuing (worker-saturation): prefetching them would make results faster
-# than their dependents can consume them (a 20000^2 array's chunks piled up on the workers).
-# Tasks this short are still prefetched: for them the round trip is the cost.
+# Root tasks (no inputs) wait at the scheduler until a worker has a slot for them, as with
+# dask's root-task queuing: prefetching them would make results faster than their
+# dependents can consume them (a 20000^2 array's chunks piled up on the workers). Tasks this
+# short are still prefetched: for them the round trip is the cost.
 SHORT_ROOT = 0.005
+# A worker's slots for root tasks: its threads times this, rounded up (dask's default
+# distributed.scheduler.worker-saturation): one thread has two, so the next root is already
+# there when one ends, instead of a round trip later (and while the worker stores or spills
+# the last result).
+ROOT_SATURATION = 1.1
 
 
 def is_queued_root(ts, expected: float | None) -> bool:
     return not ts.dependencies and (expected is None or expected >= SHORT_ROOT)
 
 
-def has_open_thread(ws) -> bool:
-    return len(ws.processing) < ws.nthreads + len(ws.seceded)
+def has_root_slot(ws) -> bool:
+    return len(ws.processing) - len(ws.seceded) < max(math.ceil(ws.nthreads * ROOT_SATURATION), 1)
 
 
 def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool = False):
     """The best worker for `ts` among `free` ones, or None if none fits (it waits).
-    `queue_root`: only a worker with a thread open will do (is_queued_root)."""
+    `queue_root`: only a worker with a root slot open will do (is_queued_root)."""
     best, best_score = None, None
     for ws in free:
         if ws.draining or (ts.resources and not has_resources(ts, ws)) or not has_time(expected, ws, now):
             continue
-        if queue_root and not has_open_thread(ws):
+        if queue_root and not has_root_slot(ws):
             continue
         local = 0
         for dep in ts.dependencies:

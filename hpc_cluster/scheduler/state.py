@@ -27,7 +27,7 @@ from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
 from .replicas import ReplicaMixin
-from .placement import (TaskDurations, expected_duration, has_open_thread, is_queued_root, pick_worker,
+from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
                         wait_for_holder)
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
@@ -432,7 +432,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
             ws = pick_worker(ts, self._free, expected, self.now, queue_root)
-            if ws is None and queue_root and not any(map(has_open_thread, self._free)):
+            if ws is None and queue_root and not any(map(has_root_slot, self._free)):
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
                 deferred.append((heap, prio, key))

@@ -165,9 +165,10 @@ class SpillStore:
         self.discard(key)
         return default
 
-    def put(self, key: str, value, nbytes: int | None = None) -> int:
+    def put(self, key: str, value, nbytes: int | None = None, spill: bool = True) -> int:
         """Store a result; returns its size. May spill older ones (or this one, if it alone
-        is larger than the target)."""
+        is larger than the target); with spill=False older ones stay in memory until
+        `spill_to_target()`, so the caller can first report the result and start the next task."""
         weight = sizeof(value) if nbytes is None else int(nbytes)
         with self._lock:
             self.discard(key)
@@ -177,8 +178,14 @@ class SpillStore:
                 return weight                          # too large to keep: straight to disk, as dask
             self.fast[key] = value
             self.memory_bytes += weight
-            self._evict_to(self.target)
+            if spill:
+                self._evict_to(self.target)
         return weight
+
+    def spill_to_target(self) -> None:
+        """Spill least recently used results until those in memory are under the target."""
+        with self._lock:
+            self._evict_to(self.target)
 
     def get(self, key: str):
         """The value, read back into memory if it was spilled (for a task's input)."""

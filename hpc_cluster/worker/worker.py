@@ -448,7 +448,7 @@ class Worker:
                 self.scheduler.send({"op": "abandoned-done", "key": ts.key})
                 continue
             if outcome[0] == "ok":
-                self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2])
+                self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2], spill=False)
                 self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
                                      "duration": duration})
             else:
@@ -458,6 +458,10 @@ class Worker:
                                      "traceback": Opaque(serialize.dumps(text)),
                                      "text": f"{type(exc).__name__}: {exc}"[:2000]})
         self._run_ready()
+        # Spilling writes files: only now, with the results reported and the next tasks
+        # started, so neither the scheduler nor this worker's threads wait for the disk.
+        self.scheduler.flush()
+        self.data.spill_to_target()
 
     # -- peers and clients -------------------------------------------------------------
     async def request(self, address: str, msg: dict) -> dict:
