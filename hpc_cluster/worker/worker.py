@@ -73,7 +73,7 @@ class Worker:
         self.seceded: set[str] = set()           # running, but gave up their slot (worker_client)
         self._rejoining: collections.deque = collections.deque()   # (key, event): waiting for a slot
         self.functions = serialize.FunctionCache()
-        self._func_lock = threading.Lock()
+        self._unpickle_lock = threading.Lock()
         # Concurrency is bounded by nthreads below (seceded tasks do not count), not by the
         # pool: a task waiting on its subtasks in worker_client keeps its thread.
         self.executor = ThreadPoolExecutor(self.nthreads + SECEDED_THREADS, thread_name_prefix="hpc-task")
@@ -421,9 +421,14 @@ class Worker:
         start = time.time()
         context.set_task(ts.key)              # for get_client()/secede() inside the task
         try:
-            with self._func_lock:
+            # Inputs first (a spilled one is read from disk), outside the lock.
+            inputs = {dep: self.data[dep] for dep in ts.deps}
+            # Unpickling imports modules: two threads importing one package at once can get
+            # it half initialized (dask.array without its numpy backend: "No dispatch for
+            # ndarray" in 3 of 8 first computes on a 4-thread worker), so one thread at a time.
+            with self._unpickle_lock:
                 func = self.functions.get(ts.func)
-            args, kwargs = serialize.loads_args(ts.args, self.data.__getitem__)
+                args, kwargs = serialize.loads_args(ts.args, inputs.__getitem__)
             result = func(*args, **kwargs)
             outcome = ("ok", result, sizeof(result))       # measured here, off the event loop
         except BaseException as exc:  # the user's exception, whatever it is, goes to the client
