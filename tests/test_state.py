@@ -1,6 +1,9 @@
 """The scheduler's state machine, driven directly: no sockets, no clocks."""
 
+import math
+
 from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.placement import ROOT_SATURATION
 from hpc_cluster.scheduler.state import SchedulerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -34,21 +37,23 @@ def test_tasks_wait_at_the_scheduler_not_on_a_worker():
 
 def test_root_tasks_wait_for_a_slot_and_their_dependents_are_prefetched():
     # dask's root-task queuing: a task without inputs goes to a worker only while it has a
-    # root slot (threads x 1.1, rounded up: 2 for one thread, 5 for four), so results are not
-    # made faster than their dependents use them; a dependent still takes a prefetch slot,
-    # and very short root tasks (learned) are prefetched as before.
+    # root slot (threads x placement.ROOT_SATURATION, rounded up), so results are not made
+    # faster than their dependents use them; a dependent still takes a prefetch slot, and
+    # very short root tasks (learned) are prefetched as before.
     s = SchedulerState(prefetch=2)
     s.add_worker("w1", nthreads=1, now=0)
-    s.update_graph("c", [task(f"r{i}") for i in range(4)] + [task("d0", deps=["r0"])],
-                   [f"r{i}" for i in range(4)] + ["d0"])
-    assert computes(s.take_outbox(), "w1") == ["r0", "r1"]
+    s.update_graph("c", [task(f"r{i}") for i in range(6)] + [task("d0", deps=["r0"])],
+                   [f"r{i}" for i in range(6)] + ["d0"])
+    one = math.ceil(ROOT_SATURATION)
+    assert computes(s.take_outbox(), "w1") == [f"r{i}" for i in range(one)]
     s.task_started("w1", "r0", now=0)
     s.task_finished("w1", "r0", nbytes=8, duration=0.5)
-    assert computes(s.take_outbox(), "w1") == ["r2", "d0"]            # the freed root slot, the dependent prefetched
+    assert computes(s.take_outbox(), "w1") == [f"r{one}", "d0"]       # the freed root slot, the dependent prefetched
     s.task_started("w1", "r1", now=0)
     assert computes(s.take_outbox(), "w1") == []
     s.add_worker("w4", nthreads=4, now=0)
-    assert computes(s.take_outbox(), "w4") == ["r3"]                  # the last root (w4 has 5 slots)
+    four = math.ceil(4 * ROOT_SATURATION)
+    assert computes(s.take_outbox(), "w4") == [f"r{i}" for i in range(one + 1, min(6, one + 1 + four))]
     # roots learned to take under SHORT_ROOT are prefetched up to nthreads + prefetch
     s2 = SchedulerState(prefetch=2)
     s2.add_worker("w1", nthreads=1, now=0)

@@ -105,11 +105,13 @@ def memory_room(ws) -> tuple[bool, float]:
 # dependents can consume them (a 20000^2 array's chunks piled up on the workers). Tasks this
 # short are still prefetched: for them the round trip is the cost.
 SHORT_ROOT = 0.005
-# A worker's slots for root tasks: its threads times this, rounded up (dask's default
-# distributed.scheduler.worker-saturation): one thread has two, so the next root is already
-# there when one ends, instead of a round trip later (and while the worker stores or spills
-# the last result).
-ROOT_SATURATION = 1.1
+# A worker's slots for root tasks: its threads times this, rounded up. dask's default
+# (distributed.scheduler.worker-saturation) is 1.1, which gives a 1-thread worker two; on
+# benchmarks/collections.py that was no faster for us (a: 3.8 vs 3.4 s, b: 4.1 vs 3.8 s,
+# e: 4.2 vs 4.0 s, 2 workers x 1 thread, one run each) and held more memory (a: 0.28 vs
+# 0.25 GiB), so one slot per thread: a worker reports a result before it spills (worker.py),
+# so the next root arrives one round trip after the last ended.
+ROOT_SATURATION = 1.0
 
 
 def is_queued_root(ts, expected: float | None) -> bool:
