@@ -372,6 +372,7 @@ class SlowToSpill:
         self.gate, self.nbytes = gate, nbytes
 
     def __reduce__(self):
+        Path(self.gate + ".started").touch()
         deadline = time.monotonic() + 20
         while not os.path.exists(self.gate) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -403,3 +404,87 @@ def test_a_result_is_reported_before_the_older_ones_it_pushes_out_are_written(tm
                              30, "the first result to be spilled")
         assert spilled == 500 * MB
         assert first.status == second.status == "finished"
+
+
+@pytest.fixture
+def blocked_write(tmp_path):
+    """A store whose oldest result, 'slow', is being written to disk, and the write waits on
+    the gate (its pickling does): (store, gate, the writing thread)."""
+    import threading
+    gate = tmp_path / "gate"
+    store = SpillStore(str(tmp_path / "spill"), target=35 * MiB)
+    store.put("slow", SlowToSpill(str(gate), 20 * MiB), spill=False)
+    writer = threading.Thread(target=store.evict)
+    writer.start()
+    wait_until(lambda: Path(str(gate) + ".started").exists(), 10, "the write to start")
+    yield store, gate, writer
+    gate.touch()
+    writer.join(30)
+    store.close()
+
+
+def test_the_store_serves_and_stores_while_a_result_is_written(blocked_write):
+    # Meanwhile a task thread reads another input and the loop stores a result: neither
+    # waits for the disk (with the lock held during the write, both hung until the gate opened).
+    import threading
+    store, gate, writer = blocked_write
+    store.put("a", chunk(1), spill=False)
+    done = threading.Event()
+
+    def use():
+        assert store.get("a")[0] == 1.0
+        store.put("b", chunk(2), spill=False)
+        done.set()
+    threading.Thread(target=use, daemon=True).start()
+    try:
+        assert done.wait(5), "reading and storing waited for the disk"
+    finally:
+        gate.touch()
+    writer.join(30)
+    assert list(store.slow) == ["slow"] and list(store.fast) == ["a", "b"]
+    assert store.memory_bytes == 20 * MiB and store.spilled_bytes == 20 * MiB
+
+
+def test_a_result_dropped_while_it_is_written_leaves_no_file(blocked_write):
+    store, gate, writer = blocked_write
+    store.discard("slow")                          # released by the scheduler meanwhile
+    gate.touch()
+    writer.join(30)
+    assert not store.slow and not store.fast and files(store) == []
+    assert store.memory_bytes == store.spilled_bytes == store.disk_bytes == 0
+
+
+def slow_sum(x):
+    return x + 1
+
+
+@pytest.mark.timeout(120)
+def test_tasks_run_while_the_worker_writes_results_to_disk_until_it_lags_too_far(tmp_path):
+    # The worker's spilling is blocked on the gate (the first result's pickling waits for it:
+    # 650 MB of results is over the target, 600 MB of 1 GB). Other tasks start and finish
+    # meanwhile: the event loop and the task thread do not wait for the disk (spilling in the
+    # event loop held back every message until the write ended). Once the results in memory
+    # are over the spill fraction (750 MB > 700 MB) and the write is still blocked, the next
+    # task waits for the spill thread to catch up (tasks making results faster than the disk
+    # takes them would reach the nanny's limit), then runs.
+    gate = tmp_path / "gate"
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster, Client(cluster) as client:
+        first = client.submit(make_result, str(gate), 500 * MB, pure=False)
+        second = client.submit(make_result, str(gate), 150 * MB, pure=False)
+        try:
+            wait([first, second], timeout=30)
+            later = client.map(slow_sum, range(20))
+            assert client.gather(later, timeout=10) == list(range(1, 21))
+            third = client.submit(make_result, str(gate), 100 * MB, pure=False)
+            wait([third], timeout=10)
+            last = client.submit(started_at, third, pure=False)
+            with pytest.raises(TimeoutError):
+                last.result(timeout=2)         # it waits for the spill thread, which waits for the gate
+            assert not gate.exists()
+            opened = time.time()
+        finally:
+            gate.touch()
+        assert last.result(timeout=30) >= opened
+        spilled = wait_until(lambda: next(iter(client.scheduler_info()["workers"].values()))["memory"].get("spilled"),
+                             30, "results to be spilled")
+        assert spilled >= 500 * MB

@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..protocol import serialize
@@ -131,6 +132,7 @@ class SpillStore:
         # object when read again, not a second copy (dask's zict.Cache over a WeakValueMapping).
         self._alive: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._unpicklable: set[str] = set()
+        self._writing: dict[str, int] = {}              # key -> weight: being written to a file now
         self._names = itertools.count()
         self._lock = threading.RLock()
         self._made_directory = False
@@ -170,22 +172,26 @@ class SpillStore:
         is larger than the target); with spill=False older ones stay in memory until
         `spill_to_target()`, so the caller can first report the result and start the next task."""
         weight = sizeof(value) if nbytes is None else int(nbytes)
+        if self.directory is not None and self.target is not None and weight > self.target:
+            entry = self._write_file(key, value)       # too large to keep: straight to disk, as dask
+            if entry is not None:
+                with self._lock:
+                    self.discard(key)
+                    self.weight[key] = weight
+                    self._record_spilled(key, entry, value)
+                return weight
         with self._lock:
             self.discard(key)
             self.weight[key] = weight
-            if self.directory is not None and self.target is not None and weight > self.target \
-                    and self._write(key, value):
-                return weight                          # too large to keep: straight to disk, as dask
             self.fast[key] = value
             self.memory_bytes += weight
-            if spill:
-                self._evict_to(self.target)
+        if spill:
+            self._evict_to(self.target)
         return weight
 
     def spill_to_target(self) -> None:
         """Spill least recently used results until those in memory are under the target."""
-        with self._lock:
-            self._evict_to(self.target)
+        self._evict_to(self.target)
 
     def get(self, key: str):
         """The value, read back into memory if it was spilled (for a task's input)."""
@@ -205,8 +211,9 @@ class SpillStore:
             except FileNotFoundError:
                 raise KeyError(key) from None
         with self._lock:
-            if self.slow.get(key) is entry:
-                self._unspill(key, value, entry)
+            back = self.slow.get(key) is entry and self._unspill(key, value, entry)
+        if back:
+            self._evict_to(self.target)            # outside the lock: writing takes a while
         return value
 
     def payload(self, key: str) -> Opaque:
@@ -250,19 +257,38 @@ class SpillStore:
     # -- spilling ------------------------------------------------------------------------
     def evict(self) -> int:
         """Spill the least recently used result that can be spilled; its size, or -1 when
-        nothing could be (spilling off, nothing in memory, disk full, unpicklable)."""
+        nothing could be (spilling off, nothing in memory, disk full, unpicklable).
+
+        The file is written outside the lock: task threads read their inputs and the event
+        loop stores results meanwhile (a 32 MiB write takes tens of milliseconds). A result
+        read, replaced or dropped while it was being written stays as it is now, and the
+        file goes."""
         if self.directory is None:
             return -1
-        with self._lock:
-            for key in list(self.fast):
+        while True:
+            with self._lock:
+                key = next((k for k in self.fast if k not in self._unpicklable and k not in self._writing), None)
+                if key is None:
+                    return -1
+                value, weight = self.fast[key], self.weight[key]
+                self._writing[key] = weight
+            try:
+                entry = self._write_file(key, value)
+            finally:
+                with self._lock:
+                    del self._writing[key]
+            if entry is None:
                 if key in self._unpicklable:
-                    continue
-                weight = self.weight[key]
-                if self._spill(key):
+                    continue                   # keep it in memory; try the next one
+                return -1                      # the disk refused: the next one would fare no better
+            with self._lock:
+                if self.fast.get(key) is value:
+                    del self.fast[key]
+                    self.memory_bytes -= weight
+                    self._record_spilled(key, entry, value)
                     return weight
-                if key not in self._unpicklable:
-                    return -1                 # the disk refused: the next one would fare no better
-        return -1
+            with contextlib.suppress(OSError):
+                os.remove(entry[0])            # gone or replaced meanwhile: nothing was spilled
 
     def close(self) -> None:
         """Remove every file (the worker is ending)."""
@@ -277,68 +303,67 @@ class SpillStore:
         return {"managed": self.memory_bytes, "spilled": self.spilled_bytes, "spilled_disk": self.disk_bytes,
                 "spilled_count": len(self.slow)}
 
-    # -- internals (under the lock) ---------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------
     def _evict_to(self, limit: int | None) -> None:
+        """Spill until the results in memory, less those being written now, are under `limit`."""
         if limit is None or self.directory is None:
             return
-        while self.memory_bytes > limit and self.fast:
+        while self.memory_bytes - sum(self._writing.values()) > limit and self.fast:
             if self.evict() < 0:
                 return
 
-    def _spill(self, key: str) -> bool:
-        value = self.fast[key]
-        if not self._write(key, value):
-            return False
-        del self.fast[key]
-        self.memory_bytes -= self.weight[key]
-        return True
-
-    def _write(self, key: str, value) -> bool:
-        """Write `value` to a new file and record it as spilled; False if it cannot be."""
+    def _write_file(self, key: str, value) -> tuple[str, int] | None:
+        """Write `value` to a new file, without the lock; (path, bytes) or None if it cannot
+        be written (an unpicklable one is remembered, and stays in memory)."""
         try:
             payload = serialize.dumps_value(value)
         except Exception as exc:
-            self._unpicklable.add(key)
+            with self._lock:
+                self._unpicklable.add(key)
             logger.error("cannot spill %r to disk (keeping it in memory): it does not pickle: %s: %s",
                          key, type(exc).__name__, exc)
-            return False
-        if not self._made_directory:
-            os.makedirs(self.directory, exist_ok=True)
-            self._made_directory = True
-        path = os.path.join(self.directory, str(next(self._names)))
+            return None
+        with self._lock:
+            if not self._made_directory:
+                os.makedirs(self.directory, exist_ok=True)
+                self._made_directory = True
+            path = os.path.join(self.directory, str(next(self._names)))
         try:
-            size = write_parts(path, payload)
+            return path, write_parts(path, payload)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.remove(path)
             logger.error("spilling to %s failed (keeping results in memory): %s", self.directory, exc)
-            return False
-        self.slow[key] = (path, size)
+            return None
+
+    def _record_spilled(self, key: str, entry: tuple[str, int], value) -> None:
+        """Under the lock: `key` (its weight recorded, not in `fast`) now lives in file `entry`."""
+        self.slow[key] = entry
         self.spilled_bytes += self.weight[key]
-        self.disk_bytes += size
+        self.disk_bytes += entry[1]
         self.spills += 1
         try:
             self._alive[key] = value
         except TypeError:            # ints, tuples, dicts... cannot be weakly referenced
             pass
-        return True
 
-    def _unspill(self, key: str, value, entry) -> None:
+    def _unspill(self, key: str, value, entry) -> bool:
         """A task read a spilled value: keep it in memory again (unless it alone is larger
-        than the target), dropping its file, and spill others if that is too much."""
+        than the target), dropping its file. True when it came back (the caller then spills
+        others if that is too much, outside the lock)."""
         weight = self.weight.get(key, 0)
         if self.target is not None and weight > self.target:
             try:
                 self._alive[key] = value
             except TypeError:
                 pass
-            return
+            return False
         del self.slow[key]
         self._forget_file(key, entry)
         self.fast[key] = value
         self.memory_bytes += weight
         self.unspills += 1
-        self._evict_to(self.target)
+        return True
 
     def _forget_file(self, key: str, entry) -> None:
         """The file of a result no longer in `slow` (its weight still recorded)."""
@@ -369,6 +394,12 @@ class MemoryManager:
         # target off but spill on: only the process-memory rule spills (dask: target = maxsize)
         target = int(self.limit * f.target) if self.limit and f.target else None
         self.store = SpillStore(directory, target)
+        # Files are written by one thread of their own, so neither the event loop (messages,
+        # the next task's start) nor the task threads wait for the disk.
+        self._spiller = ThreadPoolExecutor(1, thread_name_prefix="hpc-spill") if directory else None
+        self._spilling: asyncio.Future | None = None
+        self._spill_again = False
+        self._then = None
         self.paused = False
         self._process = psutil.Process(pid or os.getpid())
         self.rss = self.read_rss()
@@ -406,13 +437,52 @@ class MemoryManager:
             return None
         return self._level(self.fractions.target) or start
 
+    def spill_soon(self, then=None) -> None:
+        """Bring the results in memory under the target, in the spill thread (the worker calls
+        this, from its event loop, after storing a result). One pass at a time; a call during
+        a pass asks for another. `then` is called on the event loop when no pass is left."""
+        if then is not None:
+            self._then = then
+        if self._spiller is None or self.store.target is None:
+            return
+        if self._spilling is not None:
+            self._spill_again = True
+            return
+        self._spilling = asyncio.get_running_loop().run_in_executor(self._spiller, self.store.spill_to_target)
+        self._spilling.add_done_callback(self._spilled)
+
+    def _spilled(self, fut) -> None:
+        self._spilling = None
+        if not fut.cancelled() and fut.exception() is not None:
+            logger.error("spilling failed: %s", fut.exception())
+        if self._spill_again:
+            self._spill_again = False
+            self.spill_soon()
+        elif self._then is not None:
+            self._then()
+
+    def behind(self) -> bool:
+        """Is the spill thread behind? Results in memory are over the spill fraction of the
+        limit while it writes: the worker starts no task until it has caught up, as a worker
+        that wrote them itself could not have (without this, tasks made 10 MB results faster
+        than they were written and reached the nanny's terminate fraction)."""
+        level = self._level(self.fractions.spill) or self.store.target
+        return self._spilling is not None and level is not None and self.store.memory_bytes > level
+
+    def close(self) -> None:
+        """Wait for a write under way, then remove every spill file (the worker is ending)."""
+        if self._spiller is not None:
+            self._spiller.shutdown(wait=True, cancel_futures=True)
+        self.store.close()
+
     async def spill_down(self, rss: int) -> int:
         """Over the spill fraction: spill results, least recently used first, until the
         process is under the target (dask's hysteresis); the process's memory after."""
         level = self.spill_level(rss)
         spilled, count, trimmed = 0, 0, False
+        loop = asyncio.get_running_loop()
         while level is not None and rss > level:
-            weight = self.store.evict()
+            weight = await loop.run_in_executor(self._spiller, self.store.evict)
             if weight < 0 and not trimmed:
                 # Freed results may still sit in the heap: hand them back and look again.
                 trim_malloc()
@@ -429,7 +499,6 @@ class MemoryManager:
                 break
             spilled, count = spilled + weight, count + 1
             rss = self.sample()
-            await asyncio.sleep(0)            # writing takes a while: let messages through meanwhile
         if count and not trimmed and rss > level:
             trim_malloc()
             rss = self.sample()

@@ -153,7 +153,7 @@ class Worker:
         if self.scheduler is not None:
             self.scheduler_comm.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
-        self.data.close()                    # spill files go with the worker
+        self.memory.close()                  # spill files go with the worker
         self.closed.set()
 
     async def _heartbeat(self) -> None:
@@ -312,7 +312,8 @@ class Worker:
             reply = await self.request(holder, {"op": "get-data", "keys": keys})
             for k, blob in reply["data"].items():
                 if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
-                    self.data[k] = serialize.loads_value(blob)
+                    self.data.put(k, serialize.loads_value(blob), spill=False)
+            self.memory.spill_soon()
             fut.set_result(reply.get("missing") or [])
         except Exception as exc:
             logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
@@ -348,7 +349,8 @@ class Worker:
                 logger.warning("could not copy %r from %s: %s", key, holder, exc)
                 continue
             if key in reply["data"]:
-                self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]))
+                self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]), spill=False)
+                self.memory.spill_soon()
                 self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
                 return
         self.scheduler.send({"op": "replica-failed", "key": key})
@@ -367,7 +369,7 @@ class Worker:
             self._take_slot_again(key)
             event.set()
         starting = []
-        while self.ready and self._busy() < self.nthreads and not self.memory.paused:
+        while self.ready and self._busy() < self.nthreads and not self.memory.paused and not self.memory.behind():
             _, key = heapq.heappop(self.ready)
             ts = self.tasks.get(key)
             if ts is None or ts.state != "ready":
@@ -464,9 +466,10 @@ class Worker:
                                      "text": f"{type(exc).__name__}: {exc}"[:2000]})
         self._run_ready()
         # Spilling writes files: only now, with the results reported and the next tasks
-        # started, so neither the scheduler nor this worker's threads wait for the disk.
+        # started, and in the spill thread, so neither the scheduler nor this worker's
+        # threads wait for the disk.
         self.scheduler.flush()
-        self.data.spill_to_target()
+        self.memory.spill_soon(then=self._run_ready)
 
     # -- peers and clients -------------------------------------------------------------
     async def request(self, address: str, msg: dict) -> dict:
@@ -492,7 +495,8 @@ class Worker:
                     if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
                         raise ProtocolError("put-data needs a map of keys to payloads")
                     for k, blob in items.items():
-                        self.nbytes[k] = self.data.put(k, serialize.loads_value(blob))
+                        self.nbytes[k] = self.data.put(k, serialize.loads_value(blob), spill=False)
+                    self.memory.spill_soon()
                     await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
                 elif op == "ping":
                     await comm.write({"op": "pong", "address": self.address})
