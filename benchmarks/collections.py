@@ -18,6 +18,14 @@ Reported: wall time and the peak RSS of any worker process (sampled at 20 Hz wit
 the same way for both), and ours/distributed ratios. Both clusters run 2 worker processes
 of 1 thread under a nanny; distributed's dashboard is off. Each system's Client is dask's
 default scheduler while its workload runs, so the workloads are plain dask code.
+
+Warm-up: before the timed run, each fresh cluster runs the workload's --quick version once.
+Without it the comparison was not of the engines: distributed starts its workers with
+multiprocessing's spawn, which imports this script (and so numpy and dask.array) into every
+worker before the clock starts, while our workers import them inside the first task (0.5 s
+for dask.array, 0.8 s for dask.dataframe and pandas, per worker, on this machine).
+`--cold` times the first run instead. `--repeat N` runs each pair N times, interleaved
+(ours, distributed, ours, ...), each time on fresh clusters, and reports the median.
 """
 
 from __future__ import annotations
@@ -143,12 +151,14 @@ def worker_pids(client, system: str) -> list[int]:
     return [w["pid"] for w in info if w.get("pid")]
 
 
-def run(system: str, name: str, quick: bool) -> dict:
+def run(system: str, name: str, quick: bool, warm: bool = True) -> dict:
     make = ours if system == "ours" else theirs
     with make(SMALL_WORKERS.get(name)) as (client, deaths):
         client.wait_for_workers(2, timeout=120)
         pids = worker_pids(client, system)
         assert len(pids) == 2, pids
+        if warm:
+            WORKLOADS[name](True)
         with PeakRSS(pids) as peak:
             t0 = time.perf_counter()
             try:
@@ -158,6 +168,16 @@ def run(system: str, name: str, quick: bool) -> dict:
             seconds = time.perf_counter() - t0
         return {"system": system, "workload": name, "seconds": seconds, "peak_rss": peak.peak,
                 "value": value, "error": error, "deaths": len(deaths())}
+
+
+def _median_run(runs: list[dict]) -> dict | None:
+    """One row for several runs: median time and median peak RSS; errors and deaths of any run."""
+    if not runs:
+        return None
+    mid = lambda xs: sorted(xs)[len(xs) // 2]     # noqa: E731  (the upper median for even counts)
+    errors = [r["error"] for r in runs if r["error"]]
+    return dict(runs[0], seconds=mid([r["seconds"] for r in runs]), peak_rss=mid([r["peak_rss"] for r in runs]),
+                error="; ".join(errors) or None, deaths=sum(r["deaths"] for r in runs))
 
 
 def _note(r: dict) -> str:
@@ -173,20 +193,24 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="a,b,c,d,e")
     p.add_argument("--systems", default="ours,distributed")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each system per workload, interleaved")
+    p.add_argument("--cold", action="store_true", help="time the first run on fresh workers (no warm-up)")
     args = p.parse_args(argv)
     results = []
     for name in args.only.split(","):
-        for system in args.systems.split(","):
-            print(f"{name} on {system} ...", file=sys.stderr, flush=True)
-            results.append(run(system, name, args.quick))
-            r = results[-1]
-            print(f"  {r['seconds']:.1f} s, peak worker RSS {r['peak_rss'] / GiB:.2f} GiB"
-                  + (f", ERROR {r['error']}" if r["error"] else "") + (f", {r['deaths']} deaths" if r["deaths"] else ""),
-                  file=sys.stderr, flush=True)
-    print(f"\n{'workload':<10}{'ours s':>9}{'dist s':>9}{'speed':>8}{'ours GiB':>10}{'dist GiB':>10}{'memory':>8}  notes")
+        for i in range(args.repeat):
+            for system in args.systems.split(","):
+                print(f"{name} on {system} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                results.append(dict(run(system, name, args.quick, warm=not args.cold), repeat=i))
+                r = results[-1]
+                print(f"  {r['seconds']:.2f} s, peak worker RSS {r['peak_rss'] / GiB:.2f} GiB"
+                      + (f", ERROR {r['error']}" if r["error"] else "")
+                      + (f", {r['deaths']} deaths" if r["deaths"] else ""), file=sys.stderr, flush=True)
+    print(f"\n{'workload':<10}{'ours s':>9}{'dist s':>9}{'speed':>8}{'ours GiB':>10}{'dist GiB':>10}{'memory':>8}  notes"
+          + ("   (medians of %d runs each)" % args.repeat if args.repeat > 1 else ""))
     for name in args.only.split(","):
-        by = {r["system"]: r for r in results if r["workload"] == name}
-        o, d = by.get("ours"), by.get("distributed")
+        o, d = (_median_run([r for r in results if r["workload"] == name and r["system"] == s])
+                for s in ("ours", "distributed"))
         if not (o and d):
             continue
         speed = d["seconds"] / o["seconds"] if o["seconds"] else float("nan")
