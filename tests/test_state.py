@@ -117,6 +117,28 @@ def test_a_task_with_large_inputs_waits_for_their_busy_worker_instead_of_copying
     assert computes(s.take_outbox(), "w3") == ["z"]
 
 
+def test_slices_of_a_large_block_stay_with_it_while_durations_are_unknown():
+    # A rechunk cuts a 143 MB block on w1 into slices. w1's slots fill with slices whose run
+    # time nobody knows yet; the next slice waits for w1 instead of copying the whole block
+    # to w2 (counted at dask's 0.5 s each, three unknown tasks looked longer than the 1.4 s
+    # copy). Once the slices are known to take 2 s each, the queue is long: the next one moves.
+    s = SchedulerState(prefetch=2)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.update_graph("c", [task("block")], ["block"])
+    s.take_outbox()
+    s.add_worker("w2", nthreads=1, now=0)
+    s.task_finished("w1", "block", nbytes=143_000_000, duration=0.1)
+    slices = [task(f"slice-{i:016x}", deps=["block"]) for i in range(5)]
+    s.update_graph("c", slices, [t["key"] for t in slices])
+    out = s.take_outbox()
+    assert len(computes(out, "w1")) == 3 and computes(out, "w2") == []
+    first = computes(out, "w1")[0]
+    s.task_started("w1", first, now=s.now)
+    s.durations.learn("slice-ffffffffffffffff", 2.0)  # slices are now known to be slow
+    s.add_worker("w3", nthreads=1, now=0)             # a free worker: the next slice may move there
+    assert computes(s.take_outbox(), "w3") != []
+
+
 def test_dependencies_and_release_of_intermediates():
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0)
