@@ -22,7 +22,8 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
+from ..protocol.secret import (cluster_file_for, new_secret, open_private, private_directory, read_cluster_file,
+                               write_cluster_file)
 from ..config import ConfigError, ResolvedConfig
 from ..worker.flags import memory_fraction_args
 
@@ -224,6 +225,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
     cluster_file = cluster_file_for(name)
+    # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
+    private_directory(cluster_file.parent, fix=True)
     render_job_script(cfg, str(cluster_file), worker_prefix or name)   # a broken template fails here, not in every submit
     if cluster_file.exists():
         try:
@@ -250,7 +253,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         json.dump(plan, f)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
-    log = open(log_path, "wb")                 # this run's log only: failures quote its tail
+    log = open_private(log_path, "wb")         # this run's log only: failures quote its tail
     proc = subprocess.Popen([sys.executable, "-m", "hpc_cluster.deploy.daemon", str(plan_path)],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=detach)

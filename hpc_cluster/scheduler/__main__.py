@@ -14,7 +14,7 @@ import signal
 import sys
 
 from ..protocol.frames import Limits
-from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
+from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
 from .server import Scheduler
 
 
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         secret = extra.pop("secret")
         extra.pop("address", None)
     else:
-        secret = secret_from_env()
+        secret = take_secret_from_env()
         if secret is None:
             p.error("give --cluster-file or set $HPC_CLUSTER_SECRET")
 
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))
         if args.address_file:
             tmp = args.address_file + ".tmp"
-            with open(tmp, "w") as f:
+            with open_private(tmp, "w") as f:
                 f.write(address)
             os.replace(tmp, args.address_file)
         loop = asyncio.get_running_loop()

@@ -14,7 +14,7 @@ import os
 import sys
 
 from ..protocol.frames import Limits
-from ..protocol.secret import read_cluster_file, secret_from_env
+from ..protocol.secret import SECRET_ENV, read_cluster_file, take_secret_from_env
 from .store import MemoryFractions, tune_malloc
 from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
@@ -222,8 +222,9 @@ def main(argv=None) -> int:
     if args.cluster_file:
         info = read_cluster_file(args.cluster_file)
         address, secret = info["address"], info["secret"]
+        os.environ.pop(SECRET_ENV, None)       # not the one we use, but a secret all the same
     else:
-        address, secret = args.scheduler, secret_from_env()
+        address, secret = args.scheduler, take_secret_from_env()
         if secret is None:
             print("hpc-cluster worker: set $HPC_CLUSTER_SECRET or use --cluster-file", file=sys.stderr)
             return 2
@@ -235,7 +236,9 @@ def main(argv=None) -> int:
         from .nanny import run_nanny
         # The nanny restarts the worker when its lifetime ends; the worker only says so.
         child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart")
-        return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit,
+        # The secret left our environment (tasks must not inherit it); the worker gets it in its own.
+        child_env = None if args.cluster_file else {**os.environ, SECRET_ENV: secret.hex()}
+        return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit, child_env=child_env,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory)
     from .worker import run_worker
