@@ -22,6 +22,7 @@ import psutil
 from ..units import parse_memory
 from ..worker.flags import memory_fraction_args
 from ..protocol.secret import SECRET_ENV, new_secret, open_private, private_directory
+from ..protocol.tls import resolve_security
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _live: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
@@ -132,7 +133,9 @@ class LocalCluster:
     `memory_terminate_fraction` (dask's 0.6 / 0.7 / 0.8 / 0.95, False: off), `versions`,
     `max_message_bytes`, `max_frame_bytes`) left as None come from $HPC_CLUSTER_<KNOB> or the
     config files' `settings` (docs/configuration.md). `local_directory`, as in dask: where the
-    workers run and spill results to disk (default: the temp directory).
+    workers run and spill results to disk (default: the temp directory). `security`, as in
+    dask: True encrypts every connection with TLS under a certificate made for this cluster
+    (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -144,7 +147,7 @@ class LocalCluster:
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
                  memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
-                 **unknown):
+                 security=None, **unknown):
         if unknown:
             import inspect
 
@@ -173,6 +176,8 @@ class LocalCluster:
         self.secret = new_secret()
         self._tmp = tempfile.TemporaryDirectory(prefix="hpc-cluster-")
         self.log_directory = Path(log_directory or self._tmp.name)
+        # security=True: a certificate for this cluster alone, in its private temp directory.
+        self.security = resolve_security(security, Path(self._tmp.name) / "tls")
         self.workers: dict[str, subprocess.Popen] = {}
         self._counter = 0
         self._owner_file: Path | None = None
@@ -195,8 +200,12 @@ class LocalCluster:
         self.status = "running"
 
     def _limit_args(self) -> list[str]:
+        tls = []
+        if self.security is not None:
+            s = self.security
+            tls = ["--tls-ca-file", s.tls_ca_file, "--tls-cert", s.tls_cert, "--tls-key", s.tls_key]
         return ["--max-message-bytes", str(self.settings["max_message_bytes"]),
-                "--max-frame-bytes", str(self.settings["max_frame_bytes"])]
+                "--max-frame-bytes", str(self.settings["max_frame_bytes"]), *tls]
 
     def _start_scheduler(self) -> subprocess.Popen:
         st = self.settings
