@@ -191,3 +191,16 @@ def test_batch_cluster_with_security_true_runs_over_tls(sim, tmp_path):
     finally:
         cluster.close()
     assert not Path(tls["key"]).parent.exists()
+
+
+def test_the_security_setting_turns_tls_on_for_batch_clusters(sim, monkeypatch):
+    """`security: true` in a site file (here $HPC_CLUSTER_SECURITY) does what security=True does,
+    for the classes and `hpc-cluster up`; security=False still wins over it."""
+    from hpc_cluster.deploy.cluster import PBSCluster
+    monkeypatch.setenv("HPC_CLUSTER_SECURITY", "true")
+    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00") as cluster:
+        assert cluster.scheduler_address.startswith("tls://") and cluster.security is not None
+        with Client(cluster) as client:
+            assert client.scheduler_info()["workers"] == {}        # connected, over TLS
+    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=False) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://") and cluster.security is None

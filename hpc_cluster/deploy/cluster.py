@@ -145,7 +145,8 @@ class JobQueueCluster:
                              "cluster daemon; remove scheduler_cls")
         self._check_keywords(job_kwargs)
         options = scheduler_options or {}             # the scheduler's own protocol/security, checked alike
-        self._security = security if security not in (None, False) else options.get("security")
+        # None: the site's `security` setting decides (launch); False: no TLS whatever it says.
+        self._security = security if security is not None else options.get("security")
         notes = [*check_protocol(protocol, self._security), *check_security(security),
                  *silence_logs_note(silence_logs)]
         given = {"interface": interface, "shared_temp_directory": shared_temp_directory,

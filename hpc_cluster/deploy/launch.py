@@ -261,6 +261,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
                                f"use another --name or `hpc-cluster down {name}` first")
         cluster_file.unlink()
     run_dir = cluster_file.parent
+    if security is None and cfg.values.get("security"):     # the site's `security: true`
+        security = True
     sec, tls_dir = tls_for(cfg, name, security, run_dir)
     write_cluster_file(cluster_file, "", new_secret(), name=name, **({"tls": sec.to_dict()} if sec else {}))
     plan_path = run_dir / f".{name}.plan.json"
