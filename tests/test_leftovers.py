@@ -82,6 +82,10 @@ def test_log_directory_is_refused_while_an_orphaned_scheduler_runs_there(tmp_pat
             assert c.submit(_double, 1).result(timeout=30) == 2
     finally:
         if owner.poll() is None:
+            # Its processes first: this test must leave none behind, even when it fails early.
+            import psutil
+            for child in psutil.Process(owner.pid).children(recursive=True):
+                child.kill()
             owner.kill()
             owner.wait()
         if sched_pid is not None:
