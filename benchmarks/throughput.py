@@ -110,29 +110,34 @@ DESCRIPTIONS = {"map": "map(noop, range({n})) + gather",
 
 
 # -- clusters --------------------------------------------------------------------------------
-def start_ours(stack: contextlib.ExitStack, workers: int, threads: int):
+def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
     from hpc_cluster import Client, LocalCluster
-    cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads))
+    cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads,
+                                               security=security or None))
     client = stack.enter_context(Client(cluster))
     client.wait_for_workers(workers, timeout=60)
     return client
 
 
-def start_dask(stack: contextlib.ExitStack, workers: int, threads: int):
+def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
     import logging
 
     import dask
     from distributed import Client, LocalCluster
+    from distributed.security import Security
     logging.getLogger("distributed").setLevel(logging.ERROR)
     stack.enter_context(dask.config.set({"distributed.admin.tick.limit": "1h"}))
+    tls = {"security": Security.temporary(), "protocol": "tls://"} if security else {}
     cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads,
-                                               processes=True, dashboard_address=None))
-    client = stack.enter_context(Client(cluster))
+                                               processes=True, dashboard_address=None, **tls))
+    client = stack.enter_context(Client(cluster, security=tls.get("security")))
     client.wait_for_workers(workers, timeout=60)
     return client
 
 
-STARTERS = {"ours": start_ours, "dask": start_dask}
+# "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary()).
+STARTERS = {"ours": start_ours, "dask": start_dask,
+            "ours-tls": lambda *a: start_ours(*a, security=True), "dask-tls": lambda *a: start_dask(*a, security=True)}
 
 
 def warm_up(client) -> None:
@@ -170,7 +175,7 @@ def run(args) -> dict:
             raise SystemExit(f"--benchmarks: unknown benchmark {b!r}; choose from {', '.join(BENCHMARKS)}")
     for s in systems:
         if s not in STARTERS:
-            raise SystemExit(f"--systems: unknown system {s!r}; choose from ours, dask")
+            raise SystemExit(f"--systems: unknown system {s!r}; choose from {', '.join(STARTERS)}")
 
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version(), "load_before": _load()},
@@ -219,11 +224,11 @@ def _git_state() -> str:
 
 def _versions(systems) -> dict:
     out = {}
-    if "dask" in systems:
+    if any(s.startswith("dask") for s in systems):
         import dask
         import distributed
         out["dask"], out["distributed"] = dask.__version__, distributed.__version__
-    if "ours" in systems:
+    if any(s.startswith("ours") for s in systems):
         try:
             from importlib.metadata import version
             out["hpc_cluster"] = version("hpc-cluster")
@@ -268,7 +273,8 @@ def parse_args(argv=None):
     p.add_argument("--tree", type=int, help="leaves in the tree reduction")
     p.add_argument("--chain", type=int, help="length of the dependent chain")
     p.add_argument("--benchmarks", default="map,tree,chain", help="comma-separated subset to run")
-    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask (default both)")
+    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, ours-tls, dask-tls "
+                   "(TLS on every connection; default ours,dask)")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")

@@ -86,11 +86,12 @@ def peaks(pids: dict[str, int], out: dict):
 
 class Ours:
     name = "ours"
+    security = None
 
     def __init__(self, stack: contextlib.ExitStack):
         from hpc_cluster import Client, LocalCluster
         cluster = stack.enter_context(LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=0,
-                                                   resources={"A": 1}))
+                                                   resources={"A": 1}, security=self.security))
         cluster.resources = {"B": 1}           # LocalCluster starts each new worker with its resources
         cluster.scale(2)
         self.client = stack.enter_context(Client(cluster))
@@ -104,17 +105,20 @@ class Ours:
 
 class Dask:
     name = "dask"
+    tls = False
 
     def __init__(self, stack: contextlib.ExitStack):
         import logging
 
         import dask
         from distributed import Client, LocalCluster
+        from distributed.security import Security
         logging.getLogger("distributed").setLevel(logging.ERROR)
         stack.enter_context(dask.config.set({"distributed.admin.tick.limit": "1h"}))
+        tls = {"security": Security.temporary(), "protocol": "tls://"} if self.tls else {}
         cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                                   dashboard_address=None, memory_limit=0))
-        self.client = stack.enter_context(Client(cluster, direct_to_workers=True))
+                                                   dashboard_address=None, memory_limit=0, **tls))
+        self.client = stack.enter_context(Client(cluster, direct_to_workers=True, security=tls.get("security")))
         self.client.wait_for_workers(2, timeout=60)
         pids = self.client.run(os.getpid)
         self.addresses = dict(zip("AB", sorted(pids)))
@@ -123,6 +127,14 @@ class Dask:
     def submit(self, func, *args, on: str):
         return self.client.submit(func, *args, workers=[self.addresses[on]], allow_other_workers=False,
                                   pure=False)
+
+
+class OursTLS(Ours):          # every connection under TLS (security=True)
+    name, security = "ours-tls", True
+
+
+class DaskTLS(Dask):          # dask's Security.temporary(), tls://
+    name, tls = "dask-tls", True
 
 
 def run_case(system, kind: str, nbytes: int, seed: int) -> dict:
@@ -167,10 +179,10 @@ def case_name(kind: str, nbytes: int) -> str:
 def run(args) -> dict:
     cases = CASES["quick" if args.quick else "full"]
     systems = [s for s in args.systems.split(",") if s]
-    starters = {"ours": Ours, "dask": Dask}
+    starters = {"ours": Ours, "dask": Dask, "ours-tls": OursTLS, "dask-tls": DaskTLS}
     for s in systems:
         if s not in starters:
-            raise SystemExit(f"--systems: unknown system {s!r}; choose from ours, dask")
+            raise SystemExit(f"--systems: unknown system {s!r}; choose from {', '.join(starters)}")
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version(), "load_before": _load()},
               "config": {"repeat": args.repeat, "quick": bool(args.quick),
@@ -269,11 +281,11 @@ def _versions(systems) -> dict:
     import numpy
     import pandas
     out = {"numpy": numpy.__version__, "pandas": pandas.__version__}
-    if "dask" in systems:
+    if any(s.startswith("dask") for s in systems):
         import dask
         import distributed
         out["dask"], out["distributed"] = dask.__version__, distributed.__version__
-    if "ours" in systems:
+    if any(s.startswith("ours") for s in systems):
         out["hpc_cluster_git"] = _git_state()      # "-dirty": uncommitted changes were measured
     return out
 
@@ -282,7 +294,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=3, help="runs per case and system (default 3)")
     p.add_argument("--quick", action="store_true", help="50 MB cases only, for a smoke test")
-    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask (default both)")
+    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, ours-tls, dask-tls "
+                   "(TLS on every connection; default ours,dask)")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")

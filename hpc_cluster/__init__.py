@@ -11,6 +11,7 @@ _EXPORTS = {
     "Future": "futures", "as_completed": "futures", "wait": "futures",
     "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster",
     "LocalCluster": "deploy.local",
+    "Security": "protocol.tls",
     "progress": "progress",
     "futures_of": "dask_collections",
     **{name: "subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},

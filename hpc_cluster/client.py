@@ -71,21 +71,26 @@ class Client(CollectionsMixin, ClusterToolsMixin):
 
     `Client(cluster)`, `Client("tcp://host:port")` (secret from $HPC_CLUSTER_SECRET or
     `secret=`), `Client(cluster_file=path)`, or `Client("name")` for a cluster started
-    with `hpc-cluster up --name name`. It becomes dask's default scheduler (so
+    with `hpc-cluster up --name name`. A tls:// cluster needs its certificates: the cluster
+    and its cluster file carry them, else pass `security=` (a Security, or dask's, with the
+    cluster's CA, a certificate and its key). It becomes dask's default scheduler (so
     `x.compute()` runs on the cluster) unless `set_as_default=False`.
     """
 
     def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
-                 timeout: float = 30.0, set_as_default: bool = True):
+                 timeout: float = 30.0, set_as_default: bool = True, security=None):
+        from .protocol.tls import Security, resolve_security
         self.cluster = None
         if address is not None and not isinstance(address, str):
             self.cluster = address
             address, secret = address.scheduler_address, address.secret
+            security = security or getattr(self.cluster, "security", None)
         elif cluster_file is not None or (isinstance(address, str) and "://" not in address
                                           and ":" not in address):
             from .protocol.secret import cluster_file_for
             info = read_cluster_file(cluster_file or cluster_file_for(address))
             address, secret = info["address"], info["secret"]
+            security = security or Security.from_dict(info.get("tls"))
         if address is None:
             raise ValueError("Client() needs a cluster, an address, or cluster_file=")
         if isinstance(secret, str):
@@ -95,6 +100,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             raise ValueError(f"no secret for {address}: pass secret=, set $HPC_CLUSTER_SECRET, "
                              "or connect with the cluster object or its cluster file")
         self.scheduler_address, self._secret, self.timeout = address, secret, timeout
+        self.security = resolve_security(security)
+        self._tls = self.security.client_context() if self.security else None
         self._lt = _LoopThread.get()
         self._loop = self._lt.loop
         self._states: dict[str, FutureState] = {}
@@ -123,8 +130,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         return {"role": "client", "versions": get_versions()}
 
     async def _start(self) -> None:
-        self._comm = await connect(self.scheduler_address, self._secret, self._info)
-        self._pool = ConnectionPool(self._secret, self._info)
+        self._comm = await connect(self.scheduler_address, self._secret, self._info, tls=self._tls)
+        self._pool = ConnectionPool(self._secret, self._info, tls=self._tls)
         first = (await self._comm.read())[0]
         self.id = first.get("client")
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")

@@ -33,7 +33,8 @@ def get_client(timeout: float = 30.0):
         client = _worker_clients.get(ctx.scheduler)
         if client is None or client.status in ("closed", "closing", "disconnected"):
             from .client import Client
-            client = Client(ctx.scheduler, secret=ctx.secret, timeout=timeout, set_as_default=False)
+            client = Client(ctx.scheduler, secret=ctx.secret, security=ctx.security, timeout=timeout,
+                            set_as_default=False)
             _worker_clients[ctx.scheduler] = client
     return client
 

@@ -42,10 +42,10 @@ def nothing_started(sim):
     ({"dashboard_address": ":8787"}, r"Please pass 'dashboard_address' through 'scheduler_options'"),
     ({"job_cls": object}, r"job_cls=.*no Job classes; a batch system is an adapter"),
     ({"scheduler_cls": object}, r"scheduler_cls=.*runs its own scheduler"),
-    ({"protocol": "tls://"}, r"protocol='tls://': hpc-cluster does not encrypt its connections yet"),
-    ({"protocol": "ucx"}, r"protocol='ucx': hpc-cluster speaks TCP only"),
-    ({"security": Security(tls_ca_file="ca.pem", tls_client_cert="c.pem", tls_client_key="k.pem")},
-     r"asks for TLS with your certificates.*Remove security="),
+    ({"protocol": "tls://"}, r"protocol='tls://' needs certificates: add security=True"),
+    ({"protocol": "ucx"}, r"protocol='ucx': hpc-cluster speaks TCP \(and TLS with security=\)"),
+    ({"security": Security(tls_ca_file="ca.pem", require_encryption=True)},
+     r"asks for encryption but does not give both a CA .* and a certificate with its key"),
     ({"worker_command": "dask_cuda.cli"}, r"worker_command='dask_cuda.cli' cannot start an hpc-cluster worker"),
     ({"worker_extra_args": ["--preload", "mymod"]}, r"worker_extra_args: --preload.*job_script_prologue"),
     ({"worker_extra_args": ["--lifetime", "soon"]}, r"worker_extra_args: --lifetime"),
@@ -75,10 +75,12 @@ def test_what_has_no_meaning_here_is_said_in_one_warning(sim):
         with pytest.warns(JobqueueConfigWarning) as caught:
             cluster = PBSCluster(cores=1, memory="1GB", security=True, silence_logs="debug",
                                  worker_extra_args=["--no-dashboard", "--dashboard-address", ":0"])
+        address = cluster.scheduler_address
         cluster.close()
     assert len(caught) == 1
     text = str(caught[0].message)
-    for part in ("security=True: connections are not encrypted", "silence_logs='debug'",
+    assert "security" not in text and address.startswith("tls://")      # honoured: TLS, nothing to say
+    for part in ("silence_logs='debug'",
                  "scheduler_options['dashboard_address']: hpc-cluster has no dashboard yet",
                  "scheduler_options['idle_timeout']: not an option of hpc-cluster's scheduler",
                  "worker_extra_args: --dashboard-address"):

@@ -37,11 +37,12 @@ GOOD = {
     "--memory-pause-fraction": ("0.85", 0.85),
     "--max-message-bytes": ("1000000", 1000000), "--max-frame-bytes": ("1000", 1000), "--log-level": ("debug", "debug"),
     "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7),
+    "--tls-ca-file": ("/c/ca.pem", "/c/ca.pem"), "--tls-cert": ("/c/cert.pem", "/c/cert.pem"),
+    "--tls-key": ("/c/key.pem", "/c/key.pem"),
 }
 # Each refused flag's advice, in a word or two that must be in its message.
 ADVICE = {
-    "--tls-ca-file": "cluster's secret", "--tls-cert": "cluster's secret", "--tls-key": "cluster's secret",
-    "--scheduler-sni": "TLS is not offered", "--listen-address": "--host ADDRESS --worker-port PORT",
+    "--scheduler-sni": "host names are not checked", "--listen-address": "--host ADDRESS --worker-port PORT",
     "--contact-address": "use --host", "--scheduler-file": "cluster file", "--preload": "job_script_prologue",
     "--preload-nanny": "job_script_prologue",
 }
@@ -49,7 +50,7 @@ BAD = [
     ("--lifetime", "abc", "not a duration"), ("--lifetime-stagger", "-5", "not a duration"),
     ("--death-timeout", "soon", "not a duration"), ("--memory-limit", "lots", "not an amount of memory"),
     ("--memory-limit", "-1", "not a memory limit"), ("--protocol", "ucx", "only tcp"),
-    ("--protocol", "tls://", "only tcp"), ("--nthreads", "-1", "at least 0"), ("--nthreads", "four", "whole number"),
+    ("--protocol", "ws://", "only tcp and tls"), ("--nthreads", "-1", "at least 0"), ("--nthreads", "four", "whole number"),
     ("--nworkers", "0", "at least 1"), ("--nworkers", "auto", "whole number"), ("--resources", "GPU", "NAME=NUMBER"),
     ("--worker-port", "70000", "65535"), ("--worker-port", "3010:3000", "FIRST <= LAST"),
     ("--worker-class", "dask_cuda.CUDAWorker", "--resources GPU=1"),
@@ -57,7 +58,10 @@ BAD = [
 
 
 # What a flag needs beside it to make sense (the check refuses it alone; so must the parser).
-NEEDS = {"--lifetime-stagger": ["--lifetime", "1h"], "--lifetime-restart": ["--lifetime", "1h"]}
+_TLS = {"--tls-ca-file": ["--tls-ca-file", "ca.pem"], "--tls-cert": ["--tls-cert", "c.pem"],
+        "--tls-key": ["--tls-key", "k.pem"]}
+NEEDS = {"--lifetime-stagger": ["--lifetime", "1h"], "--lifetime-restart": ["--lifetime", "1h"],
+         **{name: [w for other, words in _TLS.items() if other != name for w in words] for name in _TLS}}
 
 
 def every_name():

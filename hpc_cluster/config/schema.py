@@ -285,6 +285,8 @@ OPTIONS: tuple[Option, ...] = (
            "'distributed.cli.dask_worker' (the standard worker, which here is ours) is accepted",
            example="distributed.cli.dask_worker"),
     Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
+    Option("security", "bool", _bool, False, "encrypt every connection with TLS under a certificate made for "
+           "the cluster (dask's security=True); a keyword security=Security(...) gives your own"),
     Option("death_timeout", "seconds", _seconds(False), 60, "seconds a worker waits for an unreachable scheduler before exiting"),
     Option("job_name", "str", _one_line, "dask-worker", "the batch job's name (sbatch -J, qsub -N)",
            aliases=("name",)),

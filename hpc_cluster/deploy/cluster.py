@@ -30,6 +30,7 @@ from ..adapters.base import JobSpec
 from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
 from ..config.jobqueue import DEPRECATED
 from ..protocol.secret import cluster_file_for, read_cluster_file
+from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .launch import ClusterError, control, job_spec, launch  # noqa: F401  (ClusterError: public)
@@ -143,11 +144,14 @@ class JobQueueCluster:
             raise ValueError(f"scheduler_cls={scheduler_cls!r}: hpc-cluster runs its own scheduler in the "
                              "cluster daemon; remove scheduler_cls")
         self._check_keywords(job_kwargs)
-        notes = [*check_protocol(protocol), *check_security(security), *silence_logs_note(silence_logs)]
+        options = scheduler_options or {}             # the scheduler's own protocol/security, checked alike
+        # None: the site's `security` setting decides (launch); False: no TLS whatever it says.
+        self._security = security if security is not None else options.get("security")
+        notes = [*check_protocol(protocol, self._security), *check_security(security),
+                 *silence_logs_note(silence_logs)]
         given = {"interface": interface, "shared_temp_directory": shared_temp_directory,
                  "scheduler_options": scheduler_options, "config_name": config_name}
-        options = scheduler_options or {}             # the scheduler's own protocol/security, checked alike
-        notes += [*check_protocol(options.get("protocol")), *check_security(options.get("security"))]
+        notes += [*check_protocol(options.get("protocol"), self._security), *check_security(options.get("security"))]
         kwargs = {"batch": self.batch or None, **{k: v for k, v in given.items() if v is not None}, **job_kwargs}
         with warnings.catch_warnings():
             warnings.simplefilter("always", FutureWarning)   # renamed keywords: say so every time
@@ -171,6 +175,7 @@ class JobQueueCluster:
         self.status = Status.created
         self.scheduler_address: str | None = None
         self.secret: bytes | None = None
+        self.security = None                  # protocol/tls.py's Security once started, with security=
         self._proc: subprocess.Popen | None = None
         self._job: dict | None = None
         self._starting: asyncio.Future | None = None
@@ -220,13 +225,15 @@ class JobQueueCluster:
     # -- starting -------------------------------------------------------------------------
     def _start(self) -> None:
         try:
-            self._proc, path = launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)
+            self._proc, path = launch(self.config, self.id, n_jobs=0, worker_prefix=self.name,
+                                      security=self._security)
         except BaseException:
             self.status = Status.failed
             raise
         self._job = json.loads((path.parent / f".{self.id}.plan.json").read_text())["job"]
         info = read_cluster_file(path)
         self.scheduler_address, self.secret = info["address"], info["secret"]
+        self.security = Security.from_dict(info.get("tls"))
         self.status = Status.running
         if self._n_workers:
             control(self.cluster_file, "scale", jobs=math.ceil(self._n_workers / self.processes))

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..adapters import get_adapter
 from ..adapters.base import JobSpec
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, write_cluster_file
+from ..protocol.tls import Security
 from ..scheduler.server import Scheduler
 from .jobs import JobManager
 from .runner import LocalRunner, SSHRunner
@@ -37,18 +39,22 @@ def make_runner(ssh: dict | None):
 
 async def run(plan: dict) -> int:
     cluster_file = Path(plan["cluster_file"])
-    secret = read_cluster_file(cluster_file)["secret"]
+    info = read_cluster_file(cluster_file)
+    secret, security = info["secret"], Security.from_dict(info.get("tls"))
     sc = plan["scheduler"]
     sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
                       allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
                       versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
-                      limits=Limits(max_frame_bytes=sc["max_frame_bytes"], max_message_bytes=sc["max_message_bytes"]))
+                      limits=Limits(max_frame_bytes=sc["max_frame_bytes"], max_message_bytes=sc["max_message_bytes"]),
+                      security=security)
     address = await sched.start()
     runner = make_runner(plan.get("ssh"))
     adapter = get_adapter(plan["batch"], runner)
     meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
+    if security is not None:                   # the workers and clients that read the file use it
+        meta["tls"] = security.to_dict()
     jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
                     max_jobs_in_queue=plan.get("max_jobs_in_queue"), lifetime=plan.get("job_lifetime"),
                     startup_failures=plan.get("startup_failures", 3),
@@ -118,6 +124,8 @@ async def run(plan: dict) -> int:
             logger.warning("could not remove %s on the login node: %s", remote, exc)
     if plan.get("plan_file"):
         Path(plan["plan_file"]).unlink(missing_ok=True)
+    if plan.get("tls_directory"):              # certificates made for this cluster alone
+        shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])
     return 0
 

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +23,9 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..protocol.secret import cluster_file_for, new_secret, read_cluster_file, write_cluster_file
+from ..protocol.secret import (cluster_file_for, new_secret, open_private, private_directory, read_cluster_file,
+                               write_cluster_file)
+from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..worker.flags import memory_fraction_args
 
@@ -217,13 +220,36 @@ def job_lifetime(worker_extra_args: list[str]) -> float | None:
     return max(1.0, lifetime - (settings.get("lifetime_stagger") or 0))
 
 
+def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
+    """The cluster's TLS (protocol/tls.py) and the directory of the files made for it (removed
+    with the cluster), if any. The jobs read them where they read the cluster file: under
+    shared_temp_directory when it is set, else beside the cluster file."""
+    if security is None or security is False:
+        return None, None
+    if cfg.values["ssh"]:
+        raise ClusterError("security= with a site that submits over ssh is not supported yet: the "
+                           "certificates would have to be copied to the login node; use a Security whose "
+                           "files are already there, run the cluster on the login node, or drop security=")
+    shared = cfg.values["shared_temp_directory"]
+    made = Path(shared).expanduser() / f".hpc-cluster-{name}-tls" if shared else run_dir / f"{name}.tls"
+    try:
+        sec = resolve_security(security, made)
+    except ValueError as exc:
+        raise ClusterError(str(exc)) from None
+    return sec, (made if made.exists() else None)
+
+
 def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
-           timeout: float = 60.0, worker_prefix: str | None = None) -> tuple[subprocess.Popen, Path]:
-    """Start a cluster daemon; return its process and cluster file once it listens."""
+           timeout: float = 60.0, worker_prefix: str | None = None,
+           security=None) -> tuple[subprocess.Popen, Path]:
+    """Start a cluster daemon; return its process and cluster file once it listens. With
+    `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py)."""
     if cfg.values["batch"] not in ("slurm", "pbs"):
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
     cluster_file = cluster_file_for(name)
+    # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
+    private_directory(cluster_file.parent, fix=True)
     render_job_script(cfg, str(cluster_file), worker_prefix or name)   # a broken template fails here, not in every submit
     if cluster_file.exists():
         try:
@@ -234,23 +260,26 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             raise ClusterError(f"a cluster named {name!r} is already running (pid {pid}); "
                                f"use another --name or `hpc-cluster down {name}` first")
         cluster_file.unlink()
-    write_cluster_file(cluster_file, "", new_secret(), name=name)
     run_dir = cluster_file.parent
+    if security is None and cfg.values.get("security"):     # the site's `security: true`
+        security = True
+    sec, tls_dir = tls_for(cfg, name, security, run_dir)
+    write_cluster_file(cluster_file, "", new_secret(), name=name, **({"tls": sec.to_dict()} if sec else {}))
     plan_path = run_dir / f".{name}.plan.json"
     try:
         plan = make_plan(cfg, name, cluster_file, n_jobs, worker_prefix)
     except BaseException:
-        _forget(cluster_file)
+        _forget(cluster_file, tls_dir)
         raise
     log_path = run_dir / f"{name}.log"
-    plan.update(daemon_log=str(log_path), plan_file=str(plan_path),
+    plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
                 owner_pid=None if detach else os.getpid())
     fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(plan, f)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
-    log = open(log_path, "wb")                 # this run's log only: failures quote its tail
+    log = open_private(log_path, "wb")         # this run's log only: failures quote its tail
     proc = subprocess.Popen([sys.executable, "-m", "hpc_cluster.deploy.daemon", str(plan_path)],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=detach)
@@ -264,19 +293,22 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             pass
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
-            _forget(cluster_file, plan_path)
+            _forget(cluster_file, plan_path, tls_dir)
             raise ClusterError(f"the cluster daemon exited with code {proc.returncode}:\n{tail}")
         if time.monotonic() > deadline:
             proc.kill()
             proc.wait()
-            _forget(cluster_file, plan_path)
+            _forget(cluster_file, plan_path, tls_dir)
             raise ClusterError(f"the cluster daemon did not start within {timeout:g} s; see {log_path}")
         time.sleep(0.05)
 
 
-def _forget(*paths: Path) -> None:
+def _forget(*paths: Path | None) -> None:
     for p in paths:
-        Path(p).unlink(missing_ok=True)
+        if p is not None and Path(p).is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p is not None:
+            Path(p).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -7,6 +7,7 @@ client cannot stall it; each worker runs under a nanny unless `nanny=False`.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,8 @@ import psutil
 
 from ..units import parse_memory
 from ..worker.flags import memory_fraction_args
-from ..protocol.secret import SECRET_ENV, new_secret
+from ..protocol.secret import SECRET_ENV, new_secret, open_private, private_directory
+from ..protocol.tls import resolve_security
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _live: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
@@ -60,6 +62,55 @@ def _wait_for(condition, timeout: float, what: str, check=None):
         delay = min(delay * 1.5, 0.2)
 
 
+OWNER_FILE = "cluster.owner"
+# What a LocalCluster leaves in its log directory that the next one there must not read.
+STALE = ("scheduler.address", "scheduler.address.tmp")
+
+
+def _process_id(pid: int) -> list:
+    """A pid with its start time: a pid the kernel reuses for another process is not ours."""
+    return [pid, psutil.Process(pid).create_time()]
+
+
+def _running(ids) -> list[int]:
+    alive = []
+    for pid, started in ids or ():
+        try:
+            if psutil.Process(pid).create_time() == started and psutil.Process(pid).status() != "zombie":
+                alive.append(pid)
+        except (psutil.Error, TypeError, ValueError):
+            pass
+    return alive
+
+
+def claim_log_directory(directory: Path) -> Path:
+    """Make `directory` this cluster's: refuse one a running cluster uses, and remove what a
+    cluster that is gone left there (its address file: read, it sent the new cluster to a dead
+    scheduler). Logs stay and grow: nothing of the earlier run is lost."""
+    private_directory(directory)
+    owner = directory / OWNER_FILE
+    try:
+        previous = json.loads(owner.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    alive = _running(previous.get("processes") if isinstance(previous, dict) else None)
+    if alive:
+        raise RuntimeError(
+            f"log_directory {str(directory)!r} is in use by a running LocalCluster (processes "
+            f"{', '.join(map(str, alive))}, scheduler {previous.get('address') or 'starting'}); close that "
+            "cluster first, or give this one another log_directory (or none: a temporary one)")
+    for name in (OWNER_FILE, *STALE):
+        (directory / name).unlink(missing_ok=True)
+    try:        # exclusive: of two clusters starting here at once, one is refused
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise RuntimeError(f"log_directory {str(directory)!r} was claimed by another LocalCluster starting "
+                           "at the same moment; give this one another log_directory") from None
+    with os.fdopen(fd, "w") as f:
+        json.dump({"processes": [_process_id(os.getpid())]}, f)
+    return owner
+
+
 KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_target_fraction",
          "memory_spill_fraction", "memory_pause_fraction", "memory_terminate_fraction",
          "versions", "max_message_bytes", "max_frame_bytes")
@@ -82,7 +133,9 @@ class LocalCluster:
     `memory_terminate_fraction` (dask's 0.6 / 0.7 / 0.8 / 0.95, False: off), `versions`,
     `max_message_bytes`, `max_frame_bytes`) left as None come from $HPC_CLUSTER_<KNOB> or the
     config files' `settings` (docs/configuration.md). `local_directory`, as in dask: where the
-    workers run and spill results to disk (default: the temp directory).
+    workers run and spill results to disk (default: the temp directory). `security`, as in
+    dask: True encrypts every connection with TLS under a certificate made for this cluster
+    (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -94,7 +147,7 @@ class LocalCluster:
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
                  memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
-                 **unknown):
+                 security=None, **unknown):
         if unknown:
             import inspect
 
@@ -123,13 +176,21 @@ class LocalCluster:
         self.secret = new_secret()
         self._tmp = tempfile.TemporaryDirectory(prefix="hpc-cluster-")
         self.log_directory = Path(log_directory or self._tmp.name)
-        self.log_directory.mkdir(parents=True, exist_ok=True)
+        # security=True: a certificate for this cluster alone, in its private temp directory.
+        self.security = resolve_security(security, Path(self._tmp.name) / "tls")
         self.workers: dict[str, subprocess.Popen] = {}
         self._counter = 0
+        self._owner_file: Path | None = None
         self.status = "starting"
-        self._scheduler = self._start_scheduler()
+        try:
+            self._owner_file = claim_log_directory(self.log_directory)
+        except BaseException:
+            self.status = "closed"
+            self._tmp.cleanup()
+            raise
         _live.add(self)
         try:
+            self._scheduler = self._start_scheduler()
             self.scale(self.n_workers)
             if self.n_workers:
                 self.wait_for_workers(self.n_workers, timeout)
@@ -139,13 +200,17 @@ class LocalCluster:
         self.status = "running"
 
     def _limit_args(self) -> list[str]:
+        tls = []
+        if self.security is not None:
+            s = self.security
+            tls = ["--tls-ca-file", s.tls_ca_file, "--tls-cert", s.tls_cert, "--tls-key", s.tls_key]
         return ["--max-message-bytes", str(self.settings["max_message_bytes"]),
-                "--max-frame-bytes", str(self.settings["max_frame_bytes"])]
+                "--max-frame-bytes", str(self.settings["max_frame_bytes"]), *tls]
 
     def _start_scheduler(self) -> subprocess.Popen:
         st = self.settings
         address_file = self.log_directory / "scheduler.address"
-        log = open(self.log_directory / "scheduler.log", "ab")
+        log = open_private(self.log_directory / "scheduler.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
@@ -153,14 +218,22 @@ class LocalCluster:
              *self._limit_args()],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
+        # The scheduler is ours too: while it runs (even past a killed owner) the directory is in use.
+        self._owner_file.write_text(json.dumps({"processes": [_process_id(os.getpid()), _process_id(proc.pid)]}))
 
         def check():
             if proc.poll() is not None:
                 tail = (self.log_directory / "scheduler.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the scheduler exited with code {proc.returncode}:\n{tail}")
 
-        self.scheduler_address = _wait_for(lambda: address_file.exists() and address_file.read_text(),
-                                           self.timeout, "the scheduler", check)
+        try:
+            self.scheduler_address = _wait_for(lambda: address_file.exists() and address_file.read_text(),
+                                               self.timeout, "the scheduler", check)
+        except BaseException:
+            _stop(proc, time.monotonic() + 10)
+            raise
+        self._owner_file.write_text(json.dumps({"processes": [_process_id(os.getpid()), _process_id(proc.pid)],
+                                                "address": self.scheduler_address}))
         return proc
 
     def _worker_command(self, name: str) -> list[str]:
@@ -178,7 +251,7 @@ class LocalCluster:
     def _start_worker(self) -> str:
         name = f"worker-{self._counter}"
         self._counter += 1
-        log = open(self.log_directory / f"{name}.log", "ab")
+        log = open_private(self.log_directory / f"{name}.log", "ab")
         self.workers[name] = subprocess.Popen(self._worker_command(name), env=_child_env(self.secret),
                                               stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
@@ -224,6 +297,9 @@ class LocalCluster:
         sched = getattr(self, "_scheduler", None)
         if sched is not None:
             _stop(sched, time.monotonic() + 10)
+        if self._owner_file is not None:            # the directory is free again; its logs stay
+            for name in (OWNER_FILE, *STALE):
+                (self.log_directory / name).unlink(missing_ok=True)
         self.status = "closed"
         try:
             self._tmp.cleanup()

@@ -22,6 +22,7 @@ import logging
 import mmap
 import os
 import socket
+import ssl
 import struct
 from typing import Awaitable, Callable
 
@@ -57,7 +58,7 @@ class CommClosedError(ConnectionError):
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """'tcp://host:port' or 'host:port' -> (host, port)."""
+    """'tcp://host:port', 'tls://host:port' or 'host:port' -> (host, port)."""
     text = address.split("://", 1)[1] if "://" in address else address
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
@@ -318,16 +319,36 @@ def _nodelay(stream: IOStream) -> None:
         pass
 
 
+# -- TLS (protocol/tls.py makes the contexts): the scheme of an address says whether it is spoken
+def scheme(address: str) -> str:
+    return address.split("://", 1)[0].lower() if "://" in address else "tcp"
+
+
+def _check_tls(address: str, tls: ssl.SSLContext | None) -> None:
+    if scheme(address) == "tls" and tls is None:
+        raise ConnectionError(f"{address} speaks TLS: pass the cluster's security= (Client(cluster) does), "
+                              "or a cluster file, which names its certificates")
+    if scheme(address) != "tls" and tls is not None:
+        raise ConnectionError(f"{address} is not a TLS address but security= asks for encryption; connect to "
+                              "the cluster's tls:// address, or drop security= for a cluster without TLS")
+
+
 async def connect(address: str, secret: bytes, info: dict, limits: Limits | None = None,
-                  timeout: float = 10.0) -> Comm:
-    """Open a connection and run the handshake as the connecting side."""
+                  timeout: float = 10.0, tls: ssl.SSLContext | None = None) -> Comm:
+    """Open a connection and run the handshake as the connecting side (inside TLS for a
+    tls:// address, with `tls` the client context)."""
     host, port = parse_address(address)
+    _check_tls(address, tls)
     try:
-        stream = await asyncio.wait_for(TCPClient().connect(host, port, max_buffer_size=2**62), timeout)
+        stream = await asyncio.wait_for(TCPClient().connect(host, port, ssl_options=tls, max_buffer_size=2**62),
+                                        timeout)
+    except ssl.SSLError as exc:
+        raise AuthenticationError(f"TLS handshake with {address} failed ({exc}); is it a cluster with the "
+                                  "same certificate authority as your security=?") from None
     except (OSError, StreamClosedError, asyncio.TimeoutError) as exc:
         raise ConnectionError(f"could not connect to {address}: {exc or type(exc).__name__}") from None
     _nodelay(stream)
-    comm = Comm(stream, f"tcp://{host}:{port}", limits)
+    comm = Comm(stream, f"{scheme(address) if tls else 'tcp'}://{host}:{port}", limits)
     try:
         await asyncio.wait_for(_handshake_connector(comm, secret, info), HANDSHAKE_TIMEOUT)
     except BaseException:
@@ -345,7 +366,8 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
     except (CommClosedError, ProtocolError) as exc:
         raise AuthenticationError(f"{comm.peer} closed the connection during the handshake ({exc}); "
                                   "is it an hpc-cluster scheduler or worker of the same hpc-cluster "
-                                  "version, with the same secret?") from None
+                                  "version, with the same secret? (A cluster with security= listens on a "
+                                  "tls:// address)") from None
     s_nonce, proof = reply.get("nonce"), reply.get("proof")
     if not isinstance(s_nonce, bytes) or not isinstance(proof, bytes) or not hmac.compare_digest(
             proof, _proof(secret, b"listener", c_nonce, s_nonce)):
@@ -403,8 +425,11 @@ class Listener(TCPServer):
 
     def __init__(self, handler: Callable[[Comm], Awaitable[None]], secret: bytes, info: dict,
                  limits: Limits | None = None, check: Callable[[dict], str | None] | None = None,
-                 name: str = "server"):
-        super().__init__(max_buffer_size=2**62)
+                 name: str = "server", tls: ssl.SSLContext | None = None):
+        # With `tls` (a server context) every accepted stream is TLS, its handshake done on
+        # the first read, so within the secret handshake's deadline.
+        super().__init__(ssl_options=tls, max_buffer_size=2**62)
+        self.scheme = "tls" if tls is not None else "tcp"
         self.handler, self.secret, self.info = handler, secret, info
         self.limits, self.check, self.name = limits or Limits(), check, name
         self.address: str | None = None
@@ -415,7 +440,7 @@ class Listener(TCPServer):
         self.add_sockets(sockets)
         bound = sockets[0].getsockname()[1]
         shown = host if host not in ("", "0.0.0.0") else socket.gethostname()
-        self.address = f"tcp://{shown}:{bound}"
+        self.address = f"{self.scheme}://{shown}:{bound}"
         return self.address
 
     async def handle_stream(self, stream: IOStream, address) -> None:
@@ -446,13 +471,13 @@ class Listener(TCPServer):
 class ConnectionPool:
     """Request/response to peers over reused connections (one request per connection at a time)."""
 
-    def __init__(self, secret: bytes, info: dict, limits: Limits | None = None):
-        self.secret, self.info, self.limits = secret, info, limits
+    def __init__(self, secret: bytes, info: dict, limits: Limits | None = None, tls: ssl.SSLContext | None = None):
+        self.secret, self.info, self.limits, self.tls = secret, info, limits, tls
         self._idle: dict[str, list[Comm]] = {}
 
     async def request(self, address: str, msg: dict) -> dict:
         idle = self._idle.setdefault(address, [])
-        comm = idle.pop() if idle else await connect(address, self.secret, self.info, self.limits)
+        comm = idle.pop() if idle else await connect(address, self.secret, self.info, self.limits, tls=self.tls)
         try:
             await comm.write(msg)
             reply = (await comm.read())[0]

@@ -20,6 +20,7 @@ class WorkerContext:
     address: str                          # this worker's own address
     secede: Callable[[str], None]         # give up the task's thread slot (the task runs on)
     rejoin: Callable[[str], None]         # wait for a free slot and take it again
+    security: object = None               # the cluster's TLS (protocol/tls.py's Security), if any
 
 
 _worker: WorkerContext | None = None

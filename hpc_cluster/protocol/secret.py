@@ -24,10 +24,39 @@ def secret_from_env() -> bytes | None:
         raise ValueError(f"${SECRET_ENV} must be the hex secret from the cluster file") from None
 
 
+def take_secret_from_env() -> bytes | None:
+    """The secret from $HPC_CLUSTER_SECRET, removed from this process's environment: the
+    worker runs user code, and every subprocess a task starts would otherwise inherit the
+    key to the cluster. Who needs it later keeps it in memory (protocol/context.py)."""
+    secret = secret_from_env()
+    os.environ.pop(SECRET_ENV, None)
+    return secret
+
+
+def private_directory(path: str | os.PathLike, fix: bool = False) -> Path:
+    """Create `path` (and missing parents) readable by its owner only. With `fix`, an existing
+    directory is made 0700 too: for our own directories, which older versions made 0755."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if fix and os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def open_private(path: str | os.PathLike, mode: str = "ab"):
+    """Open a file (a log, an address file) created with mode 0600: what it says (addresses,
+    paths, tracebacks of user code) is the user's alone."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)                # one an older version left 0644
+    return os.fdopen(fd, mode)
+
+
 def write_cluster_file(path: str | os.PathLike, address: str, secret: bytes, **extra) -> Path:
     """Write atomically with mode 0600: the secret is the only key to the cluster."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.exists():
+        private_directory(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

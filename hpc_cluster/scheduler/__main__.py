@@ -14,7 +14,8 @@ import signal
 import sys
 
 from ..protocol.frames import Limits
-from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
+from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
+from ..protocol.tls import Security
 from .server import Scheduler
 
 
@@ -30,17 +31,22 @@ def main(argv=None) -> int:
                    help="what to do when a peer's package versions differ")
     p.add_argument("--max-message-bytes", type=int, default=64 * 2**30)
     p.add_argument("--max-frame-bytes", type=int, default=2**30)
+    p.add_argument("--tls-ca-file", help="TLS: the CA of the cluster's certificates (with --tls-cert, --tls-key)")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = {}
+    security = Security(args.tls_ca_file, args.tls_cert, args.tls_key) if args.tls_ca_file else None
     if args.cluster_file:
         extra = read_cluster_file(args.cluster_file)
         secret = extra.pop("secret")
         extra.pop("address", None)
+        security = security or Security.from_dict(extra.get("tls"))
     else:
-        secret = secret_from_env()
+        secret = take_secret_from_env()
         if secret is None:
             p.error("give --cluster-file or set $HPC_CLUSTER_SECRET")
 
@@ -48,13 +54,13 @@ def main(argv=None) -> int:
         sched = Scheduler(secret, host=args.host, port=args.port, allowed_failures=args.allowed_failures,
                           heartbeat_ttl=args.heartbeat_ttl, versions=args.versions,
                           limits=Limits(max_frame_bytes=args.max_frame_bytes,
-                                        max_message_bytes=args.max_message_bytes))
+                                        max_message_bytes=args.max_message_bytes), security=security)
         address = await sched.start()
         if args.cluster_file:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))
         if args.address_file:
             tmp = args.address_file + ".tmp"
-            with open(tmp, "w") as f:
+            with open_private(tmp, "w") as f:
                 f.write(address)
             os.replace(tmp, args.address_file)
         loop = asyncio.get_running_loop()

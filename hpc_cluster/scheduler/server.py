@@ -90,13 +90,14 @@ class Scheduler:
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  walltime_margin: float = 60.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, security=None):
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
         self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch,
                                     walltime_failures=walltime_failures)
         self.secret, self.host, self.port = secret, host, port
+        self.security = security                           # protocol/tls.py's Security: listen on tls://
         self.heartbeat_ttl = heartbeat_ttl
         self.walltime_margin = walltime_margin
         self._retiring: set[str] = set()
@@ -121,7 +122,8 @@ class Scheduler:
     async def start(self) -> str:
         info = {"role": "scheduler", "versions": get_versions()}
         self.listener = Listener(self._serve, self.secret, info, self.limits, name="scheduler",
-                                 check=self._check_versions)
+                                 check=self._check_versions,
+                                 tls=self.security.server_context() if self.security else None)
         self.address = self.listener.start_listening(self.host, self.port)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
         self._drain_task = asyncio.create_task(self._watch_deadlines())

@@ -14,7 +14,8 @@ import os
 import sys
 
 from ..protocol.frames import Limits
-from ..protocol.secret import read_cluster_file, secret_from_env
+from ..protocol.secret import SECRET_ENV, read_cluster_file, take_secret_from_env
+from ..protocol.tls import Security
 from .store import MemoryFractions, tune_malloc
 from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
@@ -219,11 +220,14 @@ def main(argv=None) -> int:
         args.host = interface_address(args.interface)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    security = Security(args.tls_ca_file, args.tls_cert, args.tls_key) if args.tls_ca_file else None
     if args.cluster_file:
         info = read_cluster_file(args.cluster_file)
         address, secret = info["address"], info["secret"]
+        security = security or Security.from_dict(info.get("tls"))
+        os.environ.pop(SECRET_ENV, None)       # not the one we use, but a secret all the same
     else:
-        address, secret = args.scheduler, secret_from_env()
+        address, secret = args.scheduler, take_secret_from_env()
         if secret is None:
             print("hpc-cluster worker: set $HPC_CLUSTER_SECRET or use --cluster-file", file=sys.stderr)
             return 2
@@ -235,7 +239,10 @@ def main(argv=None) -> int:
         from .nanny import run_nanny
         # The nanny restarts the worker when its lifetime ends; the worker only says so.
         child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart")
-        return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit,
+        # The secret left our environment (tasks must not inherit it); the worker gets it in its own.
+        child_env = None if args.cluster_file else {**os.environ, SECRET_ENV: secret.hex()}
+        return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit, child_env=child_env,
+                         security=security,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory)
     from .worker import run_worker
@@ -255,7 +262,7 @@ def main(argv=None) -> int:
                       memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
                                                             args.memory_pause_fraction,
                                                             args.memory_terminate_fraction),
-                      local_directory=args.local_directory)
+                      local_directory=args.local_directory, security=security)
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     remove_pid_file(pid_file)              # os._exit skips atexit

@@ -202,9 +202,9 @@ def _fraction_or_false(text: str) -> float:
 
 
 def _tcp(text: str) -> str:
-    if str(text).strip().lower() not in ("tcp", "tcp://"):
-        raise ValueError("only tcp is offered (TLS, UCX, websockets and inproc are not): "
-                         "use --protocol tcp, or leave it out")
+    if str(text).strip().lower() not in ("tcp", "tcp://", "tls", "tls://"):
+        raise ValueError("only tcp and tls are offered (UCX, websockets and inproc are not): "
+                         "use --protocol tcp (tls: with --tls-ca-file, --tls-cert and --tls-key), or leave it out")
     return text
 
 
@@ -248,8 +248,6 @@ class Flag:
         return self.dest or self.name.lstrip("-").replace("-", "_")
 
 
-_TLS = ("TLS is not offered yet: every connection is authenticated by the cluster's secret (an HMAC "
-        "handshake); drop the --tls-* flags")
 _NO_DASHBOARD = "the worker has no dashboard yet: ignored"
 _PRELOAD = ("code cannot be preloaded into the {}: run setup code in job_script_prologue, or import it "
             "inside the task")
@@ -287,7 +285,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--no-dashboard", SUPPORTED, "nothing to turn off: the worker has no dashboard", None,
          dest="dashboard", const=False),
     Flag("--interface", SUPPORTED, "listen on this network interface's IPv4 address (e.g. ib0)", metavar="NAME"),
-    Flag("--protocol", SUPPORTED, "tcp only ('tcp' or 'tcp://'), the one transport offered", _tcp),
+    Flag("--protocol", SUPPORTED, "tcp or tls; the scheduler's address says which is spoken (tls:// with the "
+         "--tls-* flags or a cluster file that names certificates)", _tcp),
+    Flag("--tls-ca-file", SUPPORTED, "TLS: the CA that signed the cluster's certificates (every peer's is "
+         "checked against it)", metavar="PATH"),
+    Flag("--tls-cert", SUPPORTED, "TLS: this worker's certificate", metavar="PATH"),
+    Flag("--tls-key", SUPPORTED, "TLS: the certificate's private key", metavar="PATH"),
     Flag("--host", SUPPORTED, "the address to listen on and give to the scheduler and peers (0.0.0.0: all "
          "interfaces, given by host name)", metavar="ADDRESS"),
     Flag("--worker-port", SUPPORTED, "the port to listen on, or a range FIRST:LAST shared out among the "
@@ -304,11 +307,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--nanny-port", IGNORED, "the nanny listens on no port (it connects to the scheduler): ignored",
          check_ports, metavar="PORT[:LAST]"),
     # refused, saying what to do instead
-    Flag("--tls-ca-file", REFUSED, _TLS),
-    Flag("--tls-cert", REFUSED, _TLS),
-    Flag("--tls-key", REFUSED, _TLS),
-    Flag("--scheduler-sni", REFUSED, "TLS is not offered yet, so there is no server name to indicate; "
-         "drop --scheduler-sni"),
+    Flag("--scheduler-sni", REFUSED, "host names are not checked under TLS here (the cluster's CA is the "
+         "trust, as in dask), so there is no server name to indicate; drop --scheduler-sni"),
     Flag("--listen-address", REFUSED, "the worker listens where --host (or --interface) and --worker-port say, "
          "and gives that address to the scheduler: use --host ADDRESS --worker-port PORT"),
     Flag("--contact-address", REFUSED, "the worker gives the scheduler the address it listens on; a separate "
@@ -354,7 +354,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "cluster_file": None, "heartbeat_interval": 0.5, "memory_terminate_fraction": 0.95,
             "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,
             "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
-            "ready_fd": None}
+            "ready_fd": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None}
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
@@ -452,6 +452,9 @@ def _conflicts(values: dict) -> list[str]:
     out = []
     if v["scheduler"] and v["cluster_file"]:
         out.append("--scheduler and --cluster-file both say where the scheduler is: give one")
+    tls = [f"--{k.replace('_', '-')}" for k in ("tls_ca_file", "tls_cert", "tls_key") if v[k]]
+    if tls and len(tls) < 3:
+        out.append(f"{', '.join(tls)} without the others: TLS needs --tls-ca-file, --tls-cert and --tls-key")
     if v["lifetime_restart"] and not v["lifetime"]:
         out.append("--lifetime-restart does nothing without --lifetime: add --lifetime DURATION (e.g. 55m)")
     if v["lifetime_stagger"] and not v["lifetime"]:

@@ -116,8 +116,9 @@ class ProcessTree:
 class Nanny:
     def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
                  name: str | None = None, max_startup_failures: int = 5, lifetime_restart: bool = False,
-                 local_directory: str | None = None):
+                 local_directory: str | None = None, child_env: dict | None = None):
         self.child_argv = child_argv
+        self.child_env = child_env                  # None: ours (the worker reads the cluster file)
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
         self.name = name
@@ -154,7 +155,8 @@ class Nanny:
                 "--ready-fd", str(ready_w)]
         try:
             self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
-                                                             start_new_session=False, pass_fds=(ready_w,))
+                                                             start_new_session=False, pass_fds=(ready_w,),
+                                                             env=self.child_env)
         finally:
             os.close(ready_w)
         if self.stopping:                           # told to stop while this one was starting
@@ -328,15 +330,17 @@ def _describe(report: dict) -> str:
 class SchedulerLink:
     """The nanny's own connection to the scheduler: exit reports go up, restarts come down."""
 
-    def __init__(self, address: str, secret: bytes, nanny: Nanny):
+    def __init__(self, address: str, secret: bytes, nanny: Nanny, security=None):
         self.address, self.secret, self.nanny = address, secret, nanny
+        self.tls = security.client_context() if security else None
         self.comm = None
 
     async def start(self) -> None:
         from ..protocol.comm import connect
         from ..protocol.versions import get_versions
         try:
-            self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()})
+            self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()},
+                                      tls=self.tls)
             await self.comm.write({"op": "register-nanny", "nanny_id": self.nanny.id, "pid": os.getpid(),
                                    "name": self.nanny.name})
             self._reader = asyncio.create_task(self._read(self.comm))
@@ -371,14 +375,14 @@ class SchedulerLink:
 
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
               terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
-              local_directory: str | None = None) -> int:
+              local_directory: str | None = None, child_env: dict | None = None, security=None) -> int:
     async def main() -> int:
         nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
-                      local_directory=local_directory)
+                      local_directory=local_directory, child_env=child_env)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)
-        link = SchedulerLink(address, secret, nanny)
+        link = SchedulerLink(address, secret, nanny, security)
         nanny.on_report = link.send_report
         await link.start()
         try:

@@ -51,8 +51,12 @@ class Worker:
                  name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
                  limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None,
-                 memory_fractions: MemoryFractions | None = None, local_directory: str | None = None):
+                 memory_fractions: MemoryFractions | None = None, local_directory: str | None = None,
+                 security=None):
         self.scheduler_address, self.secret = scheduler, secret
+        # protocol/tls.py's Security: TLS to the scheduler and peers, and a tls:// listener.
+        self.security = security
+        self._tls = security.client_context() if security else None
         self.nthreads, self.memory_limit = max(1, int(nthreads)), int(memory_limit or 0)
         self.name = name
         self.host, self.port = host, port
@@ -80,7 +84,8 @@ class Worker:
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
         self._fetching: dict[str, asyncio.Future] = {}
-        self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits)
+        self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits,
+                                    tls=self._tls)
         self.address: str | None = None
         self.scheduler: BatchedSend | None = None
         self.closed = asyncio.Event()
@@ -93,10 +98,11 @@ class Worker:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.listener = Listener(self._serve_peer, self.secret, self.info, self.limits, name="worker")
+        self.listener = Listener(self._serve_peer, self.secret, self.info, self.limits, name="worker",
+                                 tls=self.security.server_context() if self.security else None)
         self.address = self._listen()
         self.name = self.name or self.address
-        comm = await connect(self.scheduler_address, self.secret, self.info, self.limits)
+        comm = await connect(self.scheduler_address, self.secret, self.info, self.limits, tls=self._tls)
         self.scheduler_comm = comm
         self.scheduler = BatchedSend(comm)
         await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
@@ -111,7 +117,7 @@ class Worker:
         self._beat = asyncio.create_task(self._heartbeat())
         self._monitor = asyncio.create_task(self._watch_memory())
         context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
-                                                 self._secede, self._rejoin))
+                                                 self._secede, self._rejoin, self.security))
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
 

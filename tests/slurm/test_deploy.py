@@ -230,3 +230,29 @@ def test_cli_up_reports_a_broken_environment_and_stops(slurm_cluster, own_home, 
             subprocess.run(["scancel", *job_ids], capture_output=True)
     assert not cluster_file.exists()
     assert not (job_ids & squeue_ids())
+
+
+def test_slurm_cluster_with_security_true_runs_over_tls(slurm_cluster, own_home, tmp_path):
+    """Issue 14, point 9 on the real SLURM: security=True, protocol='tls' (dask's keywords); the
+    job's worker reads the certificate's paths from the cluster file and joins over TLS; a
+    cleartext client is refused; the certificate files go with the cluster."""
+    from hpc_cluster.protocol.secret import read_cluster_file
+    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", security=True, protocol="tls",
+                           log_directory=str(tmp_path / "logs"))
+    job_ids: list[str] = []
+    try:
+        assert cluster.scheduler_address.startswith("tls://")
+        tls = read_cluster_file(cluster.cluster_file)["tls"]
+        assert stat.S_IMODE(os.stat(tls["key"]).st_mode) == 0o600
+        cluster.scale(1)
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=180)
+            job_ids = list(cluster.jobs)
+            assert all(a.startswith("tls://") for a in client.scheduler_info()["workers"])
+            assert client.submit(sum, client.map(_square, range(10))).result(timeout=60) == 285
+        with pytest.raises(ConnectionError):
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), secret=cluster.secret, timeout=10)
+    finally:
+        cluster.close()
+    assert not os.path.exists(tls["key"])
+    wait_until(lambda: not (set(job_ids) & squeue_ids()), 60, "the cluster's job to leave squeue")

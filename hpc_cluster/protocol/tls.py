@@ -1,0 +1,158 @@
+"""TLS under the secret handshake: the optional encryption of every connection.
+
+`security=` takes what dask's does: True (dask's `Security.temporary()`: a throw-away
+certificate for this cluster, made here and kept in 0600 files), a dask
+`distributed.security.Security`, or our own `Security` (paths to a CA, a certificate and
+its key). Every side presents the certificate and requires the peer's to be signed by the
+CA (mutual TLS); host names are not checked, as dask does not: workers on compute nodes
+have addresses nobody knows when the certificate is made, and the cluster's CA is trust
+enough. The HMAC handshake on the cluster secret still runs, inside the encrypted stream.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CERT_NAME, KEY_NAME = "tls-cert.pem", "tls-key.pem"
+# dask's Security keeps a certificate per role; one of them serves us for every role.
+_DASK_PAIRS = (("tls_cert", "tls_key"), ("tls_client_cert", "tls_client_key"),
+               ("tls_scheduler_cert", "tls_scheduler_key"), ("tls_worker_cert", "tls_worker_key"))
+
+
+@dataclass(frozen=True)
+class Security:
+    """Encrypt every connection of a cluster with TLS: `tls_ca_file` signs the certificates
+    every process presents (`tls_cert` with its key `tls_key`, paths on a file system that
+    the login node and the compute nodes share). `Security.temporary(directory)` makes a
+    self-signed one for a single cluster, as `security=True` does."""
+
+    tls_ca_file: str
+    tls_cert: str
+    tls_key: str
+    require_encryption: bool = True
+
+    @classmethod
+    def temporary(cls, directory: str | os.PathLike) -> "Security":
+        return make_certificate(directory)
+
+    def to_dict(self) -> dict:
+        return {"ca_file": self.tls_ca_file, "cert": self.tls_cert, "key": self.tls_key}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Security | None":
+        if not isinstance(data, dict):
+            return None
+        return cls(str(data["ca_file"]), str(data["cert"]), str(data["key"]))
+
+    def server_context(self) -> ssl.SSLContext:
+        return self._context(ssl.Purpose.CLIENT_AUTH)
+
+    def client_context(self) -> ssl.SSLContext:
+        return self._context(ssl.Purpose.SERVER_AUTH)
+
+    def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
+        try:
+            ctx = ssl.create_default_context(purpose, cafile=self.tls_ca_file)
+            ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot use the TLS files (CA {self.tls_ca_file}, certificate {self.tls_cert}, "
+                             f"key {self.tls_key}): {exc}; check the paths of security= (they must be "
+                             "readable on every node), or use security=True for a certificate made for "
+                             "this cluster") from None
+        ctx.check_hostname = False          # see the module's docstring
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+
+def make_certificate(directory: str | os.PathLike, days: int = 365) -> Security:
+    """A self-signed certificate (its own CA) and key for one cluster, written 0600 in
+    `directory` (made 0700). An EC P-256 key: made in milliseconds, and cheaper to handshake
+    with than RSA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory = Path(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hpc-cluster")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))     # clocks of nodes differ a little
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("hpc-cluster")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_path, cert_path = directory / KEY_NAME, directory / CERT_NAME
+    _write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    _write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return Security(str(cert_path), str(cert_path), str(key_path))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def resolve_security(security: Any, directory: str | os.PathLike | None = None) -> Security | None:
+    """What `security=` asks for, as our Security (None: no encryption).
+
+    True makes a certificate in `directory`; a dask Security's fields may hold paths or, as
+    `Security.temporary()` makes them, the PEM text itself, which is written to 0600 files in
+    `directory` so that processes started from here can read it."""
+    if security is None or security is False:
+        return None
+    if isinstance(security, Security):
+        return security
+    if security is True:
+        if directory is None:
+            raise ValueError("security=True makes a certificate for a cluster; a Client cannot make one: "
+                             "pass the cluster (Client(cluster)) or its Security")
+        return make_certificate(directory)
+    if isinstance(security, dict):
+        found = Security.from_dict(security)
+        if found is not None:
+            return found
+    ca = getattr(security, "tls_ca_file", None)
+    pair = next(((getattr(security, c, None), getattr(security, k, None)) for c, k in _DASK_PAIRS
+                 if getattr(security, c, None) and getattr(security, k, None)), None)
+    if not ca or pair is None:
+        if getattr(security, "require_encryption", False) or ca or pair:
+            raise ValueError(f"security={security!r} asks for encryption but does not give both a CA "
+                             "(tls_ca_file) and a certificate with its key (tls_cert and tls_key, or dask's "
+                             "tls_client_cert and tls_client_key); give them, or use security=True for a "
+                             "certificate made for this cluster")
+        return None                          # a dask Security that asks for nothing
+    if any(_is_pem(v) for v in (ca, *pair)):
+        if directory is None:
+            raise ValueError(f"security={security!r} holds certificates in memory (dask's "
+                             "Security.temporary()); pass paths instead, or the cluster itself")
+        directory = Path(directory)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ca, cert, key = (_as_file(v, directory / name) for v, name in
+                         ((ca, "tls-ca.pem"), (pair[0], CERT_NAME), (pair[1], KEY_NAME)))
+        return Security(ca, cert, key)
+    return Security(*(os.path.abspath(os.path.expanduser(str(v))) for v in (ca, *pair)))
+
+
+def _is_pem(value: Any) -> bool:
+    return isinstance(value, str) and "-----BEGIN" in value
+
+
+def _as_file(value: str, path: Path) -> str:
+    if not _is_pem(value):
+        return os.path.abspath(os.path.expanduser(value))
+    _write_private(path, value.encode())
+    return str(path)
