@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from .store import remove_spill_directory, spill_directory
-from .worker import EXIT_LIFETIME
+from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
 logger = logging.getLogger("hpc_cluster.nanny")
 
@@ -255,8 +255,10 @@ class Nanny:
                     continue
                 logger.info("worker reached its lifetime; nanny exits")
                 return 0
-            if self.stopping or report["exit_code"] in (0, 3):
-                # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
+            if self.stopping or report["exit_code"] in (0, 3, EXIT_LOST_SCHEDULER):
+                # 0: the scheduler closed the worker; 3: the scheduler cannot be reached; 4: the
+                # worker lost it and tried to register again for its whole death_timeout: a fresh
+                # worker would only wait as long again.
                 logger.info("worker ended (%s); nanny exits", why)
                 return report["exit_code"] or 0
             # Deaths of workers that were running are restarted however often they come (a
