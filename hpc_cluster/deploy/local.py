@@ -138,6 +138,11 @@ class LocalCluster:
             raise
         self.status = "running"
 
+    @staticmethod
+    def _owner_args() -> list[str]:
+        """Our processes end with this Python process, even one killed with SIGKILL (lifeline.py)."""
+        return ["--owner-pid", str(os.getpid())]
+
     def _limit_args(self) -> list[str]:
         return ["--max-message-bytes", str(self.settings["max_message_bytes"]),
                 "--max-frame-bytes", str(self.settings["max_frame_bytes"])]
@@ -150,7 +155,7 @@ class LocalCluster:
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
-             *self._limit_args()],
+             *self._limit_args(), *self._owner_args()],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
@@ -168,7 +173,7 @@ class LocalCluster:
                "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
                "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny",
                "--heartbeat-interval", str(self.settings["heartbeat_interval"]),
-               *memory_fraction_args(self.settings), *self._limit_args()]
+               *memory_fraction_args(self.settings), *self._limit_args(), *self._owner_args()]
         if self.local_directory:
             cmd += ["--local-directory", self.local_directory]
         if self.resources:

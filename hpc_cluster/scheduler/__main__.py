@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from ..lifeline import watch_owner
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
 from .server import Scheduler
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-message-bytes", type=int, default=64 * 2**30)
     p.add_argument("--max-frame-bytes", type=int, default=2**30)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--owner-pid", type=int, help="exit when this process (the one that started us) is gone")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -61,6 +63,12 @@ def main(argv=None) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+
+        def orphaned(reason: str) -> bool:
+            loop.call_soon_threadsafe(stop.set)        # close() tells the workers to leave
+            return True
+
+        watch_owner(args.owner_pid, orphaned, "scheduler")
         await stop.wait()
         await sched.close()
 

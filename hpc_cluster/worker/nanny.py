@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from ..lifeline import watch_owner
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -150,8 +151,9 @@ class Nanny:
         # never got that far is a startup failure, which restarting will not cure.
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
+        # --owner-pid: the worker ends with us, even if we are SIGKILLed (lifeline.py).
         argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id,
-                "--ready-fd", str(ready_w)]
+                "--ready-fd", str(ready_w), "--owner-pid", str(os.getpid())]
         try:
             self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
                                                              start_new_session=False, pass_fds=(ready_w,))
@@ -271,9 +273,9 @@ class Nanny:
                 return 1
             logger.warning("worker ended unexpectedly (%s); restarting", why)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
         self.stopping = True
-        self._terminate()
+        self._terminate(grace)
 
     def restart(self) -> None:
         """Stop the worker; run() starts a fresh one (client.restart())."""
@@ -373,13 +375,20 @@ class SchedulerLink:
 
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
               terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
-              local_directory: str | None = None) -> int:
+              local_directory: str | None = None, owner_pid: int | None = None) -> int:
     async def main() -> int:
         nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
                       local_directory=local_directory)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)
+
+        def orphaned(reason: str) -> bool:
+            # SIGTERM, and SIGKILL after 3 s: the worker is gone within lifeline's grace.
+            loop.call_soon_threadsafe(nanny.stop, 3.0)
+            return True
+
+        watch_owner(owner_pid, orphaned, "nanny")
         link = SchedulerLink(address, secret, nanny)
         nanny.on_report = link.send_report
         await link.start()

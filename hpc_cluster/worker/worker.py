@@ -582,16 +582,28 @@ def _pickle_exception(exc: BaseException) -> bytes:
 
 
 def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
-               on_registered: Callable[[], None] | None = None, **kwargs) -> int:
+               on_registered: Callable[[], None] | None = None, owner_pid: int | None = None, **kwargs) -> int:
     """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
 
     The scheduler may not be reachable yet (or for a moment); keep trying for
     `death_timeout` seconds before giving up with exit code 3. A worker that loses its
     scheduler later tries as long again to register anew, then exits with
     EXIT_LOST_SCHEDULER. `on_registered` is called
-    once the scheduler has accepted the worker (the nanny learns it that way).
+    once the scheduler has accepted the worker (the nanny learns it that way). It ends with
+    `owner_pid` (its nanny, or LocalCluster's process), cleanly if it can.
     """
     import signal
+
+    from ..lifeline import watch_owner
+    running: list[Worker] = []
+
+    def orphaned(reason: str) -> bool:
+        if not running:
+            return False                   # not registered yet: nothing to say goodbye to
+        running[0].loop.call_soon_threadsafe(lambda: asyncio.ensure_future(running[0].close(reason)))
+        return True
+
+    watch_owner(owner_pid, orphaned, "worker")
 
     async def main() -> int:
         deadline = time.monotonic() + death_timeout
@@ -609,6 +621,7 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
                     worker.listener.stop()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        running.append(worker)
         if on_registered is not None:
             on_registered()
         loop = asyncio.get_running_loop()
