@@ -73,6 +73,6 @@ def test_sigkill_of_a_nanny_ends_its_worker():
         try:
             wait_until(lambda: gone(worker), timeout=10, what="the worker of a SIGKILLed nanny to exit")
             death = wait_until(lambda: c.deaths(), what="the worker's death")[0]
-            assert not death["blame"]
+            assert (death["cause"], death["blame"]) == ("retired", False), death      # it said goodbye
         finally:
             kill_all([worker])
