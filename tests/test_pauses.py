@@ -86,35 +86,44 @@ def _scheduler(port: int, env: dict, tmp_path) -> tuple[subprocess.Popen, str]:
 
 def test_a_worker_waits_its_death_timeout_for_a_lost_scheduler(tmp_path):
     """A killed scheduler started again on its address within death_timeout gets the same
-    worker process back; with none, the worker exits with code 4 ('scheduler-lost') once
-    death_timeout ends, not at once and not never."""
+    worker process back (its nanny restarts nothing); with none, the worker exits with code 4
+    ('scheduler-lost') once death_timeout ends, not at once and not never, and its nanny
+    with it."""
     secret = new_secret()
     env = dict(os.environ, **{SECRET_ENV: secret.hex()})
     first, address = _scheduler(0, env, tmp_path)
     port = int(address.rsplit(":", 1)[1])
     procs = [first]
-    worker = subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", address, "--no-nanny",
-                               "--death-timeout", "4", "--heartbeat-interval", "0.2"], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs.append(worker)
+    nanny = subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", address, "--nanny",
+                              "--death-timeout", "4", "--heartbeat-interval", "0.2"], env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(nanny)
+    worker = None
     try:
         with Client(address, secret=secret, timeout=20) as c:
             c.wait_for_workers(1, 20)
+            [worker] = [w["pid"] for w in c.scheduler_info()["workers"].values()]
         first.kill()
         first.wait()
         second, _ = _scheduler(port, env, tmp_path)
         procs.append(second)
         with Client(address, secret=secret, timeout=20) as c:
             c.wait_for_workers(1, 20)
-            assert [w["pid"] for w in c.scheduler_info()["workers"].values()] == [worker.pid]
+            assert [w["pid"] for w in c.scheduler_info()["workers"].values()] == [worker]
             assert c.submit(inc, 1).result(20) == 2
         second.kill()
         second.wait()
         lost = time.monotonic()
-        assert worker.wait(20) == 4
+        assert nanny.wait(20) == 4
         assert 3.0 <= time.monotonic() - lost < 14.0        # its death_timeout (4 s), with slack for a busy machine
+        assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if worker is not None and psutil.pid_exists(worker):
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
