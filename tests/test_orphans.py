@@ -44,8 +44,9 @@ OWNER = textwrap.dedent("""
 
 
 def test_sigkill_of_the_python_process_that_owns_a_local_cluster_ends_all_of_it(tmp_path):
+    # Its temporary directory (logs) under tmp_path: a SIGKILLed owner cannot remove it.
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL, cwd=tmp_path)
+                             stdin=subprocess.DEVNULL, cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp_path)))
     pids: list[int] = []
     try:
         pids = json.loads(owner.stdout.readline())
