@@ -144,9 +144,8 @@ class Worker:
                 logger.warning("worker %s registered again with %s after %.1f s", self.address,
                                self.scheduler_address, time.monotonic() - lost)
                 return
-            except AuthenticationError as exc:      # another cluster's scheduler at that address
-                logger.error("cannot register again: %s", exc)
-                break
+            # Not even an AuthenticationError ends the window early: a scheduler dying under our
+            # handshake closes it, which reads as one ('closed the connection during the handshake').
             except (OSError, ConnectionError, ProtocolError) as exc:   # TimeoutError is an OSError
                 logger.info("scheduler %s not reachable yet (%s); %.0f s of the reconnect window (death_timeout) "
                             "left", self.scheduler_address, exc, deadline - time.monotonic())
