@@ -88,6 +88,14 @@ CASES = [
     ("clean goodbye", Evidence(connection="goodbye", nanny=nanny(exit_code=0)), "retired", False),
     ("SIGKILL from outside", Evidence(connection="closed", executing=RUNNING, nanny=nanny(signal=9)),
      "unknown", False),
+    # Issue 14, point 1: a worker that lost the scheduler exits with code 4 at the end of its
+    # reconnect window; a paused scheduler's innocent task was failed as a crash on it.
+    ("worker gave up on the scheduler while running (nanny: exit 4)", Evidence(
+        connection="heartbeat-lost", executing=RUNNING, nanny=nanny(exit_code=4, unresponsive={"status": "zombie"})),
+     "scheduler-lost", False),
+    ("worker gave up on the scheduler, no nanny (sacct FAILED 4:0)", Evidence(
+        connection="closed", executing=RUNNING, accounting=acct("failed", "FAILED", exit_code=4, signal=0)),
+     "scheduler-lost", False),
     ("heartbeat silence", Evidence(connection="heartbeat-lost", executing=RUNNING), "heartbeat-lost", False),
     ("heartbeat silence, then the nanny ended the stopped process", Evidence(
         connection="heartbeat-lost", executing=RUNNING, nanny=nanny(signal=9, unresponsive={"status": "stopped"})),
@@ -383,3 +391,9 @@ def test_a_record_that_never_gains_the_request_still_becomes_final(monkeypatch):
     record = _collect_from(source, monkeypatch)
     assert source.calls == FINAL_ROUNDS and record["final_at"] == 1000.0
     assert record["cause"] == "memory-batch" and "MaxRSS 1.00 GiB)" in record["text"], record["text"]
+
+
+def test_the_scheduler_lost_exit_code_is_the_workers():
+    from hpc_cluster.scheduler.diagnosis import EXIT_SCHEDULER_LOST
+    from hpc_cluster.worker.worker import EXIT_LOST_SCHEDULER
+    assert EXIT_SCHEDULER_LOST == EXIT_LOST_SCHEDULER

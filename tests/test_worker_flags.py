@@ -36,7 +36,7 @@ GOOD = {
     "--memory-target-fraction": ("false", 0.0), "--memory-spill-fraction": ("0.75", 0.75),
     "--memory-pause-fraction": ("0.85", 0.85),
     "--max-message-bytes": ("1000000", 1000000), "--max-frame-bytes": ("1000", 1000), "--log-level": ("debug", "debug"),
-    "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7),
+    "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7), "--owner-pid": ("4242", 4242),
     "--tls-ca-file": ("/c/ca.pem", "/c/ca.pem"), "--tls-cert": ("/c/cert.pem", "/c/cert.pem"),
     "--tls-key": ("/c/key.pem", "/c/key.pem"),
 }

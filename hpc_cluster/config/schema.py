@@ -287,7 +287,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
     Option("security", "bool", _bool, False, "encrypt every connection with TLS under a certificate made for "
            "the cluster (dask's security=True); a keyword security=Security(...) gives your own"),
-    Option("death_timeout", "seconds", _seconds(False), 60, "seconds a worker waits for an unreachable scheduler before exiting"),
+    Option("death_timeout", "seconds", _seconds(False), 60,
+           "seconds a worker waits for an unreachable scheduler before exiting: at its start, and after "
+           "losing its connection (it registers again meanwhile; a paused scheduler closes nothing and ends "
+           "no worker)"),
     Option("job_name", "str", _one_line, "dask-worker", "the batch job's name (sbatch -J, qsub -N)",
            aliases=("name",)),
     Option("n_workers", "int >= 0", _int(0), 0, "workers started with a cluster from Python (rounded up to "

@@ -199,6 +199,11 @@ class LocalCluster:
             raise
         self.status = "running"
 
+    @staticmethod
+    def _owner_args() -> list[str]:
+        """Our processes end with this Python process, even one killed with SIGKILL (lifeline.py)."""
+        return ["--owner-pid", str(os.getpid())]
+
     def _limit_args(self) -> list[str]:
         tls = []
         if self.security is not None:
@@ -215,7 +220,7 @@ class LocalCluster:
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
-             *self._limit_args()],
+             *self._limit_args(), *self._owner_args()],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         # The scheduler is ours too: while it runs (even past a killed owner) the directory is in use.
@@ -241,7 +246,7 @@ class LocalCluster:
                "--nthreads", str(self.threads_per_worker), "--memory-limit", str(self.memory_limit),
                "--name", name, "--host", self.host, "--no-nanny" if not self.nanny else "--nanny",
                "--heartbeat-interval", str(self.settings["heartbeat_interval"]),
-               *memory_fraction_args(self.settings), *self._limit_args()]
+               *memory_fraction_args(self.settings), *self._limit_args(), *self._owner_args()]
         if self.local_directory:
             cmd += ["--local-directory", self.local_directory]
         if self.resources:

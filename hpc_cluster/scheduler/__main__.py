@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from ..lifeline import watch_owner
 from ..protocol.frames import Limits
 from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
 from ..protocol.tls import Security
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--owner-pid", type=int, help="exit when this process (the one that started us) is gone")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -67,6 +69,12 @@ def main(argv=None) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+
+        def orphaned(reason: str) -> bool:
+            loop.call_soon_threadsafe(stop.set)        # close() tells the workers to leave
+            return True
+
+        watch_owner(args.owner_pid, orphaned, "scheduler")
         await stop.wait()
         await sched.close()
 

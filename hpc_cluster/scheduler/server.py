@@ -180,9 +180,27 @@ class Scheduler:
             raise ProtocolError(f"unknown role {role!r} in handshake")
 
     async def _watch_heartbeats(self) -> None:
+        interval = max(0.05, self.heartbeat_ttl / 5)
+        last = awake_since = self.clock()
         while True:
-            await asyncio.sleep(max(0.05, self.heartbeat_ttl / 5))
-            for addr in self.state.silent_workers(self.clock(), self.heartbeat_ttl):
+            await asyncio.sleep(interval)
+            now = self.clock()
+            if now - last > 2 * interval:
+                # We woke late: this process was stopped (SIGSTOP, a suspended laptop, a long
+                # GC or a blocked loop), and the heartbeats sent meanwhile wait unread in our
+                # sockets. Our stall is not the workers' silence: count it only from now, so
+                # everything queued is read before anyone is judged (issue 14, point 1).
+                if now - last > interval + 1.0:
+                    logger.warning("the scheduler did not run for %.1f s (stopped or blocked); workers get "
+                                   "a fresh %.1f s to be heard from before any is judged silent",
+                                   now - last - interval, self.heartbeat_ttl)
+                awake_since = now
+            last = now
+            # A worker last heard before we woke is silent only once we were awake a whole TTL
+            # (now - awake_since > ttl); after that, the usual now - last_seen > ttl holds.
+            if now - awake_since <= self.heartbeat_ttl:
+                continue
+            for addr in self.state.silent_workers(now, self.heartbeat_ttl):
                 try:
                     logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
                     info = self.state.workers[addr].info

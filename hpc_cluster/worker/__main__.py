@@ -112,7 +112,8 @@ def run_several(argv: list[str], n: int, name: str | None, nthreads: int, worker
     procs = []
     for i in range(n):
         # Threads are counted here, where --nworkers is known (0: the cores shared among them).
-        child = base + ["--name", f"{name or 'worker'}-{i}", "--nthreads", str(nthreads)]
+        child = drop_flags(base, "--owner-pid") + ["--name", f"{name or 'worker'}-{i}", "--nthreads", str(nthreads),
+                                                   "--owner-pid", str(os.getpid())]     # they end with us
         if ports:
             child += ["--worker-port", ports[i]]
         procs.append(subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", *child]))
@@ -238,13 +239,16 @@ def main(argv=None) -> int:
     if args.nanny:
         from .nanny import run_nanny
         # The nanny restarts the worker when its lifetime ends; the worker only says so.
-        child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart")
+        # Its worker is told the nanny's pid as its owner, not ours.
+        child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart",
+                           "--owner-pid")
         # The secret left our environment (tasks must not inherit it); the worker gets it in its own.
         child_env = None if args.cluster_file else {**os.environ, SECRET_ENV: secret.hex()}
         return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit, child_env=child_env,
                          security=security,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
-                         lifetime_restart=args.lifetime_restart, local_directory=args.local_directory)
+                         lifetime_restart=args.lifetime_restart, local_directory=args.local_directory,
+                         owner_pid=args.owner_pid)
     from .worker import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
@@ -262,7 +266,7 @@ def main(argv=None) -> int:
                       memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
                                                             args.memory_pause_fraction,
                                                             args.memory_terminate_fraction),
-                      local_directory=args.local_directory, security=security)
+                      local_directory=args.local_directory, security=security, owner_pid=args.owner_pid)
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     remove_pid_file(pid_file)              # os._exit skips atexit

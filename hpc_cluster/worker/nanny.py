@@ -22,8 +22,9 @@ from pathlib import Path
 
 import psutil
 
+from ..lifeline import watch_owner
 from .store import remove_spill_directory, spill_directory
-from .worker import EXIT_LIFETIME
+from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
 logger = logging.getLogger("hpc_cluster.nanny")
 
@@ -151,8 +152,9 @@ class Nanny:
         # never got that far is a startup failure, which restarting will not cure.
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
+        # --owner-pid: the worker ends with us, even if we are SIGKILLed (lifeline.py).
         argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id,
-                "--ready-fd", str(ready_w)]
+                "--ready-fd", str(ready_w), "--owner-pid", str(os.getpid())]
         try:
             self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
                                                              start_new_session=False, pass_fds=(ready_w,),
@@ -257,8 +259,10 @@ class Nanny:
                     continue
                 logger.info("worker reached its lifetime; nanny exits")
                 return 0
-            if self.stopping or report["exit_code"] in (0, 3):
-                # 0: the scheduler closed the worker; 3: the scheduler cannot be reached.
+            if self.stopping or report["exit_code"] in (0, 3, EXIT_LOST_SCHEDULER):
+                # 0: the scheduler closed the worker; 3: the scheduler cannot be reached; 4: the
+                # worker lost it and tried to register again for its whole death_timeout: a fresh
+                # worker would only wait as long again.
                 logger.info("worker ended (%s); nanny exits", why)
                 return report["exit_code"] or 0
             # Deaths of workers that were running are restarted however often they come (a
@@ -271,9 +275,9 @@ class Nanny:
                 return 1
             logger.warning("worker ended unexpectedly (%s); restarting", why)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
         self.stopping = True
-        self._terminate()
+        self._terminate(grace)
 
     def restart(self) -> None:
         """Stop the worker; run() starts a fresh one (client.restart())."""
@@ -375,13 +379,21 @@ class SchedulerLink:
 
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
               terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
-              local_directory: str | None = None, child_env: dict | None = None, security=None) -> int:
+              local_directory: str | None = None, child_env: dict | None = None, security=None,
+              owner_pid: int | None = None) -> int:
     async def main() -> int:
         nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
                       local_directory=local_directory, child_env=child_env)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)
+
+        def orphaned(reason: str) -> bool:
+            # SIGTERM, and SIGKILL after 3 s: the worker is gone within lifeline's grace.
+            loop.call_soon_threadsafe(nanny.stop, 3.0)
+            return True
+
+        watch_owner(owner_pid, orphaned, "nanny")
         link = SchedulerLink(address, secret, nanny, security)
         nanny.on_report = link.send_report
         await link.start()

@@ -27,6 +27,7 @@ from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedE
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
+from .logs import LogBuffer
 from .sizeof import sizeof
 from .store import MONITOR_INTERVAL, MemoryFractions, MemoryManager
 
@@ -52,11 +53,12 @@ class Worker:
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
                  limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None,
                  memory_fractions: MemoryFractions | None = None, local_directory: str | None = None,
-                 security=None):
+                 security=None, reconnect_window: float = 60.0):
         self.scheduler_address, self.secret = scheduler, secret
         # protocol/tls.py's Security: TLS to the scheduler and peers, and a tls:// listener.
         self.security = security
         self._tls = security.client_context() if security else None
+        self.reconnect_window = reconnect_window     # death_timeout: how long a lost scheduler is waited for
         self.nthreads, self.memory_limit = max(1, int(nthreads)), int(memory_limit or 0)
         self.name = name
         self.host, self.port = host, port
@@ -90,7 +92,7 @@ class Worker:
         self.scheduler: BatchedSend | None = None
         self.closed = asyncio.Event()
         self.exit_code = 0
-        self.logs = _LogBuffer.install()
+        self.logs = LogBuffer.install()
 
     @property
     def info(self) -> dict:
@@ -102,24 +104,64 @@ class Worker:
                                  tls=self.security.server_context() if self.security else None)
         self.address = self._listen()
         self.name = self.name or self.address
-        comm = await connect(self.scheduler_address, self.secret, self.info, self.limits, tls=self._tls)
-        self.scheduler_comm = comm
-        self.scheduler = BatchedSend(comm)
-        await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
-                          "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
-                          "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
-                          "memory_fractions": self.memory.fractions.as_dict(),
-                          "spill_directory": self.data.directory, **self.extra_info})
-        reply = (await comm.read())[0]
-        if reply.get("op") != "registered":
-            raise ConnectionError(f"scheduler refused registration: {reply}")
-        self._reader = asyncio.create_task(self._read_scheduler())
-        self._beat = asyncio.create_task(self._heartbeat())
+        await self._register()
         self._monitor = asyncio.create_task(self._watch_memory())
         context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
                                                  self._secede, self._rejoin, self.security))
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
+
+    async def _register(self) -> None:
+        """Connect to the scheduler and register (at the start, and again after losing it)."""
+        comm = await connect(self.scheduler_address, self.secret, self.info, self.limits, tls=self._tls)
+        try:
+            await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
+                              "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
+                              "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
+                              "memory_fractions": self.memory.fractions.as_dict(),
+                              "spill_directory": self.data.directory, **self.extra_info})
+            reply = (await comm.read())[0]
+            if reply.get("op") != "registered":
+                raise ConnectionError(f"scheduler refused registration: {reply}")
+        except BaseException:
+            comm.close()
+            raise
+        self.scheduler_comm = comm
+        self.scheduler = BatchedSend(comm)
+        self._reader = asyncio.create_task(self._read_scheduler())
+        self._beat = asyncio.create_task(self._heartbeat())
+
+    async def _reconnect(self) -> None:
+        """The connection to the scheduler broke: it dropped us, or it is gone (killed, restarted,
+        a network cut). A scheduler forgets a worker whose connection ends and recomputes what it
+        held, so we drop our results and queued tasks (running threads finish, unreported) and
+        register afresh, trying for the reconnect window (death_timeout). A scheduler's mere
+        pause closes nothing and never gets here. After the window: EXIT_LOST_SCHEDULER, which
+        the diagnosis calls 'scheduler-lost' (never a crash) and the nanny does not restart."""
+        self._beat.cancel()
+        self.scheduler_comm.close()
+        self._free(list(self.tasks) + list(self.data))
+        lost = time.monotonic()
+        deadline, delay = lost + self.reconnect_window, 0.1
+        while not self.closed.is_set() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self._register(), max(0.1, deadline - time.monotonic()))
+                logger.warning("worker %s registered again with %s after %.1f s", self.address,
+                               self.scheduler_address, time.monotonic() - lost)
+                return
+            # Not even an AuthenticationError ends the window early: a scheduler dying under our
+            # handshake closes it, which reads as one ('closed the connection during the handshake').
+            except (OSError, ConnectionError, ProtocolError) as exc:   # TimeoutError is an OSError
+                logger.info("scheduler %s not reachable yet (%s); %.0f s of the reconnect window (death_timeout) "
+                            "left", self.scheduler_address, exc, deadline - time.monotonic())
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 2.0)
+        if self.closed.is_set():
+            return
+        logger.error("worker %s: no scheduler at %s for %.0f s (death_timeout); exiting", self.address,
+                     self.scheduler_address, time.monotonic() - lost)
+        self.exit_code = EXIT_LOST_SCHEDULER
+        await self.close("lost the scheduler", report=False)
 
     def _listen(self) -> str:
         """Listen on the first free port of ours (--worker-port: one, or a share of a range)."""
@@ -227,9 +269,10 @@ class Worker:
                         logger.warning("unknown op %r from scheduler", op)
                 self._run_ready()
         except (CommClosedError, ProtocolError) as exc:
-            logger.warning("lost the scheduler connection: %s", exc)
-            self.exit_code = EXIT_LOST_SCHEDULER
-            await self.close("lost the scheduler", report=False)
+            if not self.closed.is_set():
+                logger.warning("lost the scheduler connection: %s; reconnecting for up to %.0f s (death_timeout)",
+                               exc, self.reconnect_window)
+                await self._reconnect()
 
     def _add_task(self, msg: dict) -> None:
         key = msg["key"]
@@ -525,7 +568,7 @@ class Worker:
         return data, missing
 
 
-EXIT_LOST_SCHEDULER = 4        # the nanny restarts on this one; 0 and 3 end it
+EXIT_LOST_SCHEDULER = 4        # no scheduler for the reconnect window (death_timeout): 0, 3 and 4 end the nanny
 EXIT_LIFETIME = 5              # retired at the end of its --lifetime: restart (--lifetime-restart) or end
 EXIT_CANNOT_LISTEN = 1         # its --host/--worker-port cannot be had: a startup failure
 
@@ -538,36 +581,6 @@ class ListenError(Exception):
     """The worker cannot listen where it was told to (not an OSError: retrying won't help)."""
 
 
-class _LogBuffer(logging.Handler):
-    """Keeps the worker's recent log lines for client.get_worker_logs()."""
-
-    _instance: "_LogBuffer | None" = None
-
-    def __init__(self, size: int = 1000):
-        super().__init__(logging.INFO)
-        self.lines: collections.deque = collections.deque(maxlen=size)
-        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.lines.append(self.format(record))
-        except Exception:
-            pass
-
-    def __iter__(self):
-        return iter(self.lines)
-
-    @classmethod
-    def install(cls) -> "_LogBuffer":
-        if cls._instance is None:
-            cls._instance = cls()
-            root = logging.getLogger()
-            root.addHandler(cls._instance)
-            if root.level > logging.INFO or root.level == logging.NOTSET:
-                root.setLevel(logging.INFO)
-        return cls._instance
-
-
 def _pickle_exception(exc: BaseException) -> bytes:
     try:
         return serialize.dumps(exc)
@@ -577,20 +590,34 @@ def _pickle_exception(exc: BaseException) -> bytes:
 
 
 def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
-               on_registered: Callable[[], None] | None = None, **kwargs) -> int:
+               on_registered: Callable[[], None] | None = None, owner_pid: int | None = None, **kwargs) -> int:
     """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
 
     The scheduler may not be reachable yet (or for a moment); keep trying for
-    `death_timeout` seconds before giving up with exit code 3. `on_registered` is called
-    once the scheduler has accepted the worker (the nanny learns it that way).
+    `death_timeout` seconds before giving up with exit code 3. A worker that loses its
+    scheduler later tries as long again to register anew, then exits with
+    EXIT_LOST_SCHEDULER. `on_registered` is called
+    once the scheduler has accepted the worker (the nanny learns it that way). It ends with
+    `owner_pid` (its nanny, or LocalCluster's process), cleanly if it can.
     """
     import signal
+
+    from ..lifeline import watch_owner
+    running: list[Worker] = []
+
+    def orphaned(reason: str) -> bool:
+        if not running:
+            return False                   # not registered yet: nothing to say goodbye to
+        running[0].loop.call_soon_threadsafe(lambda: asyncio.ensure_future(running[0].close(reason)))
+        return True
+
+    watch_owner(owner_pid, orphaned, "worker")
 
     async def main() -> int:
         deadline = time.monotonic() + death_timeout
         delay = 0.1
         while True:
-            worker = Worker(scheduler, secret, **kwargs)
+            worker = Worker(scheduler, secret, reconnect_window=death_timeout, **kwargs)
             try:
                 await worker.start()
                 break
@@ -602,6 +629,7 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
                     worker.listener.stop()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        running.append(worker)
         if on_registered is not None:
             on_registered()
         loop = asyncio.get_running_loop()
