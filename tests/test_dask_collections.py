@@ -205,6 +205,7 @@ def test_the_client_is_dasks_default_and_closing_restores_what_was(cluster):
         assert get_client() is first                        # closing the second gives back the first
     assert task.compute() == os.getpid()
     assert dask.config.get("scheduler", None) is None and dask.config.get("dataframe.shuffle.method", None) is None
+    assert dask.config.get("array.rechunk.threshold") == 4                  # dask's own default again
 
 
 def fib(n):
@@ -219,6 +220,26 @@ def fib_plain(n):          # no worker_client: waiting for its own cluster frees
         return n
     c = get_client()
     return c.submit(fib_plain, n - 1).result() + c.submit(fib_plain, n - 2).result()
+
+
+def _rechunk_steps(y) -> int:
+    """How many rechunk steps dask planned: one 'rechunk-merge' name per step."""
+    return len({k[0] for k in dict(y.__dask_graph__()) if isinstance(k, tuple) and k[0].startswith("rechunk-merge")})
+
+
+def test_a_rechunk_that_dask_would_do_in_steps_is_one_step_of_tasks(cluster, client):
+    # Rows -> columns of an 11 x 11 block array: dask's default threshold (4) plans it in
+    # steps, each copying all the data again; with the Client as dask's default it is one
+    # step of tasks (as distributed's P2P is one exchange), and the values are the same.
+    x = da.random.random((1100, 1100), chunks=(100, 1100))
+    with dask.config.set(scheduler="sync", **{"array.rechunk.threshold": 4}):
+        planned_by_dask = _rechunk_steps(x.rechunk((1100, 100), method="tasks"))
+    y = x.rechunk((1100, 100), method="tasks")
+    assert planned_by_dask > 1 and _rechunk_steps(y) == 1
+    assert np.array_equal(y.compute(), x.compute())
+    with dask.config.set({"array.rechunk.threshold": 2}):                   # a value the user chose stands
+        with Client(cluster) as other, other.as_current():
+            assert dask.config.get("array.rechunk.threshold") == 2
 
 
 def test_tasks_that_wait_on_their_own_subtasks_do_not_deadlock_one_thread(cluster):
