@@ -362,6 +362,10 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         flat: list[Future] = []
         flatten_futures(futures, flat)
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         values: dict[str, Any] = {}
         skipped: set[str] = set()
         pending = list(dict.fromkeys(f.key for f in flat))
@@ -370,8 +374,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             failed = []
             for key in pending:
                 st = self.future_state(key)
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not st.event.wait(left):
+                if not st.event.wait(left()):
                     raise TimeoutError(f"{key!r} not done within {timeout} s")
                 if st.status in ("error", "cancelled"):
                     if errors == "raise":
@@ -379,10 +382,18 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                     failed.append(key)
             skipped.update(failed)
             fetch = [k for k in pending if k not in failed]
-            got, missing = self._lt.run(self._fetch(fetch)) if fetch else ({}, [])
+            # The timeout holds while fetching and refetching too, not only while waiting.
+            try:
+                got, missing = self._lt.run(self._fetch(fetch), left()) if fetch else ({}, [])
+            except TimeoutError:
+                raise TimeoutError(f"{len(fetch)} results not fetched within {timeout} s (first: "
+                                   f"{fetch[0]!r})") from None
             values.update(got)
             pending = missing
             if missing:                  # lost in flight: the scheduler recomputes and tells us
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise TimeoutError(f"{len(missing)} results not fetched within {timeout} s (first: "
+                                       f"{missing[0]!r}: lost in flight, being recomputed)")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         if isinstance(futures, Future) and futures.key in skipped:
@@ -409,6 +420,13 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             for k, blob in reply["data"].items():
                 values[k] = serialize.loads_value(blob)
             missing.extend(reply.get("missing") or [])
+            # A result that cannot travel (does not pickle, too large for its worker to send):
+            # a task error, said once, instead of asking again for ever.
+            for k, why in (reply.get("errors") or {}).items():
+                st = self._states.get(k)
+                if st is not None:
+                    self._set(k, st, "error", {"kind": "unsendable", "text": str(why)})
+                    missing.append(k)
         return values, missing
 
     async def _worker_request(self, address: str, msg: dict) -> dict:
