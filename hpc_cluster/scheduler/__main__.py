@@ -14,11 +14,13 @@ import signal
 import sys
 
 from ..protocol.frames import Limits
+from ..protocol.admission import raise_open_file_limit
 from ..protocol.secret import read_cluster_file, secret_from_env, write_cluster_file
 from .server import Scheduler
 
 
 def main(argv=None) -> int:
+    raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
     p = argparse.ArgumentParser(prog="python -m hpc_cluster.scheduler")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
