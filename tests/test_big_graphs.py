@@ -94,7 +94,7 @@ def test_parts_run_right_when_later_parts_need_earlier_tasks(small_cluster, monk
 def test_a_task_no_message_can_carry_is_refused_naming_the_limit(small_cluster):
     with Client(small_cluster) as client:
         started = time.monotonic()
-        with pytest.raises(MessageTooLargeError, match=r"max_message_bytes = 4\.0 MiB.*scatter"):
+        with pytest.raises(MessageTooLargeError, match=r"max_message_bytes = 4\.00 MiB.*scatter"):
             client.submit(len, b"x" * (8 * 2**20))
         with pytest.raises(MessageTooLargeError, match="max_message_bytes"):
             client.map(len, [b"y", b"z" * (8 * 2**20)])
