@@ -390,6 +390,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                                    f"{fetch[0]!r})") from None
             values.update(got)
             pending = missing
+            if any(self.future_state(k).status == "error" for k in missing):
+                continue                 # a result that cannot travel: its error, at once
             if missing:                  # lost in flight: the scheduler recomputes and tells us
                 if deadline is not None and time.monotonic() + delay >= deadline:
                     raise TimeoutError(f"{len(missing)} results not fetched within {timeout} s (first: "
