@@ -100,7 +100,7 @@ class HandshakeGate:
         pressure = len(self._fresh) + len(self._started) >= self.max_pending // 2
         self._fresh[comm] = host
         fresh[comm] = None
-        if pressure and self._spoken(comm.stream.socket):     # before the stream reads them
+        if self._spoken(comm.stream.socket):     # a peek, before the stream reads them
             self.progressed(comm)
         return PRESSURE_TIMEOUT if pressure else None
 
@@ -131,7 +131,9 @@ class HandshakeGate:
         victim = None
         for _ in range(min(len(fresh), 32)):
             oldest = next(iter(fresh))
-            if not self._spoken(oldest.stream.socket):
+            # Its bytes may already be in the stream's buffer, read but not yet handled
+            # (tornado keeps no public count of them).
+            if not self._spoken(oldest.stream.socket) and not getattr(oldest.stream, "_read_buffer_size", 0):
                 victim = oldest
                 break
             self.progressed(oldest)     # spoke, though not read yet: spared this time
@@ -184,6 +186,7 @@ class HandshakeGate:
                     self._out_of_fds += 1
                     self._note()
                     self._evict_silent(16)
+                    self._empty_lobby()
                     loop.remove_handler(sock)
                     state["watching"] = False
                     loop.call_later(ACCEPT_PAUSE, resume)
@@ -210,13 +213,26 @@ class HandshakeGate:
         return remove
 
     def _to_lobby(self, connection: socket.socket, address) -> None:
-        if len(self._lobby) >= self.max_pending:
+        while len(self._lobby) >= self.max_pending:
             old, addr, _ = self._lobby.popleft()
+            if self._spoken(old):           # spoke since it came: it goes on, not out
+                self._callback(old, addr)
+                continue
             old.close()
             self.dropped(f"tcp://{addr[0]}:{addr[1]}", "closed silent to make room", "said nothing, room needed")
         if not self._lobby:
             IOLoop.current().call_later(LOBBY_SWEEP, self._sweep)
         self._lobby.append((connection, address, time.monotonic()))
+
+    def _empty_lobby(self) -> None:
+        """Out of descriptors: the lobby's silent sockets go first."""
+        for connection, address, since in [self._lobby.popleft() for _ in range(len(self._lobby))]:
+            if self._spoken(connection):
+                self._callback(connection, address)
+            else:
+                connection.close()
+                self.dropped(f"tcp://{address[0]}:{address[1]}", "closed silent: out of descriptors",
+                             "said nothing, and the process ran out of file descriptors")
 
     def _sweep(self) -> None:
         now, waiting = time.monotonic(), collections.deque()
