@@ -24,9 +24,10 @@ from .dask_collections import CollectionsMixin
 from .futures import Future, FutureState, flatten_futures, replace_futures
 from .protocol import serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
-from .protocol.frames import Opaque
+from .protocol.frames import Limits, Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
 from .protocol.versions import get_versions
+from .submission import CHUNK_TASKS, check_fits, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
 
@@ -198,6 +199,25 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self._stream.send(dict(msg, rid=rid))
         return await asyncio.wait_for(fut, timeout or self.timeout)
 
+    def _submit(self, specs: list[dict], wanted: list[str]) -> None:
+        """Send a submission in messages the scheduler accepts (see submission.py)."""
+        limits = self._limits
+        for spec in specs:
+            check_fits(spec, limits)
+        msgs, carried = split_submission(specs, wanted, limits)
+        with self._lock:
+            self._outq.extend(msgs)       # at once: no other thread's message between the parts
+            self._outq.extend(carried)    # released after the last part (unless a future holds one)
+            if self._flush_scheduled or self.status not in ("running", "connecting"):
+                return
+            self._flush_scheduled = True
+        self._loop.call_soon_threadsafe(self._flush_out)
+
+    @property
+    def _limits(self) -> Limits:
+        """What the scheduler reads with, as it announced in the handshake."""
+        return getattr(getattr(self, "_comm", None), "peer_limits", None) or Limits()
+
     def _send(self, msg: dict | None, release: str | None = None) -> None:
         """Queue a message (or a key to release) from any thread, keeping their order.
 
@@ -229,7 +249,18 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             if release:
                 msgs.append({"op": "release-keys", "keys": release})
         if self.status == "running" or self.status == "connecting":
-            self._stream.extend(msgs)
+            # Many submissions queued at once (a large map's parts, or thousands of submit()
+            # calls in one loop turn) go as several wire messages, each within the limits.
+            group, tasks = [], 0
+            for msg in msgs:
+                n = len(msg.get("tasks") or ())
+                if group and tasks + n > CHUNK_TASKS:
+                    self._stream.extend(group)
+                    self._stream.flush()
+                    group, tasks = [], 0
+                group.append(msg)
+                tasks += n
+            self._stream.extend(group)
 
     # -- references ------------------------------------------------------------------
     def future_state(self, key: str) -> FutureState:
@@ -287,6 +318,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         started on a worker whose job would hit its walltime first.
         """
         spec = self._task(func, args, kwargs, key, pure, retries, priority, resources, _seconds(duration))
+        check_fits(spec, self._limits)
         fut = Future(spec["key"], self)
         self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
         return fut
@@ -294,7 +326,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
             priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
             **kwargs) -> list[Future]:
-        """`submit` for each element (zip of several iterables); one message for all tasks."""
+        """`submit` for each element (zip of several iterables); one message for all tasks, or
+        several of bounded size for a long map."""
         argsets = list(zip(*iterables))
         if isinstance(key, (list, tuple)):
             if len(key) != len(argsets):
@@ -309,7 +342,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 spec["key"] = f"{key}-{spec['key'].rsplit('-', 1)[-1]}"
             specs.append(spec)
         futures = [Future(s["key"], self) for s in specs]
-        self._send({"op": "update-graph", "tasks": specs, "keys": [s["key"] for s in specs]})
+        self._submit(specs, [s["key"] for s in specs])
         return futures
 
     # -- results -------------------------------------------------------------------------
@@ -336,6 +369,10 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         flat: list[Future] = []
         flatten_futures(futures, flat)
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         values: dict[str, Any] = {}
         skipped: set[str] = set()
         pending = list(dict.fromkeys(f.key for f in flat))
@@ -344,8 +381,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             failed = []
             for key in pending:
                 st = self.future_state(key)
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not st.event.wait(left):
+                if not st.event.wait(left()):
                     raise TimeoutError(f"{key!r} not done within {timeout} s")
                 if st.status in ("error", "cancelled"):
                     if errors == "raise":
@@ -353,10 +389,20 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                     failed.append(key)
             skipped.update(failed)
             fetch = [k for k in pending if k not in failed]
-            got, missing = self._lt.run(self._fetch(fetch)) if fetch else ({}, [])
+            # The timeout holds while fetching and refetching too, not only while waiting.
+            try:
+                got, missing = self._lt.run(self._fetch(fetch), left()) if fetch else ({}, [])
+            except TimeoutError:
+                raise TimeoutError(f"{len(fetch)} results not fetched within {timeout} s (first: "
+                                   f"{fetch[0]!r})") from None
             values.update(got)
             pending = missing
+            if any(self.future_state(k).status == "error" for k in missing):
+                continue                 # a result that cannot travel: its error, at once
             if missing:                  # lost in flight: the scheduler recomputes and tells us
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise TimeoutError(f"{len(missing)} results not fetched within {timeout} s (first: "
+                                       f"{missing[0]!r}: lost in flight, being recomputed)")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         if isinstance(futures, Future) and futures.key in skipped:
@@ -383,6 +429,13 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             for k, blob in reply["data"].items():
                 values[k] = serialize.loads_value(blob)
             missing.extend(reply.get("missing") or [])
+            # A result that cannot travel (does not pickle, too large for its worker to send):
+            # a task error, said once, instead of asking again for ever.
+            for k, why in (reply.get("errors") or {}).items():
+                st = self._states.get(k)
+                if st is not None:
+                    self._set(k, st, "error", {"kind": "unsendable", "text": str(why)})
+                    missing.append(k)
         return values, missing
 
     async def _worker_request(self, address: str, msg: dict) -> dict:

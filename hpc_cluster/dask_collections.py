@@ -172,7 +172,7 @@ class CollectionsMixin:
         futures = {k: Future(wire.get(k) or wire_key(k), self) for k in keys}
         for spec in specs:
             spec["func"], spec["args"] = Opaque(spec["func"]), Opaque(spec["args"])
-        self._send({"op": "update-graph", "tasks": specs, "keys": [f.key for f in futures.values()]})
+        self._submit(specs, [f.key for f in futures.values()])
         return futures
 
     @staticmethod

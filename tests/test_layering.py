@@ -34,7 +34,7 @@ FORBIDDEN = {
     "deploy": {"cli"},
 }
 CLIENT_MODULES = {"client", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
-                  "subtasks"}
+                  "subtasks", "submission"}
 
 
 def layer_of(module: str) -> str | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..adapters import get_adapter
 from ..adapters.base import JobSpec
+from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
@@ -145,6 +146,7 @@ async def _watch_owner(pid: int, stop: asyncio.Event) -> None:
 
 
 def main(argv=None) -> int:
+    raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
     p = argparse.ArgumentParser(prog="python -m hpc_cluster.deploy.daemon")
     p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.launch")
     p.add_argument("--log-level", default="INFO")

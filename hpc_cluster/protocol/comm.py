@@ -31,6 +31,7 @@ from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
 from ..units import format_memory
+from .admission import HandshakeGate
 from .frames import (HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, check_count,
                      check_lengths, dumps, join, loads, nbytes)
 
@@ -387,7 +388,8 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
 
 
 async def _handshake_listener(comm: Comm, secret: bytes, info: dict,
-                              check: Callable[[dict], str | None] | None) -> None:
+                              check: Callable[[dict], str | None] | None,
+                              started: Callable[[Comm], None] = lambda comm: None) -> None:
     magic = await comm.stream.read_bytes(len(MAGIC))
     if magic != MAGIC:
         if magic[:5] == MAGIC[:5]:
@@ -395,6 +397,7 @@ async def _handshake_listener(comm: Comm, secret: bytes, info: dict,
                                 f"{MAGIC[5]}: run one hpc-cluster version on the client, the scheduler "
                                 "and the workers")
         raise ProtocolError(f"not an hpc-cluster peer (first bytes {bytes(magic)!r})")
+    started(comm)
     hello = (await comm.read(HANDSHAKE_LIMITS))[0]
     c_nonce = hello.get("nonce")
     if hello.get("op") != "auth" or not isinstance(c_nonce, bytes) or len(c_nonce) != 32:
@@ -420,7 +423,8 @@ class Listener(TCPServer):
     """Accepts connections, authenticates them, then hands each Comm to `handler`.
 
     A peer that fails the handshake or later sends a bad message is logged and dropped;
-    the listener and every other connection carry on.
+    the listener and every other connection carry on. How many may wait in the handshake,
+    and how drops are logged: admission.py.
     """
 
     def __init__(self, handler: Callable[[Comm], Awaitable[None]], secret: bytes, info: dict,
@@ -433,6 +437,12 @@ class Listener(TCPServer):
         self.handler, self.secret, self.info = handler, secret, info
         self.limits, self.check, self.name = limits or Limits(), check, name
         self.address: str | None = None
+        self.gate = HandshakeGate(name, len(MAGIC))
+
+    def add_sockets(self, sockets) -> None:
+        for sock in sockets:
+            self._sockets[sock.fileno()] = sock
+            self._handlers[sock.fileno()] = self.gate.accept_handler(sock, self._handle_connection)
 
     def start_listening(self, host: str = "127.0.0.1", port: int = 0) -> str:
         sockets = __import__("tornado.netutil", fromlist=["bind_sockets"]).bind_sockets(
@@ -447,15 +457,23 @@ class Listener(TCPServer):
         _nodelay(stream)
         peer = f"tcp://{address[0]}:{address[1]}"
         comm = Comm(stream, peer, self.limits)
+        timeout = self.gate.admit(comm, address[0]) or HANDSHAKE_TIMEOUT
         try:
-            await asyncio.wait_for(_handshake_listener(comm, self.secret, self.info, self.check),
-                                   HANDSHAKE_TIMEOUT)
+            await asyncio.wait_for(_handshake_listener(comm, self.secret, self.info, self.check,
+                                                       self.gate.progressed), timeout)
         except (ProtocolError, AuthenticationError, CommClosedError, StreamClosedError,
                 asyncio.TimeoutError) as exc:
-            logger.warning("%s: dropped connection from %s during handshake: %s", self.name, peer,
-                           exc or type(exc).__name__)
+            if getattr(comm, "evicted", False):
+                cause = "closed to make room (too many waiting)"
+            elif isinstance(exc, asyncio.TimeoutError):
+                cause = f"no proof of the secret within {timeout:g} s"
+            else:
+                cause = type(exc).__name__
+            self.gate.dropped(peer, cause, str(exc) or cause)
             comm.close()
             return
+        finally:
+            self.gate.done(comm)
         try:
             await self.handler(comm)
         except (CommClosedError, StreamClosedError):

@@ -71,8 +71,34 @@ def loads(data, buffers=()) -> Any:
     return pickle.loads(data, buffers=buffers)
 
 
-def dumps_value(obj: Any) -> Opaque:
-    """Pickle a value for the wire with its large buffers out of band (not copied)."""
+class TooLargeToSend(ValueError):
+    """Pickling a value would take more memory than `dumps_value` was allowed (`max_inband`)."""
+
+    def __init__(self, written: int, budget: int):
+        self.written, self.budget = written, budget
+        super().__init__(f"its pickle grew past {budget} bytes")
+
+
+class _BoundedBuffer(io.BytesIO):
+    """A pickle's stream that refuses to grow past `budget` bytes. The pickler hands a large
+    object's bytes to write() whole, so the check comes before they are copied."""
+
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget = budget
+
+    def write(self, b) -> int:
+        n = memoryview(b).nbytes
+        if self.tell() + n > self.budget:
+            raise TooLargeToSend(self.tell() + n, self.budget)
+        return super().write(b)
+
+
+def dumps_value(obj: Any, max_inband: int | None = None) -> Opaque:
+    """Pickle a value for the wire with its large buffers out of band (not copied).
+
+    `max_inband`: the most the pickle stream (the copy; out-of-band buffers are not copied)
+    may take; more raises TooLargeToSend before it is taken (a worker near its memory limit)."""
     buffers: list[memoryview] = []
 
     def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
@@ -85,7 +111,12 @@ def dumps_value(obj: Any) -> Opaque:
         buffers.append(raw)
         return False
 
-    header = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    if max_inband is None:
+        header = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    else:
+        out = _BoundedBuffer(max_inband)
+        cloudpickle.Pickler(out, protocol=5, buffer_callback=keep_out_of_band).dump(obj)
+        header = out.getvalue()
     return Opaque(header, buffers)
 
 

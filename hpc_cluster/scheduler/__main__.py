@@ -15,12 +15,14 @@ import sys
 
 from ..lifeline import watch_owner
 from ..protocol.frames import Limits
+from ..protocol.admission import raise_open_file_limit
 from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
 from ..protocol.tls import Security
 from .server import Scheduler
 
 
 def main(argv=None) -> int:
+    raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
     p = argparse.ArgumentParser(prog="python -m hpc_cluster.scheduler")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
 from ..protocol.secret import SECRET_ENV, read_cluster_file, take_secret_from_env
 from ..protocol.tls import Security
@@ -186,6 +187,7 @@ def _ready_signal(fd: int | None):
 
 
 def main(argv=None) -> int:
+    raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()

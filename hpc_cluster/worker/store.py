@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 from ..protocol import serialize
 from ..protocol.frames import Opaque
+from ..protocol.frames import nbytes as buffer_bytes
+from ..units import format_memory
 from .sizeof import sizeof
 
 logger = logging.getLogger("hpc_cluster.worker.memory")
@@ -216,9 +218,10 @@ class SpillStore:
             self._evict_to(self.target)            # outside the lock: writing takes a while
         return value
 
-    def payload(self, key: str) -> Opaque:
+    def payload(self, key: str, max_inband: int | None = None) -> Opaque:
         """The value as `dumps_value` makes it, for a peer or a client: a spilled one is sent
-        from its file as it is (neither unpickled nor brought back into memory)."""
+        from its file as it is (neither unpickled nor brought back into memory). `max_inband`:
+        the memory its pickle (or file) may take here, else serialize.TooLargeToSend."""
         with self._lock:
             if key in self.fast:
                 self.fast.move_to_end(key)
@@ -229,9 +232,11 @@ class SpillStore:
                     raise KeyError(key)
                 value = self._alive.get(key)
                 if value is None:
-                    path = entry[0]
+                    path, size = entry
         if value is not None:
-            return serialize.dumps_value(value)
+            return serialize.dumps_value(value, max_inband)
+        if max_inband is not None and size > max_inband:
+            raise serialize.TooLargeToSend(size, max_inband)
         try:
             return read_parts(path)
         except FileNotFoundError:
@@ -417,8 +422,52 @@ class MemoryManager:
         self.peak = max(self.peak, self.rss)
         return self.rss
 
+    def payloads(self, keys: list) -> tuple[dict, list, dict]:
+        """Results for a peer or a client, as they travel (data), those not here (missing), and
+        those that cannot travel (errors); spilled ones straight from their files.
+
+        A result that cannot travel is an error for that key (`errors`: key -> why and what to
+        do), said once, never a dropped connection: the asker would ask again for ever. That
+        is one that does not pickle, and one whose pickle would take the worker past the memory
+        its nanny ends it at (a 1 GiB `bytes`: its copy killed the worker, the result was
+        recomputed, and the next gather killed it again)."""
+        data, missing, errors = {}, [], {}
+        room = self.headroom()
+        budget = None if room is None else room[0]
+        for k in keys:
+            try:
+                data[k] = payload = self.store.payload(k, budget)
+            except KeyError:
+                missing.append(k)
+                continue
+            except serialize.TooLargeToSend as exc:
+                errors[k] = (f"the result of {k!r} is too large to send from its worker: pickling it takes more "
+                             f"than the {format_memory(exc.budget)} the worker has left before its memory limit "
+                             f"({format_memory(room[1])}), so it was not sent (the worker holds it, unharmed). "
+                             "Return it in smaller pieces (e.g. chunks of an array, gathered or used one by one), "
+                             "or as a numpy array or bytearray (sent without a copy), or give the workers more "
+                             "memory (memory_limit)")
+                continue
+            except Exception as exc:  # whatever the value's own pickling raises
+                errors[k] = (f"the result of {k!r} cannot be sent from its worker: it does not pickle "
+                             f"({type(exc).__name__}: {exc}). Return a value that pickles (plain data, arrays, "
+                             "frames), or use it only in tasks that run on the worker that holds it")
+                logger.warning("cannot send %r: %s: %s", k, type(exc).__name__, exc)
+                continue
+            if budget is not None:
+                budget = max(0, budget - buffer_bytes(payload.data))
+        return data, missing, errors
+
     def _level(self, fraction) -> int | None:
         return int(self.limit * fraction) if self.limit and fraction else None
+
+    def headroom(self) -> tuple[int, int] | None:
+        """(bytes the process may still take, the level it may reach) before the nanny ends
+        it (the terminate fraction, else the limit); None without a limit."""
+        level = self._level(self.fractions.terminate) or self.limit
+        if not level:
+            return None
+        return max(0, level - self.read_rss()), level
 
     def pause_changed(self, rss: int) -> bool:
         """Pause above the pause fraction, resume at or below it; True when that flips."""

@@ -86,6 +86,7 @@ class Worker:
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
         self._fetching: dict[str, asyncio.Future] = {}
+        self._unsendable: dict[str, str] = {}      # inputs their holder cannot send: why
         self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits,
                                     tls=self._tls)
         self.address: str | None = None
@@ -363,6 +364,9 @@ class Worker:
                 if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
                     self.data.put(k, serialize.loads_value(blob), spill=False)
             self.memory.spill_soon()
+            if len(self._unsendable) > 10_000:
+                self._unsendable.clear()
+            self._unsendable.update((k, str(why)) for k, why in (reply.get("errors") or {}).items())
             fut.set_result(reply.get("missing") or [])
         except Exception as exc:
             logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
@@ -382,6 +386,13 @@ class Worker:
                 return
             if dep in self.data:
                 ts.missing.discard(dep)
+            elif dep in self._unsendable and dep not in self._fetching:
+                # Its holder cannot send it (see _payloads): fetching again fails alike.
+                self._forget_task(ts)
+                exc = RuntimeError(f"input of {ts.key!r}: {self._unsendable[dep]}")
+                self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
+                                     "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
+                return
             elif dep not in self._fetching:
                 self._missing(ts, dep, [getattr(fut, "holder", None) or h for h in ts.deps[dep]][:1])
                 return
@@ -535,10 +546,10 @@ class Worker:
                         raise ProtocolError("get-data needs a list of keys")
                     if any(self.data.is_spilled(k) for k in keys):
                         # Read from disk in a thread: the event loop keeps serving meanwhile.
-                        data, missing = await self.loop.run_in_executor(None, self._payloads, keys)
+                        data, missing, errors = await self.loop.run_in_executor(None, self._payloads, keys)
                     else:
-                        data, missing = self._payloads(keys)
-                    await comm.write({"op": "data", "data": data, "missing": missing})
+                        data, missing, errors = self._payloads(keys)
+                    await comm.write({"op": "data", "data": data, "missing": missing, "errors": errors})
                 elif op == "put-data":
                     items = msg.get("data")
                     if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
@@ -557,15 +568,9 @@ class Worker:
                     raise ProtocolError(f"unknown op {op!r} on the worker's port")
 
 
-    def _payloads(self, keys: list) -> tuple[dict, list]:
-        """Results for a peer or a client, as they travel; spilled ones straight from their files."""
-        data, missing = {}, []
-        for k in keys:
-            try:
-                data[k] = self.data.payload(k)
-            except KeyError:
-                missing.append(k)
-        return data, missing
+    def _payloads(self, keys: list) -> tuple[dict, list, dict]:
+        """Results for a peer or a client, as they travel (see MemoryManager.payloads)."""
+        return self.memory.payloads(keys)
 
 
 EXIT_LOST_SCHEDULER = 4        # no scheduler for the reconnect window (death_timeout): 0, 3 and 4 end the nanny
