@@ -212,7 +212,7 @@ def test_mutated_frames_before_and_after_auth_never_stop_the_scheduler(cluster):
         assert client.status == "running", f"seed {SEED}"
     assert len(times) >= 4, f"seed {SEED}: only {len(times)} batches within {BUDGET} s"
     # Within a second (the median); some slack on the worst one for a loaded machine.
-    assert statistics.median(times) < 1.0 and max(times) < 2.5, f"seed {SEED}: {times}"
+    assert statistics.median(times) < 1.0 and max(times) < 5.0, f"seed {SEED}: {times}"
     assert kinds.get("pre-auth") and len(kinds) >= 3, kinds
     # Every bad message was refused as one (a warning, the connection dropped), never an
     # exception nobody expected (a check missing in the server).

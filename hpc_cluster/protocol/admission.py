@@ -156,10 +156,13 @@ class HandshakeGate:
 
     def _spoken(self, sock) -> bool:
         """The peer's first bytes wait in the socket (a peek: nothing is read)."""
+        # The plain socket's recv, also under TLS (an SSLSocket refuses flags): then the bytes
+        # peeked at are the peer's TLS hello, which is speaking all the same.
         try:
-            return sock is not None and len(sock.recv(self.first_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)) \
+            return sock is not None and len(socket.socket.recv(sock, self.first_bytes,
+                                                               socket.MSG_PEEK | socket.MSG_DONTWAIT)) \
                 >= self.first_bytes
-        except OSError:
+        except (OSError, ValueError):
             return False
 
     # -- accepting ----------------------------------------------------------------------
