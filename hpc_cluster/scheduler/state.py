@@ -377,42 +377,48 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             for dep in list(ts.dependencies):
                 self._maybe_release(dep)
 
-    def _maybe_release(self, ts: TaskState) -> None:
+    def _maybe_release(self, root: TaskState) -> None:
         """Drop what nobody needs: free its data, stop computing it, forget it if we can."""
-        if ts.who_wants or ts.waiters:
-            return
-        if ts.state == "memory":
-            for ws in ts.who_has:
-                ws.has_what.discard(ts)
-                self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
-            ts.who_has.clear()
-            ts.state = "released"
-        elif ts.state in ACTIVE:
-            if ts.state == "processing":
-                self._abandon(ts)
-            ts.state = "released"
-            ts.waiting_on = set()
-            for dep in list(ts.dependencies):
-                dep.waiters.discard(ts)
-                self._maybe_release(dep)
-        self._maybe_forget(ts)
+        self._drop([("release", root)])
 
     def _maybe_forget(self, root: TaskState) -> None:
-        stack = [root]
+        self._drop([("forget", root)])
+
+    def _drop(self, stack: list) -> None:
+        """Release and forget along the graph with a stack of our own, not by recursion:
+        releasing a 3,000-task waiting chain recursed per level and raised RecursionError
+        half way, leaving every record behind (issue 14, point 3)."""
         while stack:
-            ts = stack.pop()
-            if (ts.who_wants or ts.dependents or ts.state not in ("released", "erred")
-                    or self.tasks.get(ts.key) is not ts):
+            step, ts = stack.pop()
+            if step == "forget":
+                if (ts.who_wants or ts.dependents or ts.state not in ("released", "erred")
+                        or self.tasks.get(ts.key) is not ts):
+                    continue
+                del self.tasks[ts.key]
+                for dep in ts.dependencies:
+                    dep.dependents.discard(ts)
+                    dep.waiters.discard(ts)
+                    stack.append(("release" if not dep.who_wants and not dep.waiters and dep.state == "memory"
+                                  and not dep.dependents else "forget", dep))
+                ts.dependencies = set()
                 continue
-            del self.tasks[ts.key]
-            for dep in ts.dependencies:
-                dep.dependents.discard(ts)
-                dep.waiters.discard(ts)
-                if not dep.who_wants and not dep.waiters and dep.state == "memory" and not dep.dependents:
-                    self._maybe_release(dep)
-                else:
-                    stack.append(dep)
-            ts.dependencies = set()
+            if ts.who_wants or ts.waiters:
+                continue
+            stack.append(("forget", ts))             # after its inputs (a stack: pushed first, runs last)
+            if ts.state == "memory":
+                for ws in ts.who_has:
+                    ws.has_what.discard(ts)
+                    self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                ts.who_has.clear()
+                ts.state = "released"
+            elif ts.state in ACTIVE:
+                if ts.state == "processing":
+                    self._abandon(ts)
+                ts.state = "released"
+                ts.waiting_on = set()
+                for dep in ts.dependencies:
+                    dep.waiters.discard(ts)
+                    stack.append(("release", dep))
 
     # -- placement ---------------------------------------------------------------
     def _schedule(self) -> None:

@@ -1,0 +1,107 @@
+"""Deep graphs and deep nestings: no code path recurses per level (issue 14, point 3).
+
+Each depth is well past Python's default recursion limit (1,000), so a recursive walk fails
+here with RecursionError, and every test checks that nothing is left behind.
+"""
+
+import sys
+
+from hpc_cluster import Client, LocalCluster
+from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.state import SchedulerState
+from waiting import wait_until
+
+F, A = Opaque(b"f"), Opaque(b"a")
+DEPTH = 3000
+assert DEPTH > 2 * sys.getrecursionlimit()
+
+
+def chain(n, prefix="t"):
+    """t0 <- t1 <- ... <- t{n-1}: each task the input of the next."""
+    return [{"key": f"{prefix}{i}", "func": F, "args": A, "deps": [f"{prefix}{i - 1}"] if i else []}
+            for i in range(n)]
+
+
+def test_releasing_a_deep_waiting_chain_forgets_every_record():
+    s = SchedulerState(prefetch=0)
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])       # no worker: all waiting
+    assert s.counts() == {"queued": 1, "waiting": DEPTH - 1}
+    s.client_releases("c", [f"t{DEPTH - 1}"])
+    assert s.tasks == {}
+
+
+def test_closing_the_client_of_a_deep_chain_forgets_every_record():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.add_client("c")
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}", "t0"])
+    s.task_finished("w", "t0", 1)
+    s.task_started("w", "t1", now=1)                             # executing: abandoned, slot kept
+    s.take_outbox()
+    s.remove_client("c")
+    assert s.tasks == {}
+    assert s.take_outbox()["w"] == [{"op": "free-keys", "keys": ["t1"]}, {"op": "free-keys", "keys": ["t0"]}]
+    assert s.workers["w"].abandoned == {"t1"} and not s.workers["w"].processing
+
+
+def test_a_deep_chain_finishes_and_its_intermediates_are_forgotten_when_released():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])
+    for i in range(DEPTH):
+        s.task_finished("w", f"t{i}", 1)
+    assert s.tasks[f"t{DEPTH - 1}"].state == "memory"
+    assert s.counts() == {"memory": 1, "released": DEPTH - 1}  # kept for lineage
+    s.client_releases("c", [f"t{DEPTH - 1}"])
+    assert s.tasks == {} and not s.workers["w"].has_what
+
+
+def test_an_error_at_the_root_of_a_deep_chain_reaches_its_end_and_is_released():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])
+    s.task_erred("w", "t0", {"text": "boom"})
+    assert s.counts() == {"erred": DEPTH}
+    assert s.tasks[f"t{DEPTH - 1}"].error["origin"] == "t0"
+    s.client_releases("c", [f"t{DEPTH - 1}"])
+    assert s.tasks == {}
+
+
+def _wait_for_file(path, timeout=30.0):
+    import os
+    import time as _time
+    end = _time.monotonic() + timeout
+    while not os.path.exists(path) and _time.monotonic() < end:
+        _time.sleep(0.05)
+    return 0
+
+
+def _inc(x):
+    return x + 1
+
+
+def _counts(client):
+    return client._lt.run(client._request({"op": "counts"}))
+
+
+def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_path):
+    gate = tmp_path / "gate"
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster:
+        try:
+            with Client(cluster) as watcher:
+                c = Client(cluster)
+                try:
+                    f = c.submit(_wait_for_file, str(gate))
+                    for _ in range(DEPTH):
+                        f = c.submit(_inc, f)
+                    wait_until(lambda: sum(_counts(watcher).values()) == DEPTH + 1, 30,
+                               "the scheduler to hold the whole chain")
+                finally:
+                    c.close()
+                # The scheduler's record of the client's work goes with it: nothing leaks.
+                wait_until(lambda: _counts(watcher) == {}, 20, "the chain to be forgotten")
+                # ...and the scheduler still serves: a new task runs.
+                gate.touch()
+                assert watcher.submit(_inc, 1).result(timeout=20) == 2
+        finally:
+            gate.touch()
