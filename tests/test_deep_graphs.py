@@ -105,3 +105,33 @@ def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_p
                 assert watcher.submit(_inc, 1).result(timeout=20) == 2
         finally:
             gate.touch()
+
+
+def test_a_cycle_closing_a_deep_chain_is_refused_without_recursion():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    tasks = chain(DEPTH)
+    tasks[0]["deps"] = [f"t{DEPTH - 1}"]                          # t0 waits for the end of its own chain
+    s.update_graph("c", tasks, [f"t{DEPTH - 1}"])
+    assert s.tasks == {} and not s.take_outbox().get("w")
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])         # without the cycle it is taken in
+    assert len(s.tasks) == DEPTH
+
+
+def test_a_released_task_resubmitted_with_an_input_that_needs_it_is_refused():
+    """The cycle runs through tasks already known: x (released, kept for lineage) is
+    submitted again with an input that itself waits on x."""
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", chain(2, "x") + [{"key": "y", "func": F, "args": A, "deps": ["x1"]}], ["y"])
+    s.task_finished("w", "x0", 1)
+    s.task_finished("w", "x1", 1)                                 # x0 released, kept: y's lineage
+    s.update_graph("c", [{"key": "z", "func": F, "args": A, "deps": ["y"]}], ["z"])
+    s.take_outbox()
+    assert s.tasks["x0"].state == "released"
+    s.update_graph("c", [{"key": "x0", "func": F, "args": A, "deps": ["z"]}], ["x0"])
+    out = s.take_outbox()
+    assert [m["key"] for m in out["c"]] == ["x0"] and out["c"][0]["error"]["kind"] == "refused"
+    assert "'x0' -> 'z' -> 'y' -> 'x1' -> 'x0'" in out["c"][0]["error"]["text"]
+    assert s.tasks["x0"].state == "released" and not s.tasks["x0"].dependencies
+    assert "c" not in s.tasks["x0"].who_wants

@@ -106,7 +106,7 @@ class Worker:
                           "spill_directory": self.data.directory, **self.extra_info})
         reply = (await comm.read())[0]
         if reply.get("op") != "registered":
-            raise ConnectionError(f"scheduler refused registration: {reply}")
+            raise ConnectionError(f"the scheduler refused this worker: {reply.get('error') or reply}")
         self._reader = asyncio.create_task(self._read_scheduler())
         self._beat = asyncio.create_task(self._heartbeat())
         self._monitor = asyncio.create_task(self._watch_memory())
