@@ -61,10 +61,13 @@ class ClientsMixin:
         for ts in new:
             if ts.error is not None:
                 self._err(ts, ts.error)
-            elif ts.who_wants or ts.dependents:
-                self._activate(ts)
-            else:
-                self._maybe_forget(ts)               # nobody holds a future to it
+        for ts in new:
+            if ts.who_wants:
+                self._activate(ts)                   # and, from lineage, the inputs it needs
+        for ts in new:
+            # Nobody holds a future to it and nothing wanted needs it (not even failed): a task
+            # needed only by an unwanted one was computed for nobody.
+            self._maybe_forget(ts)
         self._schedule()
 
     def refuse_graph(self, cid: str, keys, reason: str) -> None:

@@ -226,6 +226,10 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             return
         if ts.processing_on is ws:
             self._unassign(ts)
+        elif ts.processing_on is not None:
+            # Another worker's thread finished it first (one that ran it before it was given up
+            # on and sent elsewhere): the copy now sent to this other worker is not needed.
+            self._abandon(ts)
         ts.who_has.add(ws)
         ws.has_what.add(ts)
         if ts.state == "memory":                     # a duplicate result: one more copy
