@@ -135,3 +135,53 @@ def test_a_released_task_resubmitted_with_an_input_that_needs_it_is_refused():
     assert "'x0' -> 'z' -> 'y' -> 'x1' -> 'x0'" in out["c"][0]["error"]["text"]
     assert s.tasks["x0"].state == "released" and not s.tasks["x0"].dependencies
     assert "c" not in s.tasks["x0"].who_wants
+
+
+def _walk(nested):
+    """(depth, sum of the numbers) of [[[..., x], x], x], without recursion."""
+    depth, total = 0, 0
+    while len(nested) == 2:
+        depth, total, nested = depth + 1, total + nested[1], nested[0]
+    return depth, total + nested[0]
+
+
+def _deep(n):
+    nested = [1]
+    for _ in range(n):
+        nested = [nested, 1]
+    return nested
+
+
+def test_futures_nested_deeper_than_pickle_recurses_travel_both_ways(tmp_path):
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster, Client(cluster) as c:
+        f = c.submit(_inc, 1)
+        nested = [f]
+        for _ in range(DEPTH):
+            nested = [nested, f]
+        # Pickled as an argument, the futures inside found and resolved on the worker.
+        assert c.submit(_walk, nested).result(timeout=30) == (DEPTH, 2 * (DEPTH + 1))
+        # gather() rebuilds the nesting with values.
+        assert _walk(c.gather(nested, timeout=30)) == (DEPTH, 2 * (DEPTH + 1))
+        # A task returning such a nesting: the worker pickles it, the client unpickles it.
+        assert _walk(c.submit(_deep, DEPTH).result(timeout=30)) == (DEPTH, DEPTH + 1)
+        # And scattered data.
+        assert _walk(c.scatter([_deep(DEPTH)])[0].result(timeout=30)) == (DEPTH, DEPTH + 1)
+
+
+def test_deep_nestings_keep_their_sharing_and_cycles_when_pickled():
+    from hpc_cluster.protocol import serialize
+    shared = {"k": (1, frozenset({2}))}
+    nested = [shared]
+    for i in range(DEPTH):
+        nested = [nested, shared, (i,)]
+    loop = [nested]
+    loop.append(loop)                                          # a list that holds itself
+    blob, refs = serialize.dumps_args((loop, shared), {"t": ([],)})
+    (back, back_shared), kwargs = serialize.loads_args(blob, lambda key: None)
+    assert back[1] is back and refs == set()
+    node, depth = back[0], 0
+    while len(node) == 3:
+        assert node[1] is back_shared and node[2] == (DEPTH - 1 - depth,)
+        node, depth = node[0], depth + 1
+    assert depth == DEPTH and node[0] is back_shared and back_shared == shared
+    assert kwargs == {"t": ([],)}
