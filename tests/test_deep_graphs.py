@@ -185,3 +185,31 @@ def test_deep_nestings_keep_their_sharing_and_cycles_when_pickled():
         node, depth = node[0], depth + 1
     assert depth == DEPTH and node[0] is back_shared and back_shared == shared
     assert kwargs == {"t": ([],)}
+
+
+def test_a_lost_result_at_the_end_of_a_deep_chain_is_recomputed_from_its_whole_lineage():
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])
+    for i in range(DEPTH):
+        s.task_finished("w", f"t{i}", 1)
+    s.add_worker("v", nthreads=1, now=1)
+    s.take_outbox()
+    s.remove_worker("w", 2, {"cause": "node-failure", "blame": False})
+    assert s.counts() == {"processing": 1, "waiting": DEPTH - 1}
+    for i in range(DEPTH):
+        s.task_finished("v", f"t{i}", 1)
+    assert s.tasks[f"t{DEPTH - 1}"].state == "memory"
+
+
+def test_a_deep_dask_graph_converts_to_tasks_in_order():
+    from hpc_cluster.graph import graph_tasks
+    deep = 5000
+    graph = {"x0": 0, **{f"x{i}": (_inc, f"x{i - 1}") for i in range(1, deep)}}
+    specs, wire = graph_tasks(graph, lambda f: b"func")
+    assert [s["key"] for s in specs] == [f"x{i}" for i in range(deep)]      # dask.order: the chain's order
+    assert all(s["deps"] == ([f"x{i - 1}"] if i else []) for i, s in enumerate(specs))
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [dict(spec, func=F, args=Opaque(spec["args"])) for spec in specs], [f"x{deep - 1}"])
+    assert s.counts() == {"processing": 1, "waiting": deep - 1}
