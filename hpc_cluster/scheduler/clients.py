@@ -21,9 +21,10 @@ class ClientsMixin:
         A graph with a dependency cycle would wait for ever: it is refused whole."""
         cycle = self._cycle(tasks)
         if cycle:
-            self.refuse_graph(cid, [*(t["key"] for t in tasks), *wanted], f"the graph has a dependency cycle: {' -> '.join(map(repr, cycle))}"
-                              "; a task cannot wait for its own result. Nothing of this submission was run: "
-                              "fix the tasks' inputs and submit it again")
+            self.refuse_graph(cid, [*(t["key"] for t in tasks), *wanted],
+                              f"the graph has a dependency cycle: {' -> '.join(map(repr, cycle))}; a task "
+                              "cannot wait for its own result. Nothing of this submission was run: fix the "
+                              "tasks' inputs and submit it again")
             return
         new: list[TaskState] = []
         for spec in tasks:
@@ -96,7 +97,7 @@ class ClientsMixin:
             if key in deps:
                 return deps[key]
             ts = self.tasks.get(key) if walk_old else None
-            return [d.key for d in ts.dependencies] if ts is not None else ()
+            return sorted(d.key for d in ts.dependencies) if ts is not None else ()
 
         done: set = set()
         for start in deps:

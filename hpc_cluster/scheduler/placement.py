@@ -137,7 +137,9 @@ def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool =
                 local += dep.nbytes or 1
         roomy, left = memory_room(ws)
         score = (local, roomy, -len(ws.processing) / ws.nthreads, left)
-        if best_score is None or score > best_score:
+        # Ties go to the lowest address, not to the set's order (which follows memory
+        # addresses): the same events must place tasks the same way (tests/test_state_fuzz.py).
+        if best_score is None or score > best_score or score == best_score and ws.address < best.address:
             best, best_score = ws, score
     return best
 
@@ -160,7 +162,7 @@ def wait_for_holder(ts, chosen, durations, now: float) -> bool:
             held[w] = held.get(w, 0) + (dep.nbytes or 0)
     if not held:
         return False
-    holder = max(held, key=held.get)
+    holder = max(held, key=lambda w: (held[w], w.address))       # ties: the same one every time
     missing = held[holder] - held.get(chosen, 0)
     if holder is chosen or missing < LOCALITY_MIN_BYTES or holder.paused or holder.draining:
         return False

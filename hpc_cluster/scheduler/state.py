@@ -135,6 +135,18 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                   # None while more evidence may change the verdict; only final verdicts end tasks.
                   "final_at": death.get("final_at", now)}
         self.deaths.append(record)
+        # Its tasks leave it first (charged if they were executing), so that what follows
+        # sends nothing to the dead worker.
+        running = sorted(ws.processing, key=lambda t: t.priority)
+        for ts in running:
+            if ts.executing:
+                # The record is shared: a later verdict updates it in place.
+                ran = now - ts.started_at if ts.started_at is not None else None
+                ts.attempts.append({"death": record, "ran_for": ran})
+            ts.processing_on = None
+        executing = set(ws.executing)
+        ws.processing.clear()
+        ws.executing.clear()
         lost = []
         for ts in ws.has_what:
             ts.who_has.discard(ws)
@@ -149,18 +161,15 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 ts.copying.discard(address)
         for ts in short:
             self._ensure_replicas(ts)
-        for ts in sorted(ws.processing, key=lambda t: t.priority):
-            was_executing = ts in ws.executing
-            ts.processing_on, ts.executing = None, False
-            if was_executing:
-                # The record is shared: a later verdict updates it in place.
-                ran = now - ts.started_at if ts.started_at is not None else None
-                ts.attempts.append({"death": record, "ran_for": ran})
-            if not (was_executing and self._over_limits(ts)):
+        for ts in running:
+            ts.executing = False
+            if ts.state != "processing":
+                # Failed or released meanwhile by the cascade of an earlier one's failure (found
+                # by tests/test_state_fuzz.py: it was started again, for nobody).
+                continue
+            if not (ts in executing and self._over_limits(ts)):
                 ts.state = "released"
                 self._activate(ts)
-        ws.processing.clear()
-        ws.executing.clear()
         self._schedule()
         return record
 
@@ -299,20 +308,21 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 continue
             ts.state = "waiting"
             ts.waiting_on = set()
-            failed = None
+            # A failed input fails it before any released input is computed again for it
+            # (found by tests/test_state_fuzz.py: they were, for nobody). The first by key,
+            # so the error names the same input every time.
+            failed = min((d for d in ts.dependencies if d.state == "erred"), key=lambda d: d.key, default=None)
+            if failed is not None:
+                self._err(ts, _dependency_error(failed))
+                continue
             for dep in ts.dependencies:
                 dep.waiters.add(ts)
                 if dep.state == "memory":
                     continue
-                if dep.state == "erred":
-                    failed = dep
-                    break
                 ts.waiting_on.add(dep)
                 if dep.state == "released":
                     stack.append(dep)
-            if failed is not None:
-                self._err(ts, _dependency_error(failed))
-            elif not ts.waiting_on:
+            if not ts.waiting_on:
                 self._queue(ts)
 
     def _queue(self, ts: TaskState) -> None:
