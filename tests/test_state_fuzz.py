@@ -246,7 +246,7 @@ def stable_hashes():
         TaskState.__hash__, WorkerState.__hash__ = saved
 
 
-@settings(derandomize=True, max_examples=100, deadline=None, database=None,
+@settings(derandomize=True, max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_random_event_sequences_keep_the_state_machine_consistent(data):
