@@ -185,3 +185,27 @@ def test_restart_with_a_bad_timeout_is_refused_and_clears_nothing(cluster, clien
     assert _workers(client) == workers
     with pytest.raises(ValueError, match="restart timeout="):
         client.restart(timeout=-5)
+
+
+def test_a_workers_memory_report_beyond_64_bits_does_not_break_what_clients_are_sent(cluster, client):
+    """Numbers a worker reports are passed on to clients (the workers table); a float such
+    as 1e30 became an integer beyond 64 bits and made that reply unpackable, so the client's
+    request never came back."""
+    async def body():
+        comm = await connect(cluster.scheduler_address, cluster.secret, {"role": "worker", "versions": get_versions()})
+        try:
+            await comm.write({"op": "register-worker", "address": "tcp://127.0.0.1:1", "nthreads": 1})
+            assert (await asyncio.wait_for(comm.read(), 10))[0]["op"] == "registered"
+            await comm.write({"op": "heartbeat", "memory": {"rss": 1e30, "managed": 5}})
+            await comm.write({"op": "heartbeat"})
+            await asyncio.sleep(0)
+            table = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                client._request({"op": "workers"}, 10), client._loop))
+            return {w["address"]: w["memory"] for w in table}
+        finally:
+            comm.close()
+
+    memory = run(body())
+    assert memory["tcp://127.0.0.1:1"] == {"managed": 5}          # the impossible number left out
+    wait_until(lambda: len(_workers(client)) == 1, 10, "the fake worker to be gone")
+    assert client.submit(inc, 70).result(timeout=20) == 71

@@ -11,7 +11,8 @@ slot: the state machine leaves them out.) Among those, in order:
 2. a worker with memory to spare: below its spill fraction rather than above it (there it
    is writing results to disk to make room);
 3. the least busy (tasks per thread);
-4. the one with the most memory left (of its limit).
+4. the one with the most memory left (of its limit);
+5. the lowest address, so the same events place tasks the same way.
 """
 
 from __future__ import annotations

@@ -65,7 +65,10 @@ def _number(value) -> float | None:
 
 def _count(value, what: str) -> int:
     """A byte count from a worker: it is passed on to clients, so it must fit msgpack."""
-    value = int(value or 0)
+    try:
+        value = int(value or 0)
+    except OverflowError:                   # inf
+        raise ProtocolError(f"{what} {value} is not a byte count") from None
     if not 0 <= value <= INT64:
         raise ProtocolError(f"{what} {value} is not a byte count")
     return value
