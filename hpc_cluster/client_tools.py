@@ -71,6 +71,8 @@ class ClusterToolsMixin:
         without a nanny cannot be restarted; they drop their data and a warning names them.
         """
         reply = self._lt.run(self._request({"op": "restart", "timeout": timeout}, timeout + 10), timeout + 10)
+        if reply.get("error"):
+            raise ValueError(reply["error"])
         if reply["not_restarted"]:
             warnings.warn(f"{len(reply['not_restarted'])} workers run without a nanny and cannot be "
                           f"restarted (their data was dropped): {', '.join(reply['not_restarted'])}; "

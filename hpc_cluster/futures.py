@@ -126,18 +126,39 @@ def flatten_futures(obj, out: list) -> None:
             stack.extend(reversed([v for v in dict(x.__dask_graph__()).values() if isinstance(v, Future)]))
 
 
+_NESTS = (list, tuple, set, dict)
+
+
+def _items(obj, dropped) -> list:
+    """(dict key or None, value) of a container, without the dropped futures."""
+    pairs = obj.items() if isinstance(obj, dict) else ((None, o) for o in obj)
+    return [(k, v) for k, v in pairs if not (isinstance(v, Future) and v.key in dropped)]
+
+
 def replace_futures(obj, values: dict, dropped: frozenset | set = frozenset()):
     """`obj` with each Future replaced by its value; futures whose keys are in `dropped`
-    are left out of the lists, tuples, sets and dicts that hold them, at any depth."""
+    are left out of the lists, tuples, sets and dicts that hold them, at any depth.
+    A stack of our own, not recursion: gather() of a nesting 3,000 deep must not overflow."""
     if isinstance(obj, Future):
         return values[obj.key]
-    if isinstance(obj, (list, tuple, set)):
-        return type(obj)(replace_futures(o, values, dropped) for o in obj
-                         if not (isinstance(o, Future) and o.key in dropped))
-    if isinstance(obj, dict):
-        return {k: replace_futures(v, values, dropped) for k, v in obj.items()
-                if not (isinstance(v, Future) and v.key in dropped)}
-    return obj
+    if not isinstance(obj, _NESTS):
+        return obj
+    stack = [(obj, iter(_items(obj, dropped)), [])]      # (container, items left, items done)
+    while True:
+        node, items, done = stack[-1]
+        for key, value in items:
+            if isinstance(value, _NESTS):
+                done.append((key, None))                  # filled in when the child is built
+                stack.append((value, iter(_items(value, dropped)), []))
+                break
+            done.append((key, values[value.key] if isinstance(value, Future) else value))
+        else:
+            stack.pop()
+            built = dict(done) if isinstance(node, dict) else type(node)(v for _, v in done)
+            if not stack:
+                return built
+            parent_done = stack[-1][2]
+            parent_done[-1] = (parent_done[-1][0], built)
 
 
 class _Waited(collections.namedtuple("_Waited", "done not_done")):

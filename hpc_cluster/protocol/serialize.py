@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import os
 import pickle
+import reprlib
 import sys
 import sysconfig
 import threading
@@ -47,6 +49,113 @@ class KeyRef:
 
     def __repr__(self) -> str:
         return f"KeyRef({self.key!r})"
+
+
+# -- nestings deeper than pickle can recurse ------------------------------------------------
+# pickle (and cloudpickle) recurse once per level of nesting and fail past the recursion limit
+# (~1,000 levels); unpickling does not recurse. So a deep nesting of plain lists, tuples,
+# dicts and sets is sent as a flat table of its containers, each holding values and _Slot
+# references to others, and rebuilt by `_unflatten` without recursion. Shared and
+# self-referencing containers stay shared, as with pickle. Other types are values as they are.
+_PLAIN = (list, tuple, dict, set, frozenset)
+_MUTABLE = (list, dict, set)
+
+
+def _too_deep(exc: BaseException) -> bool:
+    """Did pickling fail only for recursing too deep? (cloudpickle wraps the RecursionError.)"""
+    return isinstance(exc, RecursionError) or isinstance(exc.__cause__, RecursionError)
+
+
+class _Slot:
+    """A reference to container number `i` of a flattened nesting."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __reduce__(self):
+        return _Slot, (self.i,)
+
+
+class _Flat:
+    """Pickles `obj` as (_unflatten, (table,)): a flat table of its plain containers."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __reduce__(self):
+        return _unflatten, (_flatten(self.obj),)
+
+
+def _flatten(root) -> tuple:
+    """(kinds, items, build order of the immutable ones) of every plain container in `root`;
+    container 0 is the root (or the root itself, if it is no container)."""
+    if type(root) not in _PLAIN:
+        return ([], [], [], root)
+    index: dict[int, int] = {}
+    kinds: list[type] = []
+    items: list[list] = []
+    post: list[int] = []                    # the immutable ones, children first
+
+    def slot(x):
+        if type(x) not in _PLAIN:
+            return x, False
+        i = index.get(id(x))
+        if i is not None:
+            return _Slot(i), False
+        index[id(x)] = i = len(kinds)
+        kinds.append(type(x))
+        items.append([])
+        return _Slot(i), True
+
+    def parts(x):
+        return itertools.chain.from_iterable(x.items()) if type(x) is dict else iter(x)
+
+    slot(root)
+    open_ = {0}                             # containers entered and not yet left
+    stack = [(0, parts(root))]
+    while stack:
+        i, it = stack[-1]
+        for part in it:
+            ref, new = slot(part)
+            if (isinstance(ref, _Slot) and not new and ref.i in open_ and kinds[i] not in _MUTABLE
+                    and kinds[ref.i] not in _MUTABLE):
+                # A tuple directly in a tuple that contains it: not buildable in any order.
+                raise RecursionError("a tuple holds itself through its own contents")
+            items[i].append(ref)
+            if new:
+                stack.append((ref.i, parts(part)))
+                open_.add(ref.i)
+                break
+        else:
+            stack.pop()
+            open_.discard(i)
+            if kinds[i] not in _MUTABLE:
+                post.append(i)
+    return (kinds, items, post, None)
+
+
+def _unflatten(table):
+    kinds, items, post, plain = table
+    if not kinds:
+        return plain
+    objs: list = [k() if k in _MUTABLE else None for k in kinds]
+
+    def value(x):
+        return objs[x.i] if type(x) is _Slot else x
+
+    for i in post:                          # tuples and frozensets: their parts exist by now
+        objs[i] = kinds[i](map(value, items[i]))
+    for i, kind in enumerate(kinds):
+        if kind is list:
+            objs[i].extend(map(value, items[i]))
+        elif kind is set:
+            objs[i].update(map(value, items[i]))
+        elif kind is dict:
+            vals = list(map(value, items[i]))
+            objs[i].update(zip(vals[0::2], vals[1::2]))
+    return objs[0]
 
 
 class _RefPickler(cloudpickle.Pickler):
@@ -111,12 +220,20 @@ def dumps_value(obj: Any, max_inband: int | None = None) -> Opaque:
         buffers.append(raw)
         return False
 
-    if max_inband is None:
-        header = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
-    else:
+    def pickle_into(target):
+        if max_inband is None:
+            return cloudpickle.dumps(target, protocol=5, buffer_callback=keep_out_of_band)
         out = _BoundedBuffer(max_inband)
-        cloudpickle.Pickler(out, protocol=5, buffer_callback=keep_out_of_band).dump(obj)
-        header = out.getvalue()
+        cloudpickle.Pickler(out, protocol=5, buffer_callback=keep_out_of_band).dump(target)
+        return out.getvalue()
+
+    try:
+        header = pickle_into(obj)
+    except (RecursionError, pickle.PicklingError) as exc:
+        if not _too_deep(exc):
+            raise
+        buffers.clear()
+        header = pickle_into(_Flat(obj))
     return Opaque(header, buffers)
 
 
@@ -204,7 +321,15 @@ def dumps_args(args: tuple, kwargs: dict) -> tuple[bytes, set[str]]:
     buf = io.BytesIO()
     try:
         with local_modules_by_value():
-            _RefPickler(buf, refs).dump((args, kwargs))
+            try:
+                _RefPickler(buf, refs).dump((args, kwargs))
+            except (RecursionError, pickle.PicklingError) as exc:
+                if not _too_deep(exc):
+                    raise
+                # Nested deeper than pickle recurses (a chain of futures in lists, 3,000 deep).
+                refs.clear()
+                buf = io.BytesIO()
+                _RefPickler(buf, refs).dump(_Flat((args, kwargs)))
     except Exception as exc:
         with local_modules_by_value():
             why = _which_argument(args, kwargs, exc)
@@ -219,7 +344,7 @@ def _which_argument(args: tuple, kwargs: dict, exc: Exception) -> str:
         try:
             _RefPickler(io.BytesIO(), set()).dump(value)
         except Exception as inner:
-            return (f"could not pickle {label} ({type(value).__name__}: {value!r:.60}): "
+            return (f"could not pickle {label} ({type(value).__name__}: {reprlib.repr(value):.60}): "
                     f"{type(inner).__name__}: {inner}")
     return f"could not pickle the arguments: {type(exc).__name__}: {exc}"
 

@@ -17,7 +17,15 @@ class ClientsMixin:
         self.outbox.pop(cid, None)
 
     def update_graph(self, cid: str, tasks: list[dict], wanted: list[str]) -> None:
-        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources."""
+        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources.
+        A graph with a dependency cycle would wait for ever: it is refused whole."""
+        cycle = self._cycle(tasks)
+        if cycle:
+            self.refuse_graph(cid, [*(t["key"] for t in tasks), *wanted],
+                              f"the graph has a dependency cycle: {' -> '.join(map(repr, cycle))}; a task "
+                              "cannot wait for its own result. Nothing of this submission was run: fix the "
+                              "tasks' inputs and submit it again")
+            return
         new: list[TaskState] = []
         for spec in tasks:
             key = spec["key"]
@@ -54,11 +62,62 @@ class ClientsMixin:
         for ts in new:
             if ts.error is not None:
                 self._err(ts, ts.error)
-            elif ts.who_wants or ts.dependents:
-                self._activate(ts)
-            else:
-                self._maybe_forget(ts)               # nobody holds a future to it
+        for ts in new:
+            if ts.who_wants:
+                self._activate(ts)                   # and, from lineage, the inputs it needs
+        for ts in new:
+            # Nobody holds a future to it and nothing wanted needs it (not even failed): a task
+            # needed only by an unwanted one was computed for nobody.
+            self._maybe_forget(ts)
         self._schedule()
+
+    def refuse_graph(self, cid: str, keys, reason: str) -> None:
+        """Tell the client its submission is refused, touching nothing else: its futures to
+        keys it already held from earlier submissions (shared, already running) stay as they are."""
+        error = {"kind": "refused", "text": reason}
+        for key in dict.fromkeys(keys):
+            ts = self.tasks.get(key)
+            if ts is None or cid not in ts.who_wants:
+                self._send(cid, {"op": "task-erred", "key": key, "error": error})
+
+    def _cycle(self, tasks: list[dict]) -> list[str] | None:
+        """A dependency cycle the submission would make, as [a, b, ..., a], or None.
+
+        Depth-first with a stack of our own (a deep graph must not recurse). Only tasks
+        (re)defined here can close a cycle; existing ones are walked only when a released
+        one is redefined (its old dependents could lead back to it)."""
+        deps = {}
+        for spec in tasks:
+            ts = self.tasks.get(spec["key"])
+            if ts is None or ts.state == "released":
+                deps[spec["key"]] = spec.get("deps", ())
+        walk_old = any(k in self.tasks for k in deps)
+
+        def inputs(key):
+            if key in deps:
+                return deps[key]
+            ts = self.tasks.get(key) if walk_old else None
+            return sorted(d.key for d in ts.dependencies) if ts is not None else ()
+
+        done: set = set()
+        for start in deps:
+            if start in done:
+                continue
+            path, on_path = [start], {start}
+            stack = [iter(inputs(start))]
+            while stack:
+                key = next(stack[-1], None)
+                if key is None:
+                    stack.pop()
+                    done.add(path[-1])
+                    on_path.discard(path.pop())
+                elif key in on_path:
+                    return path[path.index(key):] + [key]
+                elif key not in done:
+                    path.append(key)
+                    on_path.add(key)
+                    stack.append(iter(inputs(key)))
+        return None
 
     def client_releases(self, cid: str, keys) -> None:
         touched = []

@@ -11,7 +11,8 @@ slot: the state machine leaves them out.) Among those, in order:
 2. a worker with memory to spare: below its spill fraction rather than above it (there it
    is writing results to disk to make room);
 3. the least busy (tasks per thread);
-4. the one with the most memory left (of its limit).
+4. the one with the most memory left (of its limit);
+5. the lowest address, so the same events place tasks the same way.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool =
                 local += dep.nbytes or 1
         roomy, left = memory_room(ws)
         score = (local, roomy, -len(ws.processing) / ws.nthreads, left)
-        if best_score is None or score > best_score:
+        # Ties go to the lowest address, not to the set's order (which follows memory
+        # addresses): the same events must place tasks the same way (tests/test_state_fuzz.py).
+        if best_score is None or score > best_score or score == best_score and ws.address < best.address:
             best, best_score = ws, score
     return best
 
@@ -166,7 +169,7 @@ def wait_for_holder(ts, chosen, durations, now: float) -> bool:
             held[w] = held.get(w, 0) + (dep.nbytes or 0)
     if not held:
         return False
-    holder = max(held, key=held.get)
+    holder = max(held, key=lambda w: (held[w], w.address))       # ties: the same one every time
     missing = held[holder] - held.get(chosen, 0)
     if holder is chosen or missing < LOCALITY_MIN_BYTES or holder.paused or holder.draining:
         return False

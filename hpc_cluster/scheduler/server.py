@@ -23,6 +23,15 @@ from .state import SchedulerState
 logger = logging.getLogger("hpc_cluster.scheduler")
 
 
+# msgpack packs integers in [-2**63, 2**64); a priority is sent to workers negated, so a
+# larger one made the whole outgoing batch to a worker unpackable (issue 14, point 7).
+INT64 = 2**63 - 1
+
+
+class Refused(ValueError):
+    """A well-formed request we will not carry out; the sender is told why, nothing else changes."""
+
+
 def _keys(value, what: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
         raise ProtocolError(f"{what} must be a list of strings")
@@ -38,6 +47,9 @@ def _check_task(spec) -> dict:
     for name in ("priority", "retries"):
         if not isinstance(spec.get(name, 0), int):
             raise ProtocolError(f"task {spec['key']!r}: {name} must be an integer")
+        if not -INT64 <= spec.get(name, 0) <= INT64:
+            raise Refused(f"task {spec['key']!r}: {name}={spec[name]} is out of range; give an integer "
+                          f"between -(2**63 - 1) and 2**63 - 1")
     if spec.get("duration") is not None and _number(spec["duration"]) is None:
         raise ProtocolError(f"task {spec['key']!r}: duration must be a number of seconds")
     res = spec.get("resources") or {}
@@ -51,6 +63,28 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
+def _count(value, what: str) -> int:
+    """A byte count from a worker: it is passed on to clients, so it must fit msgpack."""
+    try:
+        value = int(value or 0)
+    except OverflowError:                   # inf
+        raise ProtocolError(f"{what} {value} is not a byte count") from None
+    if not 0 <= value <= INT64:
+        raise ProtocolError(f"{what} {value} is not a byte count")
+    return value
+
+
+def _restart_timeout(value) -> float:
+    """client.restart(timeout=): checked before anything is cleared (a bad one used to clear
+    everyone's work, then fail, and never reply)."""
+    if value is None:
+        return 60.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise Refused(f"restart timeout={value!r}: give a number of seconds above 0 and at most one day "
+                      "(86400); nothing was restarted")
+    return float(value)
+
+
 MEMORY_FIELDS = ("rss", "peak_rss", "managed", "spilled", "spilled_disk", "spilled_count")
 
 
@@ -60,7 +94,8 @@ def _memory(value) -> dict | None:
         return None
     if not isinstance(value, dict):
         raise ProtocolError("memory must be a map")
-    out = {k: int(v) for k, v in value.items() if k in MEMORY_FIELDS and isinstance(v, (int, float))}
+    out = {k: int(v) for k, v in value.items()
+           if k in MEMORY_FIELDS and isinstance(v, (int, float)) and 0 <= v <= INT64}
     if "paused" in value:
         out["paused"] = bool(value["paused"])
     return out
@@ -279,8 +314,14 @@ class Scheduler:
             raise ProtocolError("a worker must register first")
         addr = first["address"]
         nthreads = first.get("nthreads", 1)
-        if not isinstance(nthreads, int) or nthreads < 1:
+        if not isinstance(nthreads, int) or not 1 <= nthreads <= 2**20:
             raise ProtocolError("nthreads must be a positive integer")
+        refusal = self._registration_refusal(addr)
+        if refusal:
+            logger.warning("refused a worker registering as %s: %s", addr, refusal)
+            await comm.write({"op": "refused", "error": refusal})
+            comm.close()
+            return
         # Reply before any task can be queued for it, so "registered" travels alone.
         await comm.write({"op": "registered", "address": addr})
         self.streams[addr] = BatchedSend(comm)
@@ -312,11 +353,25 @@ class Scheduler:
                 del self.comms[addr]
                 self._remove_worker(addr, connection)
 
+    def _registration_refusal(self, addr: str) -> str | None:
+        """Why a worker may not register at `addr`, or None. Taking a live worker's address
+        used to evict the real worker for good, and a client's id to steal its stream (the
+        client hung): each peer's address is its own."""
+        if not addr.startswith(("tcp://", "tls://")):
+            return (f"{addr!r} is not a worker address: register the tcp://host:port (tls://host:port "
+                    "with security=) the worker listens on")
+        if addr in self.streams or addr in self.state.clients:
+            live = self.comms.get(addr)
+            if live is None or not live.closed:
+                return (f"{addr} is the address of a worker that is connected and alive; each worker "
+                        "needs its own address (a free --worker-port, or leave it out)")
+        return None
+
     def _worker_message(self, addr: str, msg: dict, now: float):
         op, st = msg["op"], self.state
         try:
             if op == "task-finished":
-                st.task_finished(addr, msg["key"], int(msg.get("nbytes") or 0), _number(msg.get("duration")))
+                st.task_finished(addr, msg["key"], _count(msg.get("nbytes"), "nbytes"), _number(msg.get("duration")))
             elif op == "task-started":
                 st.task_started(addr, msg["key"], now, _memory(msg.get("memory")))
             elif op == "task-erred":
@@ -332,7 +387,7 @@ class Scheduler:
             elif op == "abandoned-done":
                 st.abandoned_done(addr, msg["key"])
             elif op == "add-replica":
-                st.add_replica(addr, msg["key"], int(msg.get("nbytes") or 0))
+                st.add_replica(addr, msg["key"], _count(msg.get("nbytes"), "nbytes"))
             elif op == "replica-failed":
                 st.replica_failed(addr, msg["key"])
             elif op == "heartbeat":
@@ -374,6 +429,8 @@ class Scheduler:
     # -- clients ---------------------------------------------------------------
     async def _serve_client(self, comm: Comm) -> None:
         cid = f"client-{next(self._client_ids)}"
+        while cid in self.streams or cid in self.state.clients:
+            cid = f"client-{next(self._client_ids)}"
         self.streams[cid] = BatchedSend(comm)
         self.comms[cid] = comm
         self.state.add_client(cid)
@@ -397,8 +454,15 @@ class Scheduler:
         op, st = msg["op"], self.state
         try:
             if op == "update-graph":
-                tasks = [_check_task(t) for t in msg.get("tasks", [])]
-                st.update_graph(cid, tasks, _keys(msg.get("keys", []), "keys"))
+                tasks = msg.get("tasks", [])
+                wanted = _keys(msg.get("keys", []), "keys")
+                try:
+                    tasks = [_check_task(t) for t in tasks]
+                except Refused as exc:
+                    named = [t["key"] for t in tasks if isinstance(t, dict) and isinstance(t.get("key"), str)]
+                    st.refuse_graph(cid, named + wanted, f"{exc}. Nothing of this submission was run")
+                    return
+                st.update_graph(cid, tasks, wanted)
                 self.fail_if_stranded()
             elif op == "release-keys":
                 st.client_releases(cid, _keys(msg["keys"], "keys"))
@@ -429,7 +493,12 @@ class Scheduler:
                 self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})
             elif op == "restart":
-                asyncio.create_task(self._restart(cid, msg))
+                try:
+                    timeout = _restart_timeout(msg.get("timeout"))
+                except Refused as exc:
+                    self._reply(cid, msg, {"error": str(exc)})
+                    return
+                asyncio.create_task(self._restart(cid, msg, timeout))
             elif op in self.handlers:
                 asyncio.create_task(self._run_handler(cid, msg))
             elif op == "counts":
@@ -465,7 +534,7 @@ class Scheduler:
                 self._intents[addr] = intent
                 self._send_now(addr, {"op": "close", "reason": intent})
 
-    async def _restart(self, cid: str, msg: dict) -> None:
+    async def _restart(self, cid: str, msg: dict, timeout: float) -> None:
         """client.restart(): forget all work, restart every worker through its nanny."""
         reason = "the cluster was restarted by client.restart(); submit the work again"
         self.state.clear(reason)
@@ -480,7 +549,7 @@ class Scheduler:
                 without.append(addr)
                 self._send_now(addr, {"op": "free-all"})
         self._flush()
-        deadline = time.monotonic() + float(msg.get("timeout") or 60)
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             current = {ws.info.get("nanny_id"): a for a, ws in self.state.workers.items()}
             if all(nid in current and current[nid] != old for nid, old in by_nanny.items()):

@@ -135,6 +135,18 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                   # None while more evidence may change the verdict; only final verdicts end tasks.
                   "final_at": death.get("final_at", now)}
         self.deaths.append(record)
+        # Its tasks leave it first (charged if they were executing), so that what follows
+        # sends nothing to the dead worker.
+        running = sorted(ws.processing, key=lambda t: t.priority)
+        for ts in running:
+            if ts.executing:
+                # The record is shared: a later verdict updates it in place.
+                ran = now - ts.started_at if ts.started_at is not None else None
+                ts.attempts.append({"death": record, "ran_for": ran})
+            ts.processing_on = None
+        executing = set(ws.executing)
+        ws.processing.clear()
+        ws.executing.clear()
         lost = []
         for ts in ws.has_what:
             ts.who_has.discard(ws)
@@ -149,18 +161,15 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 ts.copying.discard(address)
         for ts in short:
             self._ensure_replicas(ts)
-        for ts in sorted(ws.processing, key=lambda t: t.priority):
-            was_executing = ts in ws.executing
-            ts.processing_on, ts.executing = None, False
-            if was_executing:
-                # The record is shared: a later verdict updates it in place.
-                ran = now - ts.started_at if ts.started_at is not None else None
-                ts.attempts.append({"death": record, "ran_for": ran})
-            if not (was_executing and self._over_limits(ts)):
+        for ts in running:
+            ts.executing = False
+            if ts.state != "processing":
+                # Failed or released meanwhile by the cascade of an earlier one's failure (found
+                # by tests/test_state_fuzz.py: it was started again, for nobody).
+                continue
+            if not (ts in executing and self._over_limits(ts)):
                 ts.state = "released"
                 self._activate(ts)
-        ws.processing.clear()
-        ws.executing.clear()
         self._schedule()
         return record
 
@@ -226,6 +235,10 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             return
         if ts.processing_on is ws:
             self._unassign(ts)
+        elif ts.processing_on is not None:
+            # Another worker's thread finished it first (one that ran it before it was given up
+            # on and sent elsewhere): the copy now sent to this other worker is not needed.
+            self._abandon(ts)
         ts.who_has.add(ws)
         ws.has_what.add(ts)
         if ts.state == "memory":                     # a duplicate result: one more copy
@@ -295,20 +308,21 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 continue
             ts.state = "waiting"
             ts.waiting_on = set()
-            failed = None
+            # A failed input fails it before any released input is computed again for it
+            # (found by tests/test_state_fuzz.py: they were, for nobody). The first by key,
+            # so the error names the same input every time.
+            failed = min((d for d in ts.dependencies if d.state == "erred"), key=lambda d: d.key, default=None)
+            if failed is not None:
+                self._err(ts, _dependency_error(failed))
+                continue
             for dep in ts.dependencies:
                 dep.waiters.add(ts)
                 if dep.state == "memory":
                     continue
-                if dep.state == "erred":
-                    failed = dep
-                    break
                 ts.waiting_on.add(dep)
                 if dep.state == "released":
                     stack.append(dep)
-            if failed is not None:
-                self._err(ts, _dependency_error(failed))
-            elif not ts.waiting_on:
+            if not ts.waiting_on:
                 self._queue(ts)
 
     def _queue(self, ts: TaskState) -> None:
@@ -377,42 +391,48 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             for dep in list(ts.dependencies):
                 self._maybe_release(dep)
 
-    def _maybe_release(self, ts: TaskState) -> None:
+    def _maybe_release(self, root: TaskState) -> None:
         """Drop what nobody needs: free its data, stop computing it, forget it if we can."""
-        if ts.who_wants or ts.waiters:
-            return
-        if ts.state == "memory":
-            for ws in ts.who_has:
-                ws.has_what.discard(ts)
-                self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
-            ts.who_has.clear()
-            ts.state = "released"
-        elif ts.state in ACTIVE:
-            if ts.state == "processing":
-                self._abandon(ts)
-            ts.state = "released"
-            ts.waiting_on = set()
-            for dep in list(ts.dependencies):
-                dep.waiters.discard(ts)
-                self._maybe_release(dep)
-        self._maybe_forget(ts)
+        self._drop([("release", root)])
 
     def _maybe_forget(self, root: TaskState) -> None:
-        stack = [root]
+        self._drop([("forget", root)])
+
+    def _drop(self, stack: list) -> None:
+        """Release and forget along the graph with a stack of our own, not by recursion:
+        releasing a 3,000-task waiting chain recursed per level and raised RecursionError
+        half way, leaving every record behind (issue 14, point 3)."""
         while stack:
-            ts = stack.pop()
-            if (ts.who_wants or ts.dependents or ts.state not in ("released", "erred")
-                    or self.tasks.get(ts.key) is not ts):
+            step, ts = stack.pop()
+            if step == "forget":
+                if (ts.who_wants or ts.dependents or ts.state not in ("released", "erred")
+                        or self.tasks.get(ts.key) is not ts):
+                    continue
+                del self.tasks[ts.key]
+                for dep in ts.dependencies:
+                    dep.dependents.discard(ts)
+                    dep.waiters.discard(ts)
+                    stack.append(("release" if not dep.who_wants and not dep.waiters and dep.state == "memory"
+                                  and not dep.dependents else "forget", dep))
+                ts.dependencies = set()
                 continue
-            del self.tasks[ts.key]
-            for dep in ts.dependencies:
-                dep.dependents.discard(ts)
-                dep.waiters.discard(ts)
-                if not dep.who_wants and not dep.waiters and dep.state == "memory" and not dep.dependents:
-                    self._maybe_release(dep)
-                else:
-                    stack.append(dep)
-            ts.dependencies = set()
+            if ts.who_wants or ts.waiters:
+                continue
+            stack.append(("forget", ts))             # after its inputs (a stack: pushed first, runs last)
+            if ts.state == "memory":
+                for ws in ts.who_has:
+                    ws.has_what.discard(ts)
+                    self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                ts.who_has.clear()
+                ts.state = "released"
+            elif ts.state in ACTIVE:
+                if ts.state == "processing":
+                    self._abandon(ts)
+                ts.state = "released"
+                ts.waiting_on = set()
+                for dep in ts.dependencies:
+                    dep.waiters.discard(ts)
+                    stack.append(("release", dep))
 
     # -- placement ---------------------------------------------------------------
     def _schedule(self) -> None:

@@ -123,7 +123,7 @@ class Worker:
                               "spill_directory": self.data.directory, **self.extra_info})
             reply = (await comm.read())[0]
             if reply.get("op") != "registered":
-                raise ConnectionError(f"scheduler refused registration: {reply}")
+                raise ConnectionError(f"the scheduler refused this worker: {reply.get('error') or reply}")
         except BaseException:
             comm.close()
             raise
