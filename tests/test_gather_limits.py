@@ -119,3 +119,15 @@ def test_a_result_too_large_to_send_is_a_task_error_naming_the_limit(tight_clust
         assert client.submit(inc, 1).result(timeout=20) == 2
         deaths = client._lt.run(client._request({"op": "deaths"}), 10)
         assert deaths == [], deaths
+
+
+def nothing():
+    return None
+
+
+def test_a_result_that_is_none_travels(cluster):
+    # None is a result like any other (dask's to_textfiles and many side-effect tasks return
+    # it): it used to be taken for "not in memory", and the worker failed to send it.
+    with Client(cluster) as client:
+        futures = [client.submit(nothing, pure=False) for _ in range(3)]
+        assert client.gather(futures, timeout=30) == [None, None, None]

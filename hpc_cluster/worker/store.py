@@ -113,6 +113,9 @@ def _read_exactly(f, n: int) -> bytearray:
     return buf
 
 
+_MISSING = object()
+
+
 class SpillStore:
     """Results by key: `fast` in memory (least recently used first), `slow` in files.
 
@@ -222,6 +225,8 @@ class SpillStore:
         """The value as `dumps_value` makes it, for a peer or a client: a spilled one is sent
         from its file as it is (neither unpickled nor brought back into memory). `max_inband`:
         the memory its pickle (or file) may take here, else serialize.TooLargeToSend."""
+        # A result may be None itself (a task that only writes a file): _MISSING marks "not in
+        # memory" (taking None for it sent such results to the file branch, which failed).
         with self._lock:
             if key in self.fast:
                 self.fast.move_to_end(key)
@@ -230,10 +235,10 @@ class SpillStore:
                 entry = self.slow.get(key)
                 if entry is None:
                     raise KeyError(key)
-                value = self._alive.get(key)
-                if value is None:
+                value = self._alive.get(key, _MISSING)
+                if value is _MISSING:
                     path, size = entry
-        if value is not None:
+        if value is not _MISSING:
             return serialize.dumps_value(value, max_inband)
         if max_inband is not None and size > max_inband:
             raise serialize.TooLargeToSend(size, max_inband)
