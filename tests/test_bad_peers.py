@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from hpc_cluster import Client, LocalCluster
+from hpc_cluster import LocalCluster
 from hpc_cluster.exceptions import HPCClusterError
 from hpc_cluster.protocol import serialize
 from hpc_cluster.protocol.comm import connect
@@ -26,11 +26,7 @@ def cluster():
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as c:
         yield c
 
-
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
+# `client` (tests/conftest.py) is a Client of this module's cluster.
 
 
 def run(coro, timeout=20):

@@ -44,12 +44,18 @@ def test_closing_the_client_of_a_deep_chain_forgets_every_record():
     assert s.workers["w"].abandoned == {"t1"} and not s.workers["w"].processing
 
 
-def test_a_deep_chain_finishes_and_its_intermediates_are_forgotten_when_released():
+def finished_chain() -> SchedulerState:
+    """A chain of DEPTH tasks, each on the one worker 'w', all finished."""
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0)
     s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])
     for i in range(DEPTH):
         s.task_finished("w", f"t{i}", 1)
+    return s
+
+
+def test_a_deep_chain_finishes_and_its_intermediates_are_forgotten_when_released():
+    s = finished_chain()
     assert s.tasks[f"t{DEPTH - 1}"].state == "memory"
     assert s.counts() == {"memory": 1, "released": DEPTH - 1}  # kept for lineage
     s.client_releases("c", [f"t{DEPTH - 1}"])
@@ -188,11 +194,7 @@ def test_deep_nestings_keep_their_sharing_and_cycles_when_pickled():
 
 
 def test_a_lost_result_at_the_end_of_a_deep_chain_is_recomputed_from_its_whole_lineage():
-    s = SchedulerState(prefetch=0)
-    s.add_worker("w", nthreads=1, now=0)
-    s.update_graph("c", chain(DEPTH), [f"t{DEPTH - 1}"])
-    for i in range(DEPTH):
-        s.task_finished("w", f"t{i}", 1)
+    s = finished_chain()
     s.add_worker("v", nthreads=1, now=1)
     s.take_outbox()
     s.remove_worker("w", 2, {"cause": "node-failure", "blame": False})
