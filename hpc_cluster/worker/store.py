@@ -314,6 +314,10 @@ class SpillStore:
                 "spilled_count": len(self.slow)}
 
     # -- internals ---------------------------------------------------------------------------
+    def over_target(self) -> bool:
+        """Are the results in memory, less those being written now, over the target?"""
+        return self.target is not None and self.memory_bytes - sum(self._writing.values()) > self.target
+
     def _evict_to(self, limit: int | None) -> None:
         """Spill until the results in memory, less those being written now, are under `limit`."""
         if limit is None or self.directory is None:
@@ -502,6 +506,8 @@ class MemoryManager:
         if self._spilling is not None:
             self._spill_again = True
             return
+        if not self.store.over_target():
+            return                          # the common case: no thread to wake for nothing
         self._spilling = asyncio.get_running_loop().run_in_executor(self._spiller, self.store.spill_to_target)
         self._spilling.add_done_callback(self._spilled)
 
@@ -512,7 +518,9 @@ class MemoryManager:
         if self._spill_again:
             self._spill_again = False
             self.spill_soon()
-        elif self._then is not None:
+        # No pass left (another may have been needed, or not: under the target none starts):
+        # the worker may start the tasks it held back while the writes lagged.
+        if self._spilling is None and self._then is not None:
             self._then()
 
     def behind(self) -> bool:
