@@ -24,6 +24,7 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.comm import MAGIC, parse_address
 from hpc_cluster.protocol.frames import Opaque, dumps
 from hpc_cluster.protocol.versions import get_versions
+from waiting import wait_until
 
 BATCHES, PER_BATCH, BUDGET = 12, 25, 40.0
 SEED = int(os.environ.get("HPC_FUZZ_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
@@ -220,3 +221,16 @@ def test_mutated_frames_before_and_after_auth_never_stop_the_scheduler(cluster):
     assert "error while serving" not in log and "Traceback" not in log, f"seed {SEED}:\n{log[-4000:]}"
     print(f"seed {SEED}: {sum(kinds.values())} connections {kinds}; results in "
           f"{[round(t, 3) for t in times]} s")
+
+
+def test_an_empty_message_in_the_handshake_is_refused_without_a_traceback(cluster):
+    # Seed 251113542 of the fuzzer sent an empty list where the handshake's first message
+    # goes: the reader took msgs[0] and the scheduler logged IndexError with a traceback.
+    host, port = parse_address(cluster.scheduler_address)
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(MAGIC + _wire([]))
+        s.settimeout(10)
+        assert s.recv(1024) == b""                   # dropped
+    log = wait_until(lambda: (lambda t: t if "a message must be a map" in t else None)(cluster.logs()["scheduler"]),
+                     10, "the refusal to be logged")
+    assert "Traceback" not in log and "IndexError" not in log, log[-3000:]

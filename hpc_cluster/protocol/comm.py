@@ -140,9 +140,11 @@ class Comm:
         msgs = loads(await self._read_frames(limits or self.limits))
         if isinstance(msgs, dict):
             msgs = [msgs]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("op"), str)
-                                                 for m in msgs):
-            raise ProtocolError("a message must be a map with a string 'op' (or a list of them)")
+        # An empty list is no message: every reader may take the first one (the fuzzer's []
+        # in the handshake raised IndexError, logged as an unexpected error with a traceback).
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("op"), str)
+                                                             for m in msgs):
+            raise ProtocolError("a message must be a map with a string 'op' (or a non-empty list of them)")
         return msgs
 
     # -- writing ----------------------------------------------------------------
