@@ -2,8 +2,10 @@
 and after a real HMAC handshake with the cluster's secret, in batches; after each batch the
 scheduler process is alive and a normal Client gets a task result within a second.
 
-Bounded: BATCHES x PER_BATCH connections and at most BUDGET seconds. Seeded: a failure names
-its seed; HPC_FUZZ_SEED=<n> replays it.
+Bounded: BATCHES x PER_BATCH connections and at most BUDGET seconds. Seeded: the suite runs
+a fixed seed, so that a CI run's verdict is the code's and not the draw's (the one below found
+the empty-message bug); HPC_FUZZ_SEED=random draws a new one to explore, HPC_FUZZ_SEED=<n>
+replays one, and a failure names its seed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from hpc_cluster.protocol.versions import get_versions
 from waiting import wait_until
 
 BATCHES, PER_BATCH, BUDGET = 12, 25, 40.0
-SEED = int(os.environ.get("HPC_FUZZ_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+_SEED = os.environ.get("HPC_FUZZ_SEED", "251113542")
+SEED = random.SystemRandom().randrange(1, 2**31) if _SEED == "random" else int(_SEED)
 
 
 def inc(x):
