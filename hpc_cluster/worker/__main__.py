@@ -251,7 +251,7 @@ def main(argv=None) -> int:
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory,
                          owner_pid=args.owner_pid)
-    from .worker import run_worker
+    from .run import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
     # Only the crashing thread, so it stays short enough for the log tail.

@@ -15,15 +15,14 @@ import logging
 import os
 import random
 import socket
-import sys
 import threading
 import time
 import traceback as tb_module
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..protocol import context, serialize
-from ..protocol.comm import (AuthenticationError, BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
+from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
@@ -592,63 +591,3 @@ def _pickle_exception(exc: BaseException) -> bytes:
     except Exception:
         # Some exceptions hold unpicklable state; the client still gets type, text and traceback.
         return serialize.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
-
-
-def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
-               on_registered: Callable[[], None] | None = None, owner_pid: int | None = None, **kwargs) -> int:
-    """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
-
-    The scheduler may not be reachable yet (or for a moment); keep trying for
-    `death_timeout` seconds before giving up with exit code 3. A worker that loses its
-    scheduler later tries as long again to register anew, then exits with
-    EXIT_LOST_SCHEDULER. `on_registered` is called
-    once the scheduler has accepted the worker (the nanny learns it that way). It ends with
-    `owner_pid` (its nanny, or LocalCluster's process), cleanly if it can.
-    """
-    import signal
-
-    from ..lifeline import watch_owner
-    running: list[Worker] = []
-
-    def orphaned(reason: str) -> bool:
-        if not running:
-            return False                   # not registered yet: nothing to say goodbye to
-        running[0].loop.call_soon_threadsafe(lambda: asyncio.ensure_future(running[0].close(reason)))
-        return True
-
-    watch_owner(owner_pid, orphaned, "worker")
-
-    async def main() -> int:
-        deadline = time.monotonic() + death_timeout
-        delay = 0.1
-        while True:
-            worker = Worker(scheduler, secret, reconnect_window=death_timeout, **kwargs)
-            try:
-                await worker.start()
-                break
-            except (OSError, ConnectionError) as exc:
-                if isinstance(exc, AuthenticationError) or time.monotonic() + delay > deadline:
-                    raise
-                logger.warning("scheduler %s not reachable (%s); retrying", scheduler, exc)
-                if getattr(worker, "listener", None) is not None:
-                    worker.listener.stop()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        running.append(worker)
-        if on_registered is not None:
-            on_registered()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(
-                worker.close(f"received {signal.Signals(s).name}")))
-        await worker.closed.wait()
-        return worker.exit_code
-
-    try:
-        return asyncio.run(main())
-    except ConnectionError as exc:
-        print(f"hpc-cluster worker: {exc}", file=sys.stderr)
-        return 3
-    except ListenError as exc:
-        print(f"hpc-cluster worker: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_LISTEN
