@@ -235,6 +235,16 @@ def test_user_modules_travel_by_value_only_while_our_client_pickles(client):
     assert pickle.loads(cloudpickle.dumps(inc)) is inc
 
 
+
+def test_code_sent_by_value_keeps_its_file_name():
+    # cloudpickle 3.1.3 names the file of every function sent by value "<dynamic-code>"; the
+    # diagnosis's crash site and tasks' tracebacks name the user's file, so ours keeps it.
+    from hpc_cluster.protocol.serialize import dumps_function
+    rebuilt = loads(dumps_function(lambda: inc(1)))
+    assert rebuilt.__code__.co_filename == __file__ and rebuilt() == 2
+    nested = loads(dumps_function(boom))        # this module's function, by value
+    assert nested is not boom and nested.__code__.co_filename == __file__
+
 def test_dask_collections_run_on_our_cluster(client):
     da = pytest.importorskip("dask.array")
     import dask

@@ -24,7 +24,8 @@ import reprlib
 import sys
 import sysconfig
 import threading
-from collections import OrderedDict
+import types
+from collections import ChainMap, OrderedDict
 from typing import Any, Callable
 
 import cloudpickle
@@ -158,7 +159,28 @@ def _unflatten(table):
     return objs[0]
 
 
-class _RefPickler(cloudpickle.Pickler):
+def _code_reduce(code):
+    """cloudpickle's reduction of a code object sent by value, with its real file name.
+
+    cloudpickle 3.1.3 writes "<dynamic-code>" in place of the file of every function sent by
+    value, to make pickles deterministic. The file is what our diagnosis shows of where a task
+    crashed ("crashed in string_at ... <- segfault (analysis.py:61)") and what a traceback from
+    a task or `recreate_error_locally` names, so it travels as it is."""
+    rebuild, args = cloudpickle.cloudpickle._code_reduce(code)
+    return rebuild, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce}, *cloudpickle.Pickler.dispatch_table.maps)
+
+
+def _dumps(obj, buffer_callback=None) -> bytes:
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback).dump(obj)
+    return out.getvalue()
+
+
+class _RefPickler(_Pickler):
     def __init__(self, file, refs: set):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.refs = refs
@@ -173,7 +195,7 @@ class _RefPickler(cloudpickle.Pickler):
 
 
 def dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _dumps(obj)
 
 
 def loads(data, buffers=()) -> Any:
@@ -222,9 +244,9 @@ def dumps_value(obj: Any, max_inband: int | None = None) -> Opaque:
 
     def pickle_into(target):
         if max_inband is None:
-            return cloudpickle.dumps(target, protocol=5, buffer_callback=keep_out_of_band)
+            return _dumps(target, keep_out_of_band)
         out = _BoundedBuffer(max_inband)
-        cloudpickle.Pickler(out, protocol=5, buffer_callback=keep_out_of_band).dump(target)
+        _Pickler(out, protocol=5, buffer_callback=keep_out_of_band).dump(target)
         return out.getvalue()
 
     try:
