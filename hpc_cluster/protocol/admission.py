@@ -14,6 +14,8 @@ then failed with EMFILE on every turn of the event loop (96% CPU, one traceback 
   has not spoken, or, only when every waiting one has, the oldest of those;
 - under pressure (more than half the cap waiting) a new handshake gets PRESSURE_TIMEOUT
   instead of the usual 10 s;
+- a connection whose peer hung up before speaking is closed as it is accepted (a flood's
+  end leaves thousands in the accept queue, which is 2048 long: see comm.ACCEPT_BACKLOG);
 - EMFILE/ENFILE on accept closes the oldest silent handshakes and stops accepting for
   ACCEPT_PAUSE, never a busy loop;
 - drops are logged in full a few times per cause and interval, then as one summary line per
@@ -156,14 +158,19 @@ class HandshakeGate:
 
     def _spoken(self, sock) -> bool:
         """The peer's first bytes wait in the socket (a peek: nothing is read)."""
+        peeked = self._peek(sock)
+        return peeked is not None and len(peeked) >= self.first_bytes
+
+    def _peek(self, sock) -> bytes | None:
+        """What waits in the socket, unread: b"" when the peer hung up, None when nothing yet."""
         # The plain socket's recv, also under TLS (an SSLSocket refuses flags): then the bytes
         # peeked at are the peer's TLS hello, which is speaking all the same.
         try:
-            return sock is not None and len(socket.socket.recv(sock, self.first_bytes,
-                                                               socket.MSG_PEEK | socket.MSG_DONTWAIT)) \
-                >= self.first_bytes
+            if sock is None:
+                return None
+            return socket.socket.recv(sock, self.first_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except (OSError, ValueError):
-            return False
+            return None
 
     # -- accepting ----------------------------------------------------------------------
     def accept_handler(self, sock: socket.socket, callback: Callable) -> Callable[[], None]:
@@ -194,7 +201,16 @@ class HandshakeGate:
                     state["watching"] = False
                     loop.call_later(ACCEPT_PAUSE, resume)
                     return
-                if self._full(address[0]) and not self._spoken(connection):
+                peeked = self._peek(connection)
+                if peeked == b"":
+                    # Hung up before it spoke (what a flood leaves in the accept queue when it
+                    # ends): closed at once, so the queue drains in one pass and a real client
+                    # behind them is served without waiting.
+                    connection.close()
+                    self.dropped(f"tcp://{address[0]}:{address[1]}", "hung up before speaking",
+                                 "closed its end before sending anything")
+                    continue
+                if self._full(address[0]) and (peeked is None or len(peeked) < self.first_bytes):
                     self._to_lobby(connection, address)
                     continue
                 callback(connection, address)

@@ -41,6 +41,7 @@ logger = logging.getLogger("hpc_cluster.comm")
 # (msgpack extension 2), split frames (bit 63 of a length) and limits in the handshake.
 MAGIC = b"HPCC\x00\x02\r\n"
 HANDSHAKE_TIMEOUT = 10.0
+ACCEPT_BACKLOG = 2048            # connections the kernel queues before we accept them
 _JOIN_BELOW = 8 * 2**20         # a message smaller than this is joined and written in one call
 _READ_AT_ONCE = 65536           # a message up to this size is read in one call
 _CHUNK = 16 * 2**20             # larger ones are written and read in pieces of this size: a few ms
@@ -447,8 +448,12 @@ class Listener(TCPServer):
             self._handlers[sock.fileno()] = self.gate.accept_handler(sock, self._handle_connection)
 
     def start_listening(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        # A long accept queue (distributed's socket-backlog too): with tornado's 128, hundreds
+        # of workers connecting at once, or a client right after a flood, found it full and
+        # waited out the kernel's 1 s SYN retry. The kernel caps it at net.core.somaxconn.
         sockets = __import__("tornado.netutil", fromlist=["bind_sockets"]).bind_sockets(
-            port, address=host if host not in ("", "0.0.0.0") else None, family=socket.AF_INET)
+            port, address=host if host not in ("", "0.0.0.0") else None, family=socket.AF_INET,
+            backlog=ACCEPT_BACKLOG)
         self.add_sockets(sockets)
         bound = sockets[0].getsockname()[1]
         shown = host if host not in ("", "0.0.0.0") else socket.gethostname()
