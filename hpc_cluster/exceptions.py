@@ -14,16 +14,22 @@ class KilledWorker(HPCClusterError):
 
     `cause` is the cause of the last death (the stable strings of the death-cause table in
     docs/why-did-my-worker-die.md); `attempts` lists every death while it ran, each with
-    its cause, explanation, evidence and advice. Subclasses say which kind of fault:
-    TaskMemoryError, TaskCrashedError, TaskWalltimeError.
+    its cause, explanation, evidence and advice (and, in a cluster with pools, the pool it ran
+    in and how it was moved). Subclasses say which kind of fault: TaskMemoryError,
+    TaskCrashedError, TaskWalltimeError. When no pool of the cluster was big (or long) enough,
+    `needed` is what the task needed (bytes, or seconds), `largest_pool` the biggest there is,
+    and the message says which pool to add.
     """
 
     def __init__(self, key: str, attempts: list[dict], allowed_failures: int | None = None,
-                 walltime: float | None = None):
+                 walltime: float | None = None, pools: dict | None = None):
         self.key = key
         self.attempts = attempts
         self.allowed_failures = allowed_failures
         self.walltime = walltime
+        self.pools = pools
+        self.needed = (pools or {}).get("needed")
+        self.largest_pool = (pools or {}).get("largest_pool")
         last = attempts[-1] if attempts else {}
         self.cause = last.get("cause", "unknown")
         self.evidence = list(last.get("evidence") or [])
@@ -43,16 +49,21 @@ class KilledWorker(HPCClusterError):
             lines += [f"  {e}" for e in self.evidence]
         if self.advice:
             lines.append(f"Fix: {self.advice}")
+        if (self.pools or {}).get("text"):
+            lines.append(f"Pools: {self.pools['text']}")
         lines.append("Attempts:")
         for i, a in enumerate(self.attempts, 1):
             when = datetime.datetime.fromtimestamp(a.get("time") or 0).strftime("%H:%M:%S")
             job = f" (job {a['job_id']})" if a.get("job_id") else ""
+            pool = f" in pool {a['pool']}" if a.get("pool") else ""
             ran = f", after {a['ran_for']:.1f} s" if a.get("ran_for") is not None else ""
-            lines.append(f"  {i}. {when} {a.get('name') or a.get('worker')}{job}: {a.get('cause')}{ran}")
+            lines.append(f"  {i}. {when} {a.get('name') or a.get('worker')}{job}{pool}: {a.get('cause')}{ran}")
+            if a.get("escalation"):
+                lines.append(f"     then {a['escalation']}")
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (type(self), (self.key, self.attempts, self.allowed_failures, self.walltime))
+        return (type(self), (self.key, self.attempts, self.allowed_failures, self.walltime, self.pools))
 
 
 class TaskMemoryError(KilledWorker):
@@ -91,8 +102,13 @@ def format_death(d: dict, indent: str = "  ") -> str:
     when = datetime.datetime.fromtimestamp(d.get("time") or 0).strftime("%Y-%m-%d %H:%M:%S")
     job = f" (job {d['job_id']})" if d.get("job_id") else ""
     charged = "charged to the task" if d.get("blame") else "not charged to any task"
-    lines = [f"{when} {d.get('name') or d.get('worker')}{job}: {d.get('cause')} ({charged})",
+    pool = f" in pool {d['pool']}" if d.get("pool") else ""
+    lines = [f"{when} {d.get('name') or d.get('worker')}{job}{pool}: {d.get('cause')} ({charged})",
              f"{indent}{d.get('text', '')}"]
+    if d.get("escalation"):
+        # The task was moved, not charged: where it went and why.
+        lines[0] = lines[0].replace("(charged to the task)", "(moved, not charged)")
+        lines.append(f"{indent}escalation: {d['escalation']}")
     if d.get("ran_for") is not None:
         lines.append(f"{indent}the task had run {d['ran_for']:.1f} s")
     lines += [f"{indent}{e}" for e in d.get("evidence") or []]
@@ -116,7 +132,20 @@ def killed_worker_error(key: str, err: dict) -> KilledWorker:
         cls = TaskCrashedError
     else:
         cls = KilledWorker
-    return cls(key, attempts, err.get("allowed_failures"), err.get("walltime"))
+    return cls(key, attempts, err.get("allowed_failures"), err.get("walltime"), err.get("pools"))
+
+
+class NoPoolError(HPCClusterError):
+    """The task needs what no pool of the cluster has (memory=, resources=, pool=): it was not
+    started, and not left waiting for a worker no job will bring. `need` names the keyword
+    ('memory', 'resources', 'pool'), `needed` its value, `largest_pool` the biggest pool there is."""
+
+    def __init__(self, key: str, text: str, need: str | None = None, needed=None, largest_pool: str | None = None):
+        self.key, self.need, self.needed, self.largest_pool = key, need, needed, largest_pool
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.key, str(self), self.need, self.needed, self.largest_pool))
 
 
 class LostDataError(HPCClusterError):
@@ -166,6 +195,8 @@ def error_from_record(key: str, err: dict, load) -> BaseException:
         return LostDataError(key, err.get("text", ""))
     if kind == "too-long":
         return TaskTooLongError(key, err.get("text", ""), err.get("walltime"), err.get("expected"))
+    if kind == "no-pool":
+        return NoPoolError(key, err.get("text", ""), err.get("need"), err.get("needed"), err.get("largest_pool"))
     if kind == "cancelled":
         return CancelledError(key, err.get("text", "cancelled"))
     return HPCClusterError(f"{key!r}: {err.get('text') or err}")

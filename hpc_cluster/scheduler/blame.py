@@ -23,9 +23,11 @@ def _final(attempt: dict) -> bool:
 
 
 def _settled(ts) -> tuple[list, list, int]:
-    """(final charged deaths, final walltime deaths, open verdicts) of the deaths a task ran in."""
+    """(final charged deaths, final walltime deaths, open verdicts) of the deaths a task ran in.
+    A death that moved the task to a bigger pool (pools.py) does not count against it."""
     final = [a for a in ts.attempts if _final(a)]
-    return ([a for a in final if a["death"]["blame"]], [a for a in final if a["death"]["cause"] == "walltime"],
+    counted = [a for a in final if not a.get("moved")]
+    return ([a for a in counted if a["death"]["blame"]], [a for a in counted if a["death"]["cause"] == "walltime"],
             len(ts.attempts) - len(final))
 
 
@@ -43,17 +45,22 @@ class BlameMixin:
         self._schedule()
 
     def _over_limits(self, ts) -> bool:
-        """Fail the task if its final verdicts say it must: too many caused by it, or walltime every time."""
+        """Fail the task if its final verdicts say it must: too many caused by it, or walltime every
+        time. Final verdicts that say it needs a bigger pool move it there first (pools.py)."""
+        self._consider_moves(ts)
         charged, walltime, _ = _settled(ts)
         if len(charged) > self.allowed_failures:
+            memory = charged[-1]["death"]["cause"] in ("memory-batch", "memory-nanny")
             self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
-                           "allowed_failures": self.allowed_failures})
+                           "allowed_failures": self.allowed_failures,
+                           "pools": self._pool_advice(ts, "memory") if memory else None})
             return True
         if len(walltime) > self.walltime_failures:
             self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts), "walltime_exceeded": True,
                            "allowed_failures": self.allowed_failures,
                            "walltime": walltime[-1]["death"].get("walltime"),
-                           "ran_for": [a["ran_for"] for a in walltime]})
+                           "ran_for": [a["ran_for"] for a in walltime],
+                           "pools": self._pool_advice(ts, "walltime")})
             return True
         return False
 
@@ -64,8 +71,10 @@ class BlameMixin:
         if not ts.attempts:
             return False
         charged, walltime, open_ = _settled(ts)
+        # Where a final verdict could move it to another pool, it waits for it (seconds, for
+        # the accounting) rather than die again in the pool that was too small.
         return open_ > 0 and (len(charged) + open_ > self.allowed_failures
-                              or len(walltime) + open_ > self.walltime_failures)
+                              or len(walltime) + open_ > self.walltime_failures or self._moves_possible())
 
     def _fits_nowhere(self, ts, expected: float | None) -> bool:
         """Every worker's life is bounded (its job's walltime, or its --lifetime), and the task
@@ -93,7 +102,9 @@ class BlameMixin:
     def _attempts(ts) -> list[dict]:
         keys = ("worker", "name", "time", "cause", "blame", "text", "job_id", "evidence", "advice", "walltime",
                 "final_at")
-        return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"]) for a in ts.attempts]
+        return [dict({k: a["death"].get(k) for k in keys}, ran_for=a["ran_for"], pool=a.get("pool"),
+                     escalation=a.get("escalation"), peak_memory=a["death"].get("peak_memory"),
+                     memory_limit=a["death"].get("memory_limit")) for a in ts.attempts]
 
 
 def _span(ws) -> tuple[float, str] | None:

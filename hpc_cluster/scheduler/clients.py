@@ -17,7 +17,8 @@ class ClientsMixin:
         self.outbox.pop(cid, None)
 
     def update_graph(self, cid: str, tasks: list[dict], wanted: list[str]) -> None:
-        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources.
+        """New tasks from a client. Each: key, func, args, deps, priority, retries, resources,
+        and optionally duration (seconds), memory (bytes) and pool (a name).
         A graph with a dependency cycle would wait for ever: it is refused whole."""
         cycle = self._cycle(tasks)
         if cycle:
@@ -39,6 +40,8 @@ class ClientsMixin:
             ts.retries = int(spec.get("retries", 0))
             ts.resources = spec.get("resources") or None
             ts.duration = float(spec["duration"]) if spec.get("duration") else None
+            if not ts.escalated:                      # a move learned where it must go: kept
+                ts.memory, ts.pool = int(spec.get("memory") or 0), spec.get("pool") or None
             new.append(ts)
         specs = {s["key"]: s for s in tasks}
         for ts in new:
@@ -173,6 +176,7 @@ class ClientsMixin:
             ws.executing.clear()
             ws.has_what.clear()
             ws.used_resources.clear()
+            ws.used_memory = 0
             self._update_free(ws)
         return holders
 

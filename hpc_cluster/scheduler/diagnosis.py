@@ -450,6 +450,15 @@ def facts_of(ev: Evidence) -> list[str]:
     return out
 
 
+def peak_memory(ev: Evidence) -> int | None:
+    """The most the worker process was seen to hold: the nanny's samples (that process alone),
+    else the batch system's MaxRSS, else the worker's own last reports. A memory verdict moves
+    the task to a pool of peak x margin (pools.py)."""
+    m = ev.memory or {}
+    seen = (_nanny(ev).get("peak_rss"), _acct(ev).get("max_rss"), m.get("peak_rss"), m.get("rss"))
+    return next((int(x) for x in seen if x), None)
+
+
 def needs_accounting(ev: Evidence) -> bool:
     """Would the batch record still change the verdict? (Then keep asking for it.)"""
     return ev.job_id is not None and ev.intent is None and (ev.accounting is None or not ev.accounting.get("final"))

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Callable, Protocol
 
-from .diagnosis import Evidence, diagnose, needs_accounting
+from .diagnosis import Evidence, diagnose, needs_accounting, peak_memory
 from .state import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.evidence")
@@ -92,7 +92,7 @@ class EvidenceCollector:
         # verdicts end a task.
         record = self.state.remove_worker(addr, now, {
             "cause": verdict.cause, "blame": verdict.blame, "text": verdict.text,
-            "evidence": verdict.evidence, "advice": verdict.advice,
+            "evidence": verdict.evidence, "advice": verdict.advice, "peak_memory": peak_memory(ev),
             "final_at": None if asking or awaiting_nanny else now})
         if ev.nanny:
             record["log_tail"] = ev.log_tail[-40:]
@@ -152,7 +152,7 @@ class EvidenceCollector:
         changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
         final = not self._expecting(death_id)
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
-                                final_at=self.clock() if final else None)
+                                peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
         if changed:
             logger.info("death of %s refined: %s: %s", record.get("name"), v.cause, v.text)
         self.flush()

@@ -1,7 +1,7 @@
 """Where a task may run and where it should: pure functions over scheduler state.
 
-A task goes to a worker with a free slot that (1) has the resources it asks for and
-(2) still has time for it (expected run x1.1 + 1 s) before the worker's job hits its walltime, judged from the
+A task goes to a worker with a free slot that (0) is of the pool it must run on, with its
+memory= free (pools.py), (1) has the resources it asks for and (2) still has time for it (expected run x1.1 + 1 s) before the worker's job hits its walltime, judged from the
 duration the user gave (`submit(..., duration=)`) or the one learned from earlier tasks
 of the same function. (Paused workers, over their memory's pause fraction, have no free
 slot: the state machine leaves them out.) Among those, in order:
@@ -79,6 +79,22 @@ def has_resources(ts, ws) -> bool:
     return True
 
 
+def worker_pool(ws) -> str:
+    return ws.info.get("pool") or "default"
+
+
+def fits_worker(ts, ws, pools: dict | None) -> bool:
+    """Its pool (a task that names none may not use an escalation_only pool's workers), and
+    its memory= within what the worker's memory_limit has not reserved for others yet."""
+    pool = worker_pool(ws)
+    if ts.pool is not None:
+        if pool != ts.pool:
+            return False
+    elif pools and (pools.get(pool) or {}).get("escalation_only"):
+        return False
+    return not ts.memory or not ws.memory_limit or ws.used_memory + ts.memory <= ws.memory_limit
+
+
 def has_time(expected: float | None, ws, now: float) -> bool:
     """Would a task expected to take `expected` seconds finish before this worker's deadline?"""
     if ws.deadline is None or expected is None:
@@ -123,12 +139,16 @@ def has_root_slot(ws) -> bool:
     return len(ws.processing) - len(ws.seceded) < max(math.ceil(ws.nthreads * ROOT_SATURATION), 1)
 
 
-def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool = False):
+def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool = False,
+                pools: dict | None = None):
     """The best worker for `ts` among `free` ones, or None if none fits (it waits).
     `queue_root`: only a worker with a root slot open will do (is_queued_root)."""
     best, best_score = None, None
+    needs = ts.pool is not None or ts.memory or pools
     for ws in free:
         if ws.draining or (ts.resources and not has_resources(ts, ws)) or not has_time(expected, ws, now):
+            continue
+        if needs and not fits_worker(ts, ws, pools):
             continue
         if queue_root and not has_root_slot(ws):
             continue
@@ -152,7 +172,7 @@ BANDWIDTH = 100e6
 LOCALITY_MIN_BYTES = 2**20
 
 
-def wait_for_holder(ts, chosen, durations, now: float) -> bool:
+def wait_for_holder(ts, chosen, durations, now: float, pools: dict | None = None) -> bool:
     """True when `ts` should wait for the busy worker holding most of its input bytes rather
     than run on `chosen` (free) after copying them: the copy would take longer than the
     holder's queue ahead of it. A paused or draining holder is not waited for.
@@ -175,6 +195,8 @@ def wait_for_holder(ts, chosen, durations, now: float) -> bool:
         return False
     if ts.resources and not has_resources(ts, holder):
         return False
+    if (ts.pool is not None or ts.memory or pools) and not fits_worker(ts, holder, pools):
+        return False
     if not has_time(expected_duration(ts, durations), holder, now):
         return False
     queued, running = 0.0, []
@@ -189,11 +211,14 @@ def wait_for_holder(ts, chosen, durations, now: float) -> bool:
     return first_slot + queued / holder.nthreads < missing / BANDWIDTH
 
 
-def workload(state, unknown: float = 1.0) -> float:
-    """Expected seconds of work not yet done (queued, waiting, processing): adapt() sizes by it."""
+def workload(state, pool: str | None = None, unknown: float = 1.0) -> float:
+    """Expected seconds of work not yet done (queued, waiting, processing): adapt() sizes by it.
+    With `pool`, only the work that goes to that pool (state.task_pool)."""
     total = 0.0
     for ts in state.tasks.values():
         if ts.state in ("waiting", "queued", "processing"):
             expected = expected_duration(ts, state.durations)
+            if pool is not None and state.task_pool(ts, expected) != pool:
+                continue
             total += unknown if expected is None else expected
     return total

@@ -31,6 +31,10 @@ class TaskState:
     duration: float | None = None                    # seconds, as the user said (submit(duration=))
     replicas: int = 1                                # copies to keep (replicate); pinned
     copying: set = field(default_factory=set)        # workers fetching a replica now
+    memory: int = 0                                  # bytes it needs (submit(memory=), or learned by escalation)
+    pool: str | None = None                          # the only pool it may run on (named, or moved to)
+    escalated: bool = False                          # `pool` and `memory` were set by a retry by cause
+    escalation: str | None = None                    # the latest move, as the user reads it
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
@@ -48,6 +52,7 @@ class WorkerState:
     executing: set = field(default_factory=set)
     has_what: set = field(default_factory=set)
     used_resources: dict = field(default_factory=dict)
+    used_memory: int = 0                                 # memory= of the tasks it was given, reserved
     abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
     seceded: set = field(default_factory=set)            # running tasks that gave up their slot (worker_client)
     joined: float = 0.0

@@ -52,6 +52,11 @@ def _check_task(spec) -> dict:
                           f"between -(2**63 - 1) and 2**63 - 1")
     if spec.get("duration") is not None and _number(spec["duration"]) is None:
         raise ProtocolError(f"task {spec['key']!r}: duration must be a number of seconds")
+    memory = spec.get("memory")
+    if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or not 0 <= memory <= INT64):
+        raise ProtocolError(f"task {spec['key']!r}: memory must be a number of bytes")
+    if spec.get("pool") is not None and not isinstance(spec["pool"], str):
+        raise ProtocolError(f"task {spec['key']!r}: pool must be a pool's name")
     res = spec.get("resources") or {}
     if not isinstance(res, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
                                             for k, v in res.items()):
@@ -331,6 +336,7 @@ class Scheduler:
                 "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start")),
                 "lifetime": _number(first.get("lifetime")), "lifetime_end": _number(first.get("lifetime_end")),
                 "memory_fractions": _fractions(first.get("memory_fractions")),
+                "pool": first.get("pool") if isinstance(first.get("pool"), str) else None,
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
@@ -488,7 +494,8 @@ class Scheduler:
             elif op == "why":
                 ts = st.tasks.get(msg["key"])
                 self._reply(cid, msg, None if ts is None else {
-                    "state": ts.state, "error": ts.error, "attempts": st._attempts(ts)})
+                    "state": ts.state, "error": ts.error, "attempts": st._attempts(ts),
+                    "pool": ts.pool, "memory": ts.memory, "escalation": ts.escalation})
             elif op == "versions":
                 self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})

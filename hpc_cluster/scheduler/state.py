@@ -26,15 +26,16 @@ import itertools
 from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
+from .pools import ESCALATE, PoolsMixin
 from .replicas import ReplicaMixin
 from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
-                        wait_for_holder)
+                        wait_for_holder, worker_pool)
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
 
-class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
+class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True):
         self.tasks: dict[str, TaskState] = {}
@@ -53,6 +54,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
         self._free: set[WorkerState] = set()         # workers with a free slot
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
+        self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
+        self.escalate = dict(ESCALATE)
+        self._unchecked: list = []                   # queued since placeability was last checked (pools)
 
     # -- helpers ---------------------------------------------------------------
     def _send(self, to: str, msg: dict) -> None:
@@ -131,6 +135,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                   "executing": sorted(ts.key for ts in ws.executing),
                   "processing": sorted(ts.key for ts in ws.processing),
                   "job_id": ws.info.get("job_id"), "walltime": ws.info.get("job_walltime"),
+                  # Where it died and how big it was: a memory verdict moves the task by these (pools.py).
+                  "pool": worker_pool(ws), "memory_limit": ws.memory_limit or None,
+                  "peak_memory": death.get("peak_memory"),
                   "evidence": death.get("evidence") or [], "advice": death.get("advice", ""),
                   # None while more evidence may change the verdict; only final verdicts end tasks.
                   "final_at": death.get("final_at", now)}
@@ -142,7 +149,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             if ts.executing:
                 # The record is shared: a later verdict updates it in place.
                 ran = now - ts.started_at if ts.started_at is not None else None
-                ts.attempts.append({"death": record, "ran_for": ran})
+                ts.attempts.append({"death": record, "ran_for": ran, "pool": record["pool"]})
             ts.processing_on = None
         executing = set(ws.executing)
         ws.processing.clear()
@@ -327,6 +334,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
 
     def _queue(self, ts: TaskState) -> None:
         ts.state = "queued"
+        if self.pools:
+            self._unchecked.append(ts)               # one no pool can hold fails at once (_schedule)
         heapq.heappush(self._roots if not ts.dependencies else self._ready, (ts.priority, ts.key))
 
     def _next_ready(self, roots_open: bool) -> list | None:
@@ -343,6 +352,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
             ws.seceded.discard(ts)
             for r, n in (ts.resources or {}).items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) - n
+            ws.used_memory -= ts.memory
             self._update_free(ws)
 
     def _abandon(self, ts: TaskState) -> None:
@@ -436,6 +446,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
 
     # -- placement ---------------------------------------------------------------
     def _schedule(self) -> None:
+        if self._unchecked:
+            self._check_placeable()
         deferred = []
         roots_open = True                  # False once root tasks wait for a thread, for this pass
         while self._free:
@@ -451,7 +463,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 continue
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
-            ws = pick_worker(ts, self._free, expected, self.now, queue_root)
+            ws = pick_worker(ts, self._free, expected, self.now, queue_root, self.pools)
             if ws is None and queue_root and not any(map(has_root_slot, self._free)):
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
@@ -459,12 +471,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
                 roots_open = False
                 continue
             if ws is None:
-                if self._fits_nowhere(ts, expected):
-                    self._err(ts, self._too_long_error(ts, expected))
+                error = self._unplaceable(ts, expected)
+                if error is not None:
+                    self._err(ts, error)
                 else:
                     deferred.append((heap, prio, key))      # waits for a worker with time (or a slot) for it
                 continue
-            if wait_for_holder(ts, ws, self.durations, self.now):
+            if wait_for_holder(ts, ws, self.durations, self.now, self.pools):
                 deferred.append((heap, prio, key))          # its inputs' worker takes it when a slot frees
                 continue
             self._assign(ts, ws)
@@ -476,6 +489,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin):
         ws.processing.add(ts)
         for r, n in (ts.resources or {}).items():
             ws.used_resources[r] = ws.used_resources.get(r, 0) + n
+        ws.used_memory += ts.memory
         self._update_free(ws)
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
         self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
