@@ -22,6 +22,7 @@ from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
 from .futures import Future, FutureState, flatten_futures, replace_futures
+from .graph import task_needs
 from .protocol import serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
 from .protocol.frames import Limits, Opaque
@@ -292,7 +293,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 self._funcs.popitem(last=False)
         return entry[1]
 
-    def _task(self, func, args, kwargs, key, pure, retries, priority, resources, duration=None) -> dict:
+    def _task(self, func, args, kwargs, key, pure, retries, priority, resources, needs: dict) -> dict:
         if not callable(func):
             raise TypeError(f"submit() needs a callable first, got {type(func).__name__}")
         fblob = self._func_blob(func)
@@ -305,19 +306,21 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 raise ValueError(f"argument refers to future {d!r} that this client does not hold")
         spec = {"key": key, "func": Opaque(fblob), "args": Opaque(ablob), "deps": sorted(deps),
                 "priority": int(priority), "retries": int(retries), "resources": resources or {}}
-        if duration is not None:
-            spec["duration"] = duration
+        spec.update(needs)
         return spec
 
     def submit(self, func, *args, key: str | None = None, pure: bool = True, retries: int = 0,
                priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
-               **kwargs) -> Future:
+               memory: str | int | None = None, pool: str | None = None, **kwargs) -> Future:
         """Run `func(*args, **kwargs)` on the cluster; returns a Future.
 
         `duration` ("5m", "90s", 300) says how long the task will run, so it is never
-        started on a worker whose job would hit its walltime first.
+        started on a worker whose job would hit its walltime first. `memory` ("20GB") is
+        reserved for it on a worker whose memory_limit holds it; `pool` ("bigmem") runs it
+        only on that pool's workers. A task no pool can hold fails at once, saying which.
         """
-        spec = self._task(func, args, kwargs, key, pure, retries, priority, resources, _seconds(duration))
+        spec = self._task(func, args, kwargs, key, pure, retries, priority, resources,
+                          task_needs(duration, memory, pool))
         check_fits(spec, self._limits)
         fut = Future(spec["key"], self)
         self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
@@ -325,7 +328,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
 
     def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
             priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
-            **kwargs) -> list[Future]:
+            memory: str | int | None = None, pool: str | None = None, **kwargs) -> list[Future]:
         """`submit` for each element (zip of several iterables); one message for all tasks, or
         several of bounded size for a long map."""
         argsets = list(zip(*iterables))
@@ -336,8 +339,9 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         else:
             keys = [None] * len(argsets)
         specs = []
+        needs = task_needs(duration, memory, pool)
         for args, k in zip(argsets, keys):
-            spec = self._task(func, args, kwargs, k, pure, retries, priority, resources, _seconds(duration))
+            spec = self._task(func, args, kwargs, k, pure, retries, priority, resources, needs)
             if isinstance(key, str):
                 spec["key"] = f"{key}-{spec['key'].rsplit('-', 1)[-1]}"
             specs.append(spec)
@@ -550,13 +554,6 @@ class Client(CollectionsMixin, ClusterToolsMixin):
 
     def __repr__(self) -> str:
         return f"<Client {self.scheduler_address} {self.status}>"
-
-
-def _seconds(duration) -> float | None:
-    if duration is None:
-        return None
-    from .units import parse_walltime
-    return float(parse_walltime(duration, "duration"))
 
 
 def _run_callback(fn) -> None:

@@ -17,7 +17,9 @@ from .protocol.versions import VersionMismatchWarning, format_grouped, get_versi
 
 class ClusterToolsMixin:
     def deaths(self) -> list[dict]:
-        """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail."""
+        """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail;
+        in a cluster with pools, the dead worker's `pool`, and `escalation` when the death moved
+        the task it was running to another pool ("attempt 2 on bigmem (64 GB) after ...")."""
         return self._lt.run(self._request({"op": "deaths"}), self.timeout)
 
     def why(self, future: Future) -> str:
@@ -42,6 +44,11 @@ class ClusterToolsMixin:
             lines += [format_death(a, "     ") for a in attempts]
         elif not lines:
             lines.append(f"{future.key!r} ({info['state']}): no worker died while running it")
+        moved = info.get("escalation")
+        if moved and not any(a.get("escalation") == moved for a in attempts):
+            lines.append(f"  escalation: {moved}")       # moved before it ran (too long for its pool)
+        if info.get("pool"):
+            lines.append(f"  it runs only in pool {info['pool']!r}")
         return "\n".join(lines)
 
     def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:

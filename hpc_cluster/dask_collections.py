@@ -176,15 +176,26 @@ class CollectionsMixin:
         return futures
 
     @staticmethod
-    def _annotations(retries=None, priority=0, resources=None, workers=None, allow_other_workers=None) -> dict:
+    def _annotations(retries=None, priority=0, resources=None, workers=None, allow_other_workers=None,
+                     memory=None, pool=None, duration=None) -> dict:
         """The annotations of one call: dask.annotate(...) around it, then its keywords."""
         import dask
         out = dict(dask.get_annotations())
         for name, value in (("retries", retries), ("priority", priority), ("resources", resources),
-                            ("workers", workers), ("allow_other_workers", allow_other_workers)):
+                            ("workers", workers), ("allow_other_workers", allow_other_workers),
+                            ("memory", memory), ("pool", pool), ("duration", duration)):
             if value:
                 out[name] = value
         return out
+
+    @staticmethod
+    def _our_pool(pool, kwargs: dict):
+        """pool='bigmem' is a pool of ours; dask's local schedulers take a thread pool object
+        by the same keyword, which means nothing here (said as for their other keywords)."""
+        if pool is not None and not isinstance(pool, str):
+            kwargs["pool"] = pool
+            return None
+        return pool
 
     @staticmethod
     def _check_kwargs(kwargs: dict, what: str) -> None:
@@ -195,25 +206,29 @@ class CollectionsMixin:
             # schedulers and distributed's do (a warning would make dask code that passes
             # another scheduler's keyword fail where warnings are errors). Said in the log.
             logger.warning("compute(): ignored keyword arguments %s (the cluster takes retries=, priority=, "
-                           "resources=)", unknown)
+                           "resources=, memory=, pool=, duration=)", unknown)
             kwargs = {k: v for k, v in kwargs.items() if k in _LOCAL_ONLY}
         elif unknown:
             raise TypeError(f"{what}() got unexpected keyword arguments {unknown}: the cluster takes retries=, "
-                            "priority=, resources= (and dask.annotate(...) around the call)")
+                            "priority=, resources=, memory=, pool=, duration= (and dask.annotate(...) around "
+                            "the call)")
         if kwargs:
             import warnings
             warnings.warn(f"{sorted(kwargs)} only mean something to dask's local schedulers; ignored on the "
                           "cluster", UserWarning, stacklevel=3)
 
     def get(self, dsk, keys, *, sync: bool = True, retries: int | None = None, priority: int = 0,
-            resources: dict | None = None, workers=None, allow_other_workers=None, **kwargs):
+            resources: dict | None = None, workers=None, allow_other_workers=None, memory=None, pool=None,
+            duration=None, **kwargs):
         """Run a dask graph on the cluster (dask's scheduler interface): the values of `keys`,
         in their (nested list) shape, or with sync=False the Futures."""
+        pool = self._our_pool(pool, kwargs)
         self._check_kwargs(kwargs, "get")
         wanted: list = []
         _collect_keys(keys, wanted)
         futures = self._graph_to_futures(dsk, list(dict.fromkeys(wanted)),
-                                         self._annotations(retries, priority, resources, workers, allow_other_workers))
+                                         self._annotations(retries, priority, resources, workers, allow_other_workers,
+                                                           memory, pool, duration))
         if not sync:
             return _rebuild_keys(keys, futures)
         values = self.gather(list(futures.values()))
@@ -221,13 +236,15 @@ class CollectionsMixin:
 
     def compute(self, collections, sync: bool = False, optimize_graph: bool = True, traverse: bool = True,
                 retries: int | None = None, priority: int = 0, resources: dict | None = None, workers=None,
-                allow_other_workers=None, **kwargs):
+                allow_other_workers=None, memory=None, pool=None, duration=None, **kwargs):
         """Start computing dask collections (one, or a list); their results as Futures (the
-        final values with sync=True). Things that are not collections pass through."""
+        final values with sync=True). Things that are not collections pass through.
+        memory=, pool=, duration= are every task's needs (as submit's; dask.annotate for some)."""
         import dask
         from dask._expr import FinalizeCompute
         from dask.base import collections_to_expr
         from dask.core import flatten
+        pool = self._our_pool(pool, kwargs)
         self._check_kwargs(kwargs, "compute")
         singleton = not isinstance(collections, (list, tuple, set, frozenset))
         items = [collections] if singleton else list(collections)
@@ -241,7 +258,7 @@ class CollectionsMixin:
             expr = FinalizeCompute(collections_to_expr(variables, optimize_graph)).optimize()
             names = list(flatten(expr.__dask_keys__()))
             by_key = self._graph_to_futures(expr, names, self._annotations(retries, priority, resources, workers,
-                                                                           allow_other_workers))
+                                                                           allow_other_workers, memory, pool, duration))
         results, i = [], 0
         for a in items:
             if dask.is_dask_collection(a):
@@ -254,12 +271,14 @@ class CollectionsMixin:
         return results[0] if singleton else results
 
     def persist(self, collections, optimize_graph: bool = True, retries: int | None = None, priority: int = 0,
-                resources: dict | None = None, workers=None, allow_other_workers=None, **kwargs):
+                resources: dict | None = None, workers=None, allow_other_workers=None, memory=None, pool=None,
+                duration=None, **kwargs):
         """Start computing dask collections and return them, each backed by Futures: the data
         stays on the workers, and graphs built on them start from it."""
         import dask
         from dask.base import collections_to_expr
         from dask.core import flatten
+        pool = self._our_pool(pool, kwargs)
         self._check_kwargs(kwargs, "persist")
         singleton = not isinstance(collections, (list, tuple, set, frozenset))
         items = [collections] if singleton else list(collections)
@@ -269,7 +288,8 @@ class CollectionsMixin:
         expr = collections_to_expr(items, optimize_graph).optimize()
         keys = expr.__dask_keys__()
         futures = self._graph_to_futures(expr, list(flatten(keys)),
-                                         self._annotations(retries, priority, resources, workers, allow_other_workers))
+                                         self._annotations(retries, priority, resources, workers, allow_other_workers,
+                                                           memory, pool, duration))
         out = [rebuild({k: futures[k] for k in flatten(ks)}, *args)
                for (rebuild, args), ks in zip((a.__dask_postpersist__() for a in items), keys)]
         return out[0] if singleton else out

@@ -6,17 +6,19 @@ pickled with references to its inputs, the worker resolves them and calls the no
 inputs' values. A node may depend on a key that is not in the graph: a Future (persisted
 data, scattered data, a future placed in a `delayed` call), which the scheduler then waits
 for like any other input. Annotations (retries, priority, resources) reach the tasks they
-name; what we cannot honour is refused, never dropped.
+name (and memory=, pool=, duration=, the task's needs); what we cannot honour is refused,
+never dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 from .protocol import serialize
 
-# dask's annotations that mean something to a scheduler, and ours for each.
-HONOURED = ("retries", "priority", "resources")
+# dask's annotations that mean something to a scheduler, and ours: a task's needs.
+HONOURED = ("retries", "priority", "resources", "memory", "pool", "duration")
 # Task keys of dask's "disk" shuffle: partd files in a worker's local temporary directory,
 # which a worker on another node cannot see. Run on a cluster they lose rows silently.
 DISK_SHUFFLE_PREFIXES = ("zpartd", "diskshuffle", "partd")
@@ -24,6 +26,22 @@ DISK_SHUFFLE_PREFIXES = ("zpartd", "diskshuffle", "partd")
 
 class UnsupportedGraph(ValueError):
     """A graph asks for something this cluster cannot do; the message names it."""
+
+
+def task_needs(duration=None, memory=None, pool=None) -> dict:
+    """A task's needs as the wire carries them: duration in seconds ('5m'), memory in bytes
+    ('20GB'), pool by name. Checked here, so a bad value is refused where the user wrote it."""
+    from .units import parse_memory, parse_walltime
+    out: dict = {}
+    if duration is not None:
+        out["duration"] = float(parse_walltime(duration, "duration"))
+    if memory is not None:
+        out["memory"] = parse_memory(memory, "memory")
+    if pool is not None:
+        if not isinstance(pool, str) or not pool:
+            raise TypeError(f"pool={pool!r}: give a pool's name, e.g. pool='bigmem' (the cluster's pools=)")
+        out["pool"] = pool
+    return out
 
 
 def wire_key(key) -> str:
@@ -113,6 +131,7 @@ def graph_tasks(dsk, func_blob_of, overall: dict | None = None) -> tuple[list[di
     overall = dict(overall or {})
     check_annotations(overall, per_key)
     wire = {k: wire_key(k) for k in graph}
+    needs_of = functools.lru_cache(maxsize=64)(task_needs)      # parsed once per distinct value
     func_blob = func_blob_of(run_graph_node)
     specs = []
     for key in _dask_order(graph):
@@ -123,5 +142,6 @@ def graph_tasks(dsk, func_blob_of, overall: dict | None = None) -> tuple[list[di
         ann = task_annotations(key, per_key, overall)
         specs.append({"key": wire[key], "func": func_blob, "args": blob, "deps": sorted(deps),
                       "priority": int(ann.get("priority") or 0), "retries": int(ann.get("retries") or 0),
-                      "resources": dict(ann.get("resources") or {})})
+                      "resources": dict(ann.get("resources") or {}),
+                      **needs_of(ann.get("duration"), ann.get("memory"), ann.get("pool"))})
     return specs, wire
