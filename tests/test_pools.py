@@ -263,3 +263,80 @@ def test_with_no_longer_pool_walltime_deaths_count_and_the_error_says_what_to_ad
     exc = error_from_record("t", s.tasks["t"].error, load=None)
     assert isinstance(exc, TaskWalltimeError) and exc.largest_pool == "default"
     assert "add a pool with walltime >= 00:02:09" in str(exc), str(exc)
+
+
+# -- evidence, the wire and the user's view --------------------------------------------------------
+def test_the_nannys_peak_reaches_the_death_record_and_moves_the_task():
+    import asyncio
+
+    from hpc_cluster.scheduler import evidence
+
+    s = state(allowed_failures=0)
+    col = evidence.EvidenceCollector(s, clock=lambda: 1000.0, flush=lambda: None)
+    add(s, "tcp://w:1", nanny_id="n1")
+    s.update_graph("c", [task("hog")], ["hog"])
+    s.task_started("tcp://w:1", "hog", now=999.0)
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        assert record["final_at"] is None and s.tasks["hog"].pool is None     # the report may still come
+        col.exit_report({"nanny_id": "n1", "signal": 9, "exit_code": None, "killed_by_nanny": True,
+                         "peak_rss": int(3.9 * GiB), "memory_limit": 4 * GiB, "memory_budget": int(3.8 * GiB)})
+        return record
+
+    record = asyncio.run(run())
+    assert record["cause"] == "memory-nanny" and record["final_at"] == 1000.0
+    assert record["peak_memory"] == int(3.9 * GiB) and record["memory_limit"] == 4 * GiB
+    assert record["pool"] == "default"
+    assert record["escalation"] == "attempt 2 on bigmem (64 GB) after memory-nanny at 3.9 of 4.0 GiB"
+    assert s.tasks["hog"].state == "queued" and s.tasks["hog"].pool == "bigmem"
+
+
+def test_the_wire_takes_memory_in_bytes_and_a_pool_by_name():
+    from hpc_cluster.protocol.comm import ProtocolError
+    from hpc_cluster.scheduler.server import _check_task
+
+    assert _check_task(task("t", memory=2 * GiB, pool="bigmem"))["memory"] == 2 * GiB
+    for bad in ({"memory": "2GB"}, {"memory": -1}, {"memory": True}, {"pool": 3}):
+        with pytest.raises(ProtocolError):
+            _check_task({**task("t"), **bad})
+
+
+def test_why_and_the_killed_worker_error_show_each_move():
+    import pickle
+
+    from hpc_cluster.client_tools import ClusterToolsMixin
+
+    s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
+    add(s, "d1")
+    s.update_graph("c", [task("hog")], ["hog"])
+    s.take_outbox()
+    run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(3.9 * GiB))
+    add(s, "m1", pool="mid")
+    run_and_die(s, "m1", "hog", "memory-batch", now=5, peak_memory=int(7.5 * GB))
+    add(s, "b1", pool="bigmem")
+    run_and_die(s, "b1", "hog", "memory-batch", now=9, peak_memory=int(63 * GB))
+    ts = s.tasks["hog"]
+    assert ts.state == "erred"                           # no pool bigger than bigmem: charged, allowed 0
+
+    class Stub(ClusterToolsMixin):
+        class _lt:
+            @staticmethod
+            def run(coro, timeout):
+                return coro
+
+        timeout = 1
+
+        def _request(self, msg):
+            return {"state": ts.state, "error": {"kind": "exception", "text": "x"},
+                    "attempts": s._attempts(ts), "pool": ts.pool, "escalation": ts.escalation}
+
+    text = Stub().why(type("F", (), {"key": "hog"})())
+    assert "in pool default: memory-batch (moved, not charged)" in text, text
+    assert "escalation: attempt 2 on mid (8 GB) after memory-batch at 3.9 of 4.0 GiB" in text
+    assert "escalation: attempt 3 on bigmem (64 GB) after memory-batch at 7.0 of 7.5 GiB" in text, text
+    exc = error_from_record("hog", ts.error, load=None)
+    assert isinstance(exc, TaskMemoryError) and exc.largest_pool == "bigmem"
+    assert "then attempt 2 on mid" in str(exc) and "Pools: the largest pool, 'bigmem', has 64 GB" in str(exc)
+    again = pickle.loads(pickle.dumps(exc))
+    assert str(again) == str(exc) and again.needed == exc.needed

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.placement import workload
 from hpc_cluster.scheduler.state import SchedulerState, TaskState, WorkerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -69,6 +70,8 @@ def check(s: SchedulerState) -> None:
             assert s.tasks.get(ts.key) is ts and ts.processing_on is ws, (ws, ts)
         for ts in ws.has_what:
             assert s.tasks.get(ts.key) is ts and ws in ts.who_has, (ws, ts)
+        # memory= is reserved while a task is on the worker, and only then (pools.py)
+        assert ws.used_memory == sum(ts.memory for ts in ws.processing), (ws, ws.used_memory)
     for ws in s._free:
         assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
 
@@ -136,10 +139,20 @@ class Run:
             if self.draw(st.integers(0, 9)) == 0:
                 deps.append(f"t{self.n + 1}")            # the next one: a cycle, or a missing input
             specs.append({"key": key, "func": F, "args": A, "deps": deps,
-                          "priority": self.draw(st.integers(-2, 2)), "retries": self.draw(st.integers(0, 1))})
+                          "priority": self.draw(st.integers(-2, 2)), "retries": self.draw(st.integers(0, 1)),
+                          **self.needs()})
         keys = [s["key"] for s in specs]
         wanted = sorted(set(self.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys)))))
         self.s.update_graph(cid, specs, wanted)
+
+    def needs(self) -> dict:
+        return {}
+
+    def start(self) -> None:
+        """The world before the first event (inside stable_hashes: records hash by name)."""
+
+    def check(self) -> None:
+        """Invariants of this kind of run, beyond check()'s."""
 
     def release(self):
         cid = self.pick(self.s.clients)
@@ -200,6 +213,9 @@ class Run:
               "worker_reports", "deliver", "deliver", "deliver", "deliver", "tick"]
 
     # -- the end: everything settles ------------------------------------------------
+    def add_healthy(self):
+        self.s.add_worker("tcp://healthy:1", nthreads=4, now=self.now)
+
     def settle(self):
         """Every verdict final, a healthy worker that does what it is told, every report
         delivered: then no wanted task may be left unfinished."""
@@ -207,7 +223,7 @@ class Run:
         for d in s.deaths:
             if d.get("final_at") is None:
                 s.refine_death(d["id"], d["cause"], d["blame"], d["text"], final_at=self.now)
-        s.add_worker("tcp://healthy:1", nthreads=4, now=self.now)
+        self.add_healthy()
         for _ in range(10 * (len(s.tasks) + 10)):
             check(s)
             for method, args in self.in_flight:
@@ -246,16 +262,84 @@ def stable_hashes():
         TaskState.__hash__, WorkerState.__hash__ = saved
 
 
-@settings(derandomize=True, max_examples=300, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def fuzz(examples: int):
+    return settings(derandomize=True, max_examples=examples, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def play(run: Run, most: int) -> None:
+    """Up to `most` random events, the invariants checked after each, then the settling."""
+    with stable_hashes():
+        run.start()
+        for _ in range(run.draw(st.integers(5, most))):
+            getattr(run, run.draw(st.sampled_from(run.EVENTS)))()
+            check(run.s)
+            run.check()
+        run.settle()
+
+
+@fuzz(300)
 @given(st.data())
 def test_random_event_sequences_keep_the_state_machine_consistent(data):
-    with stable_hashes():
-        run = Run(data)
-        for _ in range(data.draw(st.integers(5, 60))):
-            getattr(run, data.draw(st.sampled_from(Run.EVENTS)))()
-            check(run.s)
-        run.settle()
+    play(Run(data), 60)
+
+
+GiB = 2**30
+POOLS = {"default": {"memory": 4 * GiB, "walltime": None, "nthreads": 2},
+         "bigmem": {"memory": 64 * GiB, "walltime": None, "nthreads": 2},
+         "long": {"memory": 4 * GiB, "walltime": None, "nthreads": 1, "escalation_only": True}}
+
+
+class PoolsRun(Run):
+    """The same world in a cluster with pools (issue 15): workers of each pool, tasks with
+    memory= and pool= (some that no pool holds), memory deaths that move tasks."""
+
+    def start(self):
+        self.s.set_pools(POOLS)
+        self.s.add_client("c1")                  # a start that gets tasks running sooner
+        self.s.add_worker("tcp://w1:1", nthreads=2, now=0, memory_limit=POOLS["default"]["memory"],
+                          info={"pool": "default"})
+
+    def add_worker(self):
+        addr, pool = self.pick(WORKERS), self.pick(POOLS)
+        self.s.add_worker(addr, nthreads=self.draw(st.integers(1, 2)), now=self.now,
+                          memory_limit=POOLS[pool]["memory"], info={"pool": pool})
+
+    EVENTS = Run.EVENTS + ["memory_death", "memory_death", "refine"]
+
+    def memory_death(self):
+        """A running task kills its worker by memory (the verdict final or not): it moves."""
+        running = sorted(k for k, ts in self.s.tasks.items() if ts.state == "processing")
+        key = self.pick(running)
+        if key is None:
+            return
+        addr = self.s.tasks[key].processing_on.address
+        self.s.task_started(addr, key, self.now)
+        final = self.draw(st.booleans())
+        self.s.remove_worker(addr, self.now, {"cause": self.draw(st.sampled_from(["memory-batch", "memory-nanny"])),
+                                              "blame": True, "text": "fuzz", "peak_memory": 3 * GiB,
+                                              "final_at": self.now if final else None})
+
+    def needs(self) -> dict:
+        return {"memory": self.draw(st.sampled_from([0, 0, 0, 0, 2 * GiB, 8 * GiB, 100 * GiB])),
+                "pool": self.draw(st.sampled_from([None] * 8 + ["long", "nowhere"]))}
+
+    def add_healthy(self):
+        for pool, spec in sorted(POOLS.items()):
+            self.s.add_worker(f"tcp://healthy-{pool}:1", nthreads=4, now=self.now, memory_limit=spec["memory"],
+                              info={"pool": pool})
+
+
+    def check(self) -> None:
+        demand = self.s.pool_demand()
+        assert set(demand) == set(POOLS) and all(n >= 0 for n in demand.values()), demand
+        assert sum(workload(self.s, pool=p) for p in POOLS) <= workload(self.s) + 1e-9
+
+
+@fuzz(150)
+@given(st.data())
+def test_random_event_sequences_with_pools_keep_the_state_machine_consistent(data):
+    play(PoolsRun(data), 80)
 
 
 # -- what the fuzzing found, each kept as a plain regression test ----------------------
