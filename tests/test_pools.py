@@ -202,6 +202,11 @@ def test_with_no_bigger_pool_a_memory_death_counts_and_the_error_says_what_pool_
     assert "add a pool with memory >= 100GB: pools={'huge': {'memory': '100GB'}}" in str(exc), str(exc)
 
 
+def test_a_margin_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        state(escalate={"margin": 0.5})
+
+
 def test_escalation_off_leaves_memory_deaths_charged_where_they_died():
     s = state(allowed_failures=0, escalate={"memory": False})
     add(s, "d1")

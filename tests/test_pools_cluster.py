@@ -64,3 +64,17 @@ def test_a_task_no_worker_can_hold_waits_and_a_bad_value_is_refused_where_it_is_
     with pytest.raises(TypeError, match="pool="):
         client.submit(where, pool=3)
     assert client.submit(where, pool="default", pure=False).result(timeout=30)  # its workers' pool
+
+
+def test_dask_annotations_and_compute_keywords_carry_every_need_to_the_wire():
+    from hpc_cluster.graph import graph_tasks
+
+    with dask.annotate(memory="2GB", pool="bigmem", duration="5m"):
+        annotated = dask.delayed(sum, pure=True)([1, 2])
+    plain = dask.delayed(max, pure=True)([1, 2])
+    specs, _ = graph_tasks(annotated, lambda f: b"f")
+    assert {(s["memory"], s["pool"], s["duration"]) for s in specs} == {(2 * 10**9, "bigmem", 300.0)}
+    specs, _ = graph_tasks(plain, lambda f: b"f", {"memory": "1GiB", "pool": "long"})
+    assert {(s["memory"], s["pool"], "duration" in s) for s in specs} == {(2**30, "long", False)}
+    with pytest.raises(ValueError, match="memory='lots'"):
+        graph_tasks(plain, lambda f: b"f", {"memory": "lots"})

@@ -170,6 +170,7 @@ class ClientsMixin:
         self.tasks.clear()
         self._ready.clear()
         self._roots.clear()
+        self._unchecked.clear()
         for ws in self.workers.values():
             ws.abandoned |= {t.key for t in ws.executing}
             ws.processing.clear()

@@ -105,8 +105,12 @@ class PoolsMixin:
     def set_pools(self, pools: dict, escalate: dict | None = None) -> None:
         """The cluster's pools ({name: {memory, walltime, nthreads, processes, resources,
         max_jobs, escalation_only}}) and the policy for moves ({memory, walltime, margin})."""
+        escalate = dict(ESCALATE, **(escalate or {}))
+        if not float(escalate["margin"]) >= 1.0:
+            raise ValueError(f"escalate margin={escalate['margin']!r}: a task's next pool holds its observed peak "
+                             "times the margin, so it must be at least 1 (default 1.5)")
         self.pools = {str(name): pool_spec(spec or {}) for name, spec in (pools or {}).items()}
-        self.escalate = dict(ESCALATE, **(escalate or {}))
+        self.escalate = dict(escalate, margin=float(escalate["margin"]))
         self._unchecked.extend(ts for ts in self.tasks.values() if ts.state == "queued")
         self._schedule()
 
@@ -190,7 +194,7 @@ class PoolsMixin:
         """Fail at once the tasks queued since the last look that no pool can hold."""
         todo, self._unchecked = self._unchecked, []
         for ts in todo:
-            if ts.state == "queued" and not self._awaiting_verdict(ts):
+            if ts.state == "queued" and self.tasks.get(ts.key) is ts and not self._awaiting_verdict(ts):
                 error = self._unplaceable(ts, expected_duration(ts, self.durations))
                 if error is not None:
                     self._err(ts, error)
