@@ -345,3 +345,14 @@ def test_why_and_the_killed_worker_error_show_each_move():
     assert "then attempt 2 on mid" in str(exc) and "Pools: the largest pool, 'bigmem', has 64 GB" in str(exc)
     again = pickle.loads(pickle.dumps(exc))
     assert str(again) == str(exc) and again.needed == exc.needed
+
+
+def test_with_only_the_default_pool_open_verdicts_hold_nothing_back_as_before_pools():
+    s = SchedulerState(prefetch=0)
+    s.set_pools({"default": pools()["default"]})
+    add(s, "d1")
+    s.update_graph("c", [task("t")], ["t"])
+    s.take_outbox()
+    run_and_die(s, "d1", "t", "connection-lost", final=False)
+    add(s, "d2")
+    assert computes(s.take_outbox(), "d2") == ["t"]      # no pool to move to: no reason to wait
