@@ -356,3 +356,17 @@ def test_with_only_the_default_pool_open_verdicts_hold_nothing_back_as_before_po
     run_and_die(s, "d1", "t", "connection-lost", final=False)
     add(s, "d2")
     assert computes(s.take_outbox(), "d2") == ["t"]      # no pool to move to: no reason to wait
+
+
+def test_the_workers_table_and_a_job_that_never_started_name_their_pool():
+    from hpc_cluster.scheduler.server import Scheduler
+
+    sched = Scheduler(b"s" * 32)
+    sched.state.add_worker("tcp://a:1", 1, 0.0, memory_limit=4 * GiB)
+    sched.state.add_worker("tcp://b:1", 1, 0.0, memory_limit=4 * GiB, info={"pool": "bigmem"})
+    sched.state.update_graph("c", [task("t", memory=GiB, pool="bigmem")], ["t"])
+    rows = {r["address"]: r for r in sched.worker_table()}
+    assert rows["tcp://a:1"]["pool"] == "default" and rows["tcp://b:1"]["pool"] == "bigmem"
+    assert rows["tcp://b:1"]["reserved_memory"] == GiB and rows["tcp://a:1"]["reserved_memory"] == 0
+    record = sched.deaths.job_never_started("7", None, ["ImportError: no module"], pool="bigmem")
+    assert record["pool"] == "bigmem" and record["cause"] == "startup"

@@ -131,15 +131,17 @@ class EvidenceCollector:
         if death_id is not None:
             self._refine(death_id)
 
-    def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str]) -> dict:
-        """A job ended before its worker registered: a deployment problem, charged to no task."""
+    def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str],
+                          pool: str | None = None) -> dict:
+        """A job ended before its worker registered: a deployment problem, charged to no task.
+        `pool`: the pool the job was of (a bad setting of one pool's jobs shows as that pool's)."""
         ev = Evidence(registered=False, job_id=job_id, accounting=accounting, log_tail=log_tail)
         v = diagnose(ev)
         now = self.clock()
         record = self.state.add_death({
             "worker": None, "name": f"job {job_id}", "time": now, "cause": v.cause, "blame": False,
             "text": v.text, "evidence": v.evidence, "advice": v.advice, "job_id": job_id,
-            "log_tail": log_tail[-40:], "final_at": now})
+            "log_tail": log_tail[-40:], "final_at": now, "pool": pool or "default"})
         self.evidence[record["id"]] = ev
         logger.warning("job %s: %s", job_id, v.text)
         return record

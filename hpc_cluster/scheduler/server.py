@@ -18,6 +18,7 @@ from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
 from .evidence import EvidenceCollector
+from .placement import worker_pool
 from .state import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.scheduler")
@@ -571,7 +572,8 @@ class Scheduler:
         return [{"address": ws.address, "name": ws.name, "id": ws.name, "nthreads": ws.nthreads,
                  "memory_limit": ws.memory_limit, "resources": ws.resources,
                  "processing": len(ws.processing), "executing": len(ws.executing),
-                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info,
+                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info, "pool": worker_pool(ws),
+                 "reserved_memory": ws.used_memory,
                  "status": "paused" if ws.paused else "running", "memory": dict(ws.memory),
                  # dask's names for the same numbers (scheduler_info()["workers"][addr]["metrics"])
                  "metrics": {"memory": ws.memory.get("rss", 0), "managed_bytes": ws.memory.get("managed", 0),
