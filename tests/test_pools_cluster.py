@@ -54,13 +54,15 @@ def test_memory_places_tasks_only_on_a_worker_that_holds_them(two_sizes):
     assert len(set(client.gather(client.map(lambda i: (time.sleep(0.2), where())[1], range(8))))) == 2
 
 
-def test_memory_through_dask_annotate_and_compute(two_sizes):
+def test_memory_through_dask_annotate_compute_and_persist(two_sizes):
     client, big = two_sizes
     with dask.annotate(memory="2GB"):
         annotated = [dask.delayed(where, pure=False)() for _ in range(3)]
     assert set(dask.compute(*annotated)) == {big}
     assert set(client.gather(client.compute([dask.delayed(where, pure=False)() for _ in range(3)],
                                             memory="2GB"))) == {big}
+    persisted = client.persist([dask.delayed(where, pure=False)() for _ in range(3)], memory="2GB")
+    assert set(dask.compute(*persisted)) == {big}
 
 
 def test_a_task_no_worker_can_hold_waits_and_a_bad_value_is_refused_where_it_is_written(two_sizes):
