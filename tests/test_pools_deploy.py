@@ -133,9 +133,10 @@ def test_the_scheduler_is_told_each_pools_size_and_policy(tmp_path):
                                  "escalation_only": True, "n_workers": 3}})
     table = pool_table(cfg)
     assert table == {
-        "default": {"memory": 2_000_000_000, "walltime": 3600.0, "nthreads": 1, "processes": 2, "resources": {},
+        # memory: what the workers register with, their --memory-limit as written (1.86GiB, 7.45GiB)
+        "default": {"memory": 1_997_159_792, "walltime": 3600.0, "nthreads": 1, "processes": 2, "resources": {},
                     "max_jobs": None, "escalation_only": False},
-        "big": {"memory": 8_000_000_000, "walltime": 7200.0, "nthreads": 1, "processes": 2,
+        "big": {"memory": 7_999_376_588, "walltime": 7200.0, "nthreads": 1, "processes": 2,
                 "resources": {"GPU": 1.0}, "max_jobs": 2, "escalation_only": True}}
     plan = make_plan(cfg, "t", tmp_path / "t.json", n_jobs=1, pool_jobs=None)
     assert {n: p["n_jobs"] for n, p in plan["pools"].items()} == {"default": 1, "big": 2}   # 3 workers: 2 jobs

@@ -29,7 +29,7 @@ from ..protocol.secret import (cluster_file_for, new_secret, open_private, priva
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
-from ..worker.flags import memory_fraction_args, parse_resources, read_worker_args
+from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -87,10 +87,9 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str, pool: str 
     v = cfg.values
     processes = v["processes"]
     nthreads = max(1, v["cores"] // processes)
-    memory_limit = v["memory_limit"] or v["memory"] // processes
     head = [shell_word(worker_python(cfg)), "-m", "hpc_cluster.worker", "--cluster-file", shlex.quote(cluster_file),
             "--name", double_quoted(worker_name_prefix(name) + "-")[:-1] + '${HPC_CLUSTER_WORKER_INDEX:-0}"']
-    args = ["--nthreads", str(nthreads), "--memory-limit", format_bytes(memory_limit).replace(" ", "")]
+    args = ["--nthreads", str(nthreads), "--memory-limit", memory_limit_flag(v)]
     if processes > 1:
         args += ["--nworkers", str(processes)]
     args.append("--nanny" if v["nanny"] else "--no-nanny")
@@ -123,6 +122,11 @@ def pool_config(cfg: ResolvedConfig, pool: str = DEFAULT_POOL) -> ResolvedConfig
 
 def unknown_pool(pool: str, pools) -> str:
     return f"no pool named {pool!r}; this cluster's pools: {', '.join(pools)} (pools= or the site's `pools:`)"
+
+
+def memory_limit_flag(v: dict) -> str:
+    """The workers' --memory-limit: memory_limit, or the job's memory / processes, as dask-jobqueue writes it."""
+    return format_bytes(v["memory_limit"] or (v["memory"] or 0) // v["processes"]).replace(" ", "")
 
 
 def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool: str = DEFAULT_POOL) -> JobSpec:
@@ -217,7 +221,8 @@ def pool_table(cfg: ResolvedConfig) -> dict[str, dict]:
         v = pool.values
         processes = v["processes"] or 1
         settings, _ = read_worker_args(list(v["worker_extra_args"]))
-        out[name] = {"memory": int(v["memory_limit"] or (v["memory"] or 0) // processes),
+        # What the workers register with: the --memory-limit as written (1.40GiB for 1.5 GB).
+        out[name] = {"memory": parse_bytes(memory_limit_flag(v)),
                      "walltime": float(v["walltime"]) if v["walltime"] else None,
                      "nthreads": max(1, (v["cores"] or 1) // processes), "processes": processes,
                      "resources": parse_resources(settings.get("resources") or ""),
