@@ -371,3 +371,42 @@ def test_status_json_carries_the_pools(capsys, monkeypatch, tmp_path):
     code, out, _ = run(capsys, "status", "--json")
     data = json.loads(out)
     assert code == 0 and data["pools"] == {"big": {"jobs": ["1"]}} and data["jobs"][0]["pool"] == "big"
+
+
+def test_the_default_pool_is_sized_by_scale_and_adapt_not_by_demand():
+    pm, adapter, state, _ = manager()
+    state.pool_demand = lambda: {"default": 50, "big": 2}
+
+    async def run():
+        await pm.reconcile()
+        assert [s for s in adapter.scripts if "--pool big" not in s] == []     # no default job for demand
+        assert len(adapter.scripts) == 1                                      # 2 threads: one job of 2 cores
+
+    asyncio.run(run())
+
+
+def test_adapt_per_pool_sizes_a_pool_to_its_own_work(monkeypatch):
+    from hpc_cluster.deploy import jobs
+    asked = []
+
+    def workload(state, pool=None):
+        asked.append(pool)
+        return {"big": 120.0, "default": 0.0}[pool]
+    monkeypatch.setattr(jobs, "workload", workload)
+    monkeypatch.setattr(jobs, "_WORKLOAD_BY_POOL", True)
+    pm, _, _, _ = manager(big_max=5)
+    policy = dict(interval=1.0, wait_count=3, target_duration=20.0)
+    pm.managers["big"].adaptive = jobs.AdaptPolicy(0, 4, **policy)     # as pm.adapt(0, 4, pool="big") sets it
+    pm.managers["default"].adaptive = jobs.AdaptPolicy(0, 4, **policy)
+    assert pm.managers["big"].desired() == 3                           # 120 s / (20 s x 2 cores)
+    assert pm.managers["default"].desired() == 0
+    assert asked == ["big", "default"]
+    with pytest.raises(ValueError, match="no pool named 'huge'"):
+        pm.adapt(0, 1, pool="huge")
+
+
+def test_escalate_may_go_in_settings_for_every_site():
+    text = "default: a\nsites:\n  a: {batch: slurm, cores: 1, memory: 1GB}\nsettings:\n  escalate: {walltime: false}\n"
+    assert parse_config_text(text).settings["escalate"].value == {"memory": True, "walltime": False, "margin": 1.5}
+    with pytest.raises(ConfigError, match="'pools' cannot go in settings"):
+        parse_config_text(text + "  pools: {big: {memory: 4GB}}\n")

@@ -224,7 +224,11 @@ class JobManager:
 
     def demand_jobs(self) -> int:
         """Jobs this pool needs for the work only it can run (the scheduler's pool_demand():
-        threads per pool); 0 while the scheduler has no such call."""
+        threads per pool); 0 while the scheduler has no such call. The default pool is sized
+        by scale() and adapt() alone, as without pools: its demand would be every queued
+        task's, and it has no max_jobs to bound that."""
+        if self.pool == DEFAULT_POOL:
+            return 0
         demand = getattr(self.scheduler.state, "pool_demand", None)
         threads = (demand() or {}).get(self.pool, 0) if callable(demand) else 0
         return math.ceil(threads / self.threads_per_job()) if threads > 0 else 0
