@@ -410,3 +410,17 @@ def test_escalate_may_go_in_settings_for_every_site():
     assert parse_config_text(text).settings["escalate"].value == {"memory": True, "walltime": False, "margin": 1.5}
     with pytest.raises(ConfigError, match="'pools' cannot go in settings"):
         parse_config_text(text + "  pools: {big: {memory: 4GB}}\n")
+
+
+def test_cli_scale_of_a_pool_is_checked_against_the_clusters_plan(capsys):
+    import os
+    from hpc_cluster.cli.lookup import plan_file
+    from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
+    write_cluster_file(cluster_file_for("c"), "tcp://127.0.0.1:1", new_secret(), name="c", pid=os.getpid(),
+                       batch="slurm", site="lab", log_directory=None, daemon_log=None)
+    plan_file("c").write_text(json.dumps({"job": {"processes": 1}, "pools": {
+        "default": {"job": {"processes": 1}}, "big": {"job": {"processes": 2}, "max_jobs": 2}}}))
+    code, _, err = run(capsys, "scale", "1", "c", "--pool", "huge")
+    assert code == 2 and "--pool huge: cluster 'c' has no such pool; its pools: default, big" in err
+    code, _, err = run(capsys, "scale", "6", "c", "--pool", "big")              # 6 workers: 3 jobs of 2
+    assert code == 2 and "3 job(s) of pool 'big' is more than its max_jobs 2" in err

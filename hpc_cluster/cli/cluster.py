@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
-                         CommandError, _check_name, _liveness, _not_found, _pool_names, _processes,
+                         CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
                          _remove_leftovers, cluster_names, find_cluster, plan_file)
 from .startup import watch_startup
 from .views import dur, fmt_clock, job_event, jobs_table, mem, pools_tables, print_deaths, tail_lines
@@ -187,12 +187,16 @@ def cmd_scale(args, out, err) -> int:
     if args.n < 0:
         raise CommandError(f"scale {args.n}: give a number >= 0", USAGE)
     name, path, info = find_cluster(args.name)
-    pools = _pool_names(name)
+    pools = _pool_limits(name)
     if args.pool and pools is not None and args.pool not in pools:
         raise CommandError(f"--pool {args.pool}: cluster {name!r} has no such pool; its pools: {', '.join(pools)}",
                            USAGE)
     processes = 1 if args.jobs else _processes(name, args.pool)
     jobs = args.n if args.jobs else math.ceil(args.n / processes)
+    limit = (pools or {}).get(args.pool or "default")
+    if limit is not None and jobs > limit:
+        raise CommandError(f"scale {args.n}{' --jobs' if args.jobs else ''}: {jobs} job(s) of pool "
+                           f"{args.pool or 'default'!r} is more than its max_jobs {limit}", USAGE)
     table = control(path, "scale", jobs=jobs, **({"pool": args.pool} if args.pool else {}))
     live = [r for r in table["jobs"] if r["state"] in ("pending", "running") and not r.get("retiring")
             and (r.get("pool") or "default") == (args.pool or "default")]

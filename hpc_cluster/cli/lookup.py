@@ -123,9 +123,10 @@ def _processes(name: str, pool: str | None = None) -> int:
         return 1
 
 
-def _pool_names(name: str) -> list[str] | None:
-    """The pools of a running cluster (from its plan), or None when it cannot be read."""
+def _pool_limits(name: str) -> dict[str, int | None] | None:
+    """A running cluster's pools and their max_jobs (from its plan), or None when it cannot be read."""
     try:
-        return list(json.loads(plan_file(name).read_text()).get("pools") or ["default"])
+        pools = json.loads(plan_file(name).read_text()).get("pools") or {"default": {}}
+        return {pool: p.get("max_jobs") for pool, p in pools.items()}
     except (OSError, ValueError, AttributeError):
         return None
