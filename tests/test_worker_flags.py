@@ -38,7 +38,7 @@ GOOD = {
     "--max-message-bytes": ("1000000", 1000000), "--max-frame-bytes": ("1000", 1000), "--log-level": ("debug", "debug"),
     "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7), "--owner-pid": ("4242", 4242),
     "--tls-ca-file": ("/c/ca.pem", "/c/ca.pem"), "--tls-cert": ("/c/cert.pem", "/c/cert.pem"),
-    "--tls-key": ("/c/key.pem", "/c/key.pem"),
+    "--tls-key": ("/c/key.pem", "/c/key.pem"), "--pool": ("bigmem", "bigmem"),
 }
 # Each refused flag's advice, in a word or two that must be in its message.
 ADVICE = {
@@ -53,7 +53,7 @@ BAD = [
     ("--protocol", "ws://", "only tcp and tls"), ("--nthreads", "-1", "at least 0"), ("--nthreads", "four", "whole number"),
     ("--nworkers", "0", "at least 1"), ("--nworkers", "auto", "whole number"), ("--resources", "GPU", "NAME=NUMBER"),
     ("--worker-port", "70000", "65535"), ("--worker-port", "3010:3000", "FIRST <= LAST"),
-    ("--worker-class", "dask_cuda.CUDAWorker", "--resources GPU=1"),
+    ("--worker-class", "dask_cuda.CUDAWorker", "--resources GPU=1"), ("--pool", "big mem", "not a pool name"),
 ]
 
 

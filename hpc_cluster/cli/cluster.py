@@ -24,10 +24,10 @@ from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
-                         CommandError, _check_name, _liveness, _not_found, _processes,
+                         CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
                          _remove_leftovers, cluster_names, find_cluster, plan_file)
-from .views import (dur, fmt_clock, job_event, jobs_table, mem, print_deaths, status_line,
-                        tail_lines)
+from .startup import watch_startup
+from .views import dur, fmt_clock, job_event, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, _alive, control
 from ..config import ConfigError
@@ -76,12 +76,21 @@ def cmd_up(args, out, err) -> int:
         print(f"note: {note}", file=err)
     processes = v["processes"]
     n_jobs = math.ceil(args.workers / processes)
+    pools = cfg.pools()
+    pool_jobs = _pool_jobs(args.pool or [], pools)
     print(f"starting cluster {name!r} ({v['batch']}, site {cfg.site or 'defaults'}): {n_jobs} job(s) "
           f"x {processes} worker(s), {v['cores']} cores, {mem(v['memory'])}, walltime "
           f"{dur(v['walltime'])}", file=out, flush=True)
+    want = args.workers
+    for pool_name, pool in list(pools.items())[1:]:
+        jobs = pool_jobs.get(pool_name, pool.start_jobs)
+        want += jobs * (pool.values["processes"] or 1)
+        print(f"  pool {pool_name}: {jobs} job(s) x {pool.values['processes']} worker(s), {pool.values['cores']} "
+              f"cores, {mem(pool.values['memory'])}, walltime {dur(pool.values['walltime'])}"
+              + (f", max {pool.max_jobs} job(s)" if pool.max_jobs is not None else ""), file=out, flush=True)
     try:
         with _notes(err):
-            proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True)
+            proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True, pool_jobs=pool_jobs)
     except ClusterError:
         # A daemon that died starting leaves its pid-less placeholder file: not a cluster.
         state, info = _liveness(name)
@@ -91,8 +100,8 @@ def cmd_up(args, out, err) -> int:
     info = read_cluster_file(path)
     print(f"daemon pid {info.get('pid')} listening at {info['address']} (log: {info.get('daemon_log')})",
           file=out, flush=True)
-    if args.workers and not args.no_wait:
-        _watch_startup(name, path, info, proc, args.workers, args.timeout, out)
+    if want and not args.no_wait:
+        watch_startup(name, path, info, proc, want, args.timeout, out)
     print(f"\ncluster {name!r} is up. Connect from Python:\n"
           f"    from hpc_cluster import Client\n"
           f"    client = Client({name!r})\n"
@@ -102,6 +111,26 @@ def cmd_up(args, out, err) -> int:
     return OK
 
 
+def _pool_jobs(given: list[str], pools) -> dict[str, int]:
+    """`--pool NAME=N` (jobs of pool NAME to start with) -> {NAME: N}; a pool that is not there,
+    or a count that is not a whole number, is a usage error naming what there is."""
+    out = {}
+    for item in given:
+        pool, eq, count = item.partition("=")
+        if not eq or not count.strip().isdigit():
+            raise CommandError(f"--pool {item!r}: write NAME=JOBS, e.g. --pool bigmem=1", USAGE)
+        if pool not in pools or pool == "default":
+            extra = [p for p in pools if p != "default"]
+            raise CommandError(f"--pool {item!r}: no pool named {pool!r}; the site's pools: "
+                               f"{', '.join(extra) or 'none (add `pools:` to the site)'} "
+                               "(-n sets the default pool's workers)", USAGE)
+        limit = pools[pool].max_jobs
+        if limit is not None and int(count) > limit:
+            raise CommandError(f"--pool {item!r}: pool {pool!r} has max_jobs {limit}", USAGE)
+        out[pool] = int(count)
+    return out
+
+
 def _require_job_size(cfg) -> None:
     missing = [k for k in ("cores", "memory") if cfg.values[k] is None]
     if missing:
@@ -109,92 +138,6 @@ def _require_job_size(cfg) -> None:
                            f"a job asks for ({' and '.join(missing)} unset): add them to the site, e.g. "
                            "`cores: 4` and `memory: 16GB` (or to jobqueue.yaml under jobqueue."
                            f"{cfg.values['config_name'] or cfg.values['batch']})", USAGE)
-
-
-def _watch_startup(name, path, info, proc, want: int, timeout: float, out) -> None:
-    """Print jobs going pending -> running -> worker connected, until `want` workers are in."""
-    tty = _isatty(out)
-    seen: dict[str, tuple] = {}
-    workers_seen: set[str] = set()
-    start = time.monotonic()
-    last_error = None
-
-    def say(line: str) -> None:
-        out.write(("\r\033[K" if tty else "") + line + "\n")
-        out.flush()
-
-    while True:
-        try:
-            table = control(path, "jobs", timeout=60)
-        except Exception as exc:
-            if proc.poll() is not None:
-                log = info.get("daemon_log")
-                raise CommandError(f"the cluster daemon exited (code {proc.returncode}) while jobs "
-                                   f"were starting; the end of its log ({log}):\n"
-                                   + "\n".join(tail_lines(log, 20))) from None
-            last_error = exc
-            table = None
-        if table is not None:
-            for row in table["jobs"]:
-                key = (row["state"], row.get("reason"), row.get("node"))
-                if seen.get(row["job_id"]) != key:
-                    seen[row["job_id"]] = key
-                    say(job_event(row))
-                for w in row.get("worker_names") or []:
-                    if w not in workers_seen:
-                        workers_seen.add(w)
-                        say(f"worker {w} connected (job {row['job_id']})")
-            live = [r for r in table["jobs"] if r["state"] in ("pending", "running")]
-            connected = sum(len(r.get("workers") or []) for r in live)
-            if tty:
-                out.write("\r\033[K" + status_line(live, connected, want, time.monotonic() - start))
-                out.flush()
-            if connected >= want:
-                if tty:
-                    out.write("\r\033[K")
-                say(f"{connected} worker(s) connected in {time.monotonic() - start:.1f} s")
-                return
-            if table.get("halted"):
-                if tty:
-                    out.write("\n")
-                raise CommandError(f"the cluster stopped submitting jobs: {table['halted']}\n"
-                                   + _last_startup_log(path) +
-                                   f"the cluster is still up: fix the cause, then `hpc-cluster scale "
-                                   f"{want} {name}`, or `hpc-cluster down {name}`")
-        if time.monotonic() - start > timeout:
-            if tty:
-                out.write("\n")
-            why = f" (last error talking to it: {last_error})" if last_error and table is None else ""
-            raise CommandError(
-                f"only {len(workers_seen)} of {want} worker(s) connected within {timeout:g} s{why}.\n"
-                f"The cluster is still up and its jobs stay queued. See why with\n"
-                f"  hpc-cluster status {name}        (job states, pending reasons)\n"
-                f"  hpc-cluster logs JOB {name}      (a job's stdout/stderr)\n"
-                f"  hpc-cluster logs daemon {name}\n"
-                f"or wait longer with --timeout, or stop it with `hpc-cluster down {name}`")
-        time.sleep(0.5 if time.monotonic() - start < 10 else 1.0)
-
-
-def _last_startup_log(path: Path) -> str:
-    """The newest death's log tail: usually the one line that says what broke."""
-    from ..client import Client
-    try:
-        with Client(cluster_file=str(path), timeout=30) as client:
-            deaths = [d for d in client.deaths() if d.get("log_tail")]
-    except Exception:
-        return ""
-    if not deaths:
-        return ""
-    d = max(deaths, key=lambda d: d.get("time") or 0)
-    lines = [str(ln).rstrip() for ln in d["log_tail"][-10:]]
-    return f"the end of {d.get('name') or 'the last job'}'s log:\n" + "\n".join(f"  | {ln}" for ln in lines) + "\n"
-
-
-def _isatty(f) -> bool:
-    try:
-        return bool(f.isatty())
-    except (AttributeError, ValueError):
-        return False
 
 
 def cmd_status(args, out, err) -> int:
@@ -220,7 +163,10 @@ def cmd_status(args, out, err) -> int:
           + (f"; adaptive {adaptive[0]}..{'no limit' if adaptive[1] is None else adaptive[1]} jobs"
              if adaptive else ""), file=out)
     print("", file=out)
-    print(jobs_table(rows, max_finished=args.finished), file=out)
+    if len(table.get("pools") or {}) > 1:
+        print(pools_tables(table, max_finished=args.finished), file=out)
+    else:
+        print(jobs_table(rows, max_finished=args.finished), file=out)
     if table.get("halted"):
         print(f"\nHALTED: {table['halted']}", file=out)
     for e in table.get("errors") or []:
@@ -241,11 +187,21 @@ def cmd_scale(args, out, err) -> int:
     if args.n < 0:
         raise CommandError(f"scale {args.n}: give a number >= 0", USAGE)
     name, path, info = find_cluster(args.name)
-    processes = 1 if args.jobs else _processes(name)
+    pools = _pool_limits(name)
+    if args.pool and pools is not None and args.pool not in pools:
+        raise CommandError(f"--pool {args.pool}: cluster {name!r} has no such pool; its pools: {', '.join(pools)}",
+                           USAGE)
+    processes = 1 if args.jobs else _processes(name, args.pool)
     jobs = args.n if args.jobs else math.ceil(args.n / processes)
-    table = control(path, "scale", jobs=jobs)
-    live = [r for r in table["jobs"] if r["state"] in ("pending", "running") and not r.get("retiring")]
-    print(f"cluster {name!r}: target {jobs} job(s) ({jobs * processes} worker(s)); "
+    limit = (pools or {}).get(args.pool or "default")
+    if limit is not None and jobs > limit:
+        raise CommandError(f"scale {args.n}{' --jobs' if args.jobs else ''}: {jobs} job(s) of pool "
+                           f"{args.pool or 'default'!r} is more than its max_jobs {limit}", USAGE)
+    table = control(path, "scale", jobs=jobs, **({"pool": args.pool} if args.pool else {}))
+    live = [r for r in table["jobs"] if r["state"] in ("pending", "running") and not r.get("retiring")
+            and (r.get("pool") or "default") == (args.pool or "default")]
+    print(f"cluster {name!r}{f', pool {args.pool}' if args.pool else ''}: target {jobs} job(s) "
+          f"({jobs * processes} worker(s)); "
           f"{sum(r['state'] == 'pending' for r in live)} pending, "
           f"{sum(r['state'] == 'running' for r in live)} running", file=out)
     if table.get("halted"):
@@ -404,10 +360,13 @@ def cmd_job_script(args, out, err) -> int:
                            "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
     name = _check_name(args.name)
     _require_job_size(cfg)
-    render_job_script(cfg, str(cluster_file_for(name)), name)     # template problems first, before any SSH
+    pools = cfg.pools()
+    if args.pool not in pools:
+        raise CommandError(f"--pool {args.pool}: no such pool; the site's pools: {', '.join(pools)}", USAGE)
+    render_job_script(cfg, str(cluster_file_for(name)), name, args.pool)   # template problems first, before any SSH
     with _notes(err):
         cfg, cluster_file, _ = for_submission(cfg, name, cluster_file_for(name), create=False)
-    print(render_job_script(cfg, cluster_file, name), file=out, end="")
+    print(render_job_script(cfg, cluster_file, name, args.pool), file=out, end="")
     return OK
 
 
@@ -496,6 +455,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up --site mylab -n 8 --name big
   hpc-cluster up --config ./site.yaml -n 2 --timeout 1800
   hpc-cluster up -n 16 --no-wait           submit and return; watch with `hpc-cluster status`
+  hpc-cluster up -n 8 --pool bigmem=1      and 1 job of the site's pool 'bigmem'
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
@@ -505,6 +465,8 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
                    help="how long to wait for the workers (default 600); the cluster stays up after")
     p.add_argument("--no-wait", action="store_true", help="return once the jobs are submitted")
+    p.add_argument("--pool", action="append", metavar="NAME=JOBS",
+                   help="jobs of the site's pool NAME to start with (repeat for several pools)")
 
     p = _sub(sub, "status", "show a cluster's jobs, workers and recent worker deaths", """\
   hpc-cluster status                       the only running cluster
@@ -521,10 +483,12 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster scale 8                      8 workers in the only running cluster
   hpc-cluster scale 0 big                  release every job of cluster 'big'
   hpc-cluster scale --jobs 3 big           3 jobs, whatever `processes` is
+  hpc-cluster scale 2 --pool bigmem        2 workers of the pool 'bigmem'
 """, cmd_scale)
     p.add_argument("n", type=int, metavar="N", help="workers (jobs with --jobs)")
     p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
     p.add_argument("--jobs", action="store_true", help="N counts jobs, not workers")
+    p.add_argument("--pool", metavar="NAME", help="scale this pool of the cluster (default: its default pool)")
 
     _sub(sub, "list", "list the running clusters (and remove stale cluster files)", """\
   hpc-cluster list
@@ -553,11 +517,13 @@ def add_cluster_commands(sub) -> None:
     p = _sub(sub, "job-script", "print the job script `up` would submit", """\
   hpc-cluster job-script
   hpc-cluster job-script --site mylab
+  hpc-cluster job-script --pool bigmem     the script of the pool 'bigmem's jobs
   hpc-cluster job-script --config ./site.yaml > job.sh && sbatch --test-only job.sh
 """, cmd_job_script)
     p.add_argument("--site", metavar="S")
     p.add_argument("--config", metavar="PATH")
     p.add_argument("--name", default=DEFAULT_NAME, help="cluster name the script would join")
+    p.add_argument("--pool", default="default", metavar="NAME", help="the script of this pool's jobs")
 
     p = _sub(sub, "down", "stop a cluster: retire workers, cancel its jobs, stop its daemon", """\
   hpc-cluster down                         the only running cluster

@@ -114,8 +114,19 @@ def _remove_leftovers(name: str) -> list[Path]:
     return removed
 
 
-def _processes(name: str) -> int:
+def _processes(name: str, pool: str | None = None) -> int:
     try:
-        return int(json.loads(plan_file(name).read_text())["job"]["processes"]) or 1
+        plan = json.loads(plan_file(name).read_text())
+        job = plan["pools"][pool]["job"] if pool else plan["job"]
+        return int(job["processes"]) or 1
     except (OSError, ValueError, KeyError, TypeError):
         return 1
+
+
+def _pool_limits(name: str) -> dict[str, int | None] | None:
+    """A running cluster's pools and their max_jobs (from its plan), or None when it cannot be read."""
+    try:
+        pools = json.loads(plan_file(name).read_text()).get("pools") or {"default": {}}
+        return {pool: p.get("max_jobs") for pool, p in pools.items()}
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -110,14 +110,55 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     return text
 
 
+def pool_line(name: str, pool: dict, rows: list[dict]) -> str:
+    """'pool bigmem: 1 core(s), 64GB, walltime 1h00m, queue bigmem, max 2 jobs; target 1, 1 in the queue, 1 worker(s)'."""
+    live = [r for r in rows if r.get("state") in LIVE]
+    spec = [f"{pool.get('cores')} core(s)", mem(pool.get("memory")), f"walltime {dur(pool.get('walltime'))}"]
+    if (pool.get("processes") or 1) > 1:
+        spec.insert(1, f"{pool['processes']} workers per job")
+    if pool.get("queue"):
+        spec.append(f"queue {pool['queue']}")
+    if pool.get("max_jobs") is not None:
+        spec.append(f"max {pool['max_jobs']} job(s)")
+    if pool.get("escalation_only"):
+        spec.append("escalation only")
+    state = [f"target {pool.get('target')}", f"{len(live)} in the queue",
+             f"{sum(len(r.get('workers') or []) for r in live)} worker(s)"]
+    if pool.get("demand_jobs"):
+        state.append(f"work waiting for {pool['demand_jobs']} job(s)")
+    adaptive = pool.get("adaptive")
+    if adaptive:
+        state.append(f"adaptive {adaptive[0]}..{'no limit' if adaptive[1] is None else adaptive[1]} jobs")
+    return f"pool {name}: {', '.join(spec)}; {', '.join(state)}"
+
+
+def pools_tables(table: dict, max_finished: int = 10) -> str:
+    """The jobs grouped by pool, each under its pool's line (the daemon's table, deploy/pools.py)."""
+    pools = table.get("pools") or {}
+    rows = table.get("jobs") or []
+    parts = []
+    for name, pool in pools.items():
+        mine = [r for r in rows if (r.get("pool") or "default") == name]
+        parts.append(pool_line(name, pool, mine) + "\n" + indent(jobs_table(mine, max_finished)))
+    return "\n\n".join(parts)
+
+
+def indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
 def print_deaths(deaths: list[dict], out, detail: bool, tail: int = 20) -> None:
     for d in deaths:
         who = d.get("name") or d.get("worker") or "?"
         blame = d.get("blame")
         blamed = "blamed on its task" if blame else ("not blamed" if blame is not None else "blame ?")
         line = f"  {fmt_clock(d.get('time'))}  {who}  {d.get('cause', 'unknown')}  {blamed}"
+        if d.get("pool") and d["pool"] != "default":
+            line += f"  (pool {d['pool']})"
         if not detail:
             print(f"{line}  {d.get('text') or ''}".rstrip(), file=out)
+            for text in _escalations(d):
+                print(f"      -> {text}", file=out)
             continue
         print(f"\n{line}", file=out)
         where = [f"address {d['worker']}"] if d.get("worker") and d.get("worker") != who else []
@@ -129,6 +170,8 @@ def print_deaths(deaths: list[dict], out, detail: bool, tail: int = 20) -> None:
             print(f"    {d['text']}", file=out)
         if d.get("advice"):
             print(f"    what to do: {d['advice']}", file=out)
+        for text in _escalations(d):
+            print(f"    escalation: {text}", file=out)
         if d.get("executing"):
             print(f"    executing: {', '.join(map(str, d['executing']))}", file=out)
         queued = [k for k in d.get("processing") or [] if k not in (d.get("executing") or [])]
@@ -146,6 +189,15 @@ def print_deaths(deaths: list[dict], out, detail: bool, tail: int = 20) -> None:
             print(f"    last {len(log)} log line(s):", file=out)
             for ln in log:
                 print(f"      | {str(ln).rstrip()}", file=out)
+
+
+def _escalations(d: dict) -> list[str]:
+    """A death's `escalation` text (the scheduler's: "attempt 2 on bigmem (64 GB) after ..."),
+    one string or a list of them."""
+    esc = d.get("escalation")
+    if not esc:
+        return []
+    return [str(e) for e in esc] if isinstance(esc, (list, tuple)) else [str(esc)]
 
 
 def tail_lines(path, n: int) -> list[str]:

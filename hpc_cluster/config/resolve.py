@@ -18,6 +18,7 @@ from ..units import UnitError, format_memory, format_walltime, parse_walltime
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
 from .jobqueue import (BATCH_ONLY, DEPRECATED, deprecation_message, jobqueue_layer,
                        scheduler_option_notes)
+from .pools import Pool, resolve_pools
 from .schema import OPTION_BY_NAME, OPTIONS, ConfigError, Option, canonical_key, did_you_mean, parse_value
 
 ENV_PREFIX = "HPC_CLUSTER_"
@@ -124,6 +125,13 @@ class ResolvedConfig:
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
 
+    def pools(self) -> dict[str, Pool]:
+        """Each pool's full settings ("default", the cluster's own, first); config/pools.py."""
+        try:
+            return resolve_pools(self.values, self.raw, self.sources, self.values.get("batch"))
+        except ValueError as e:
+            raise ConfigError(f"{e} ({self.sources.get('pools', 'pools')})") from None
+
     def table(self) -> str:
         """A readable table: key, value as written (and parsed, where that differs), source."""
         rows = [("key", "value", "source")]
@@ -220,10 +228,12 @@ def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
             merged[option] = entry
     finish(merged, batch, environ)
     notes += scheduler_option_notes(merged["scheduler_options"].value or {})
-    return ResolvedConfig(site=chosen, values={k: e.value for k, e in merged.items()},
-                          raw={k: e.raw for k, e in merged.items()},
-                          sources={k: e.source for k, e in merged.items()},
-                          files=[f.path for f in files], site_source=why, notes=notes)
+    resolved = ResolvedConfig(site=chosen, values={k: e.value for k, e in merged.items()},
+                              raw={k: e.raw for k, e in merged.items()},
+                              sources={k: e.source for k, e in merged.items()},
+                              files=[f.path for f in files], site_source=why, notes=notes)
+    resolved.pools()                         # a pool's walltime or split is checked now, not at submission
+    return resolved
 
 
 def renamed_keywords(renamed: Mapping[str, Any]) -> dict[str, Entry]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..units import UnitError, parse_memory, parse_walltime
+from .pools import ESCALATE_DEFAULTS, PoolKeyError, check_escalate, check_pools
 
 class ConfigError(ValueError):
     """One or more problems in config files, environment variables or keyword arguments."""
@@ -233,6 +234,13 @@ def _ssh(key, v):
     return out
 
 
+def _pools(key, v):
+    try:
+        return check_pools(key, v, OPTION_BY_NAME, canonical_key)
+    except PoolKeyError as e:
+        raise _LineError(str(e), e.line) from None
+
+
 # ---------------------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -312,7 +320,14 @@ OPTIONS: tuple[Option, ...] = (
            "(dask's own config files are read too)", example="~/.config/dask/jobqueue.yaml"),
     Option("config_name", "str", _one_line, None, "which jobqueue.<NAME> section of dask's configuration "
            "to read; unset: the batch system's (slurm, pbs)", example="slurm"),
+    Option("pools", "map", _pools, {}, "extra worker pools, each the cluster's job spec with what it names "
+           "changed (cores, memory, processes, walltime, queue, account, job_extra_directives, ...) plus "
+           "max_jobs, escalation_only, resources and n_workers/jobs to start with; docs/pools-and-retries.md",
+           example={"bigmem": {"memory": "64GB", "queue": "bigmem", "max_jobs": 2}}),
     # Scheduler and nanny knobs: valid in a site and in top-level `settings`.
+    Option("escalate", "map", check_escalate, dict(ESCALATE_DEFAULTS), "retry by cause: a task charged for "
+           "memory (memory) or cut by walltime again and again (walltime) moves to a pool with margin x its "
+           "observed peak memory, or more time", "both"),
     Option("allowed_failures", "int >= 0", _int(0), 3, "worker deaths a task may cause before it is failed", "both"),
     Option("heartbeat_interval", "seconds", _seconds(False), 0.5, "seconds between a worker's heartbeats", "both"),
     Option("heartbeat_ttl", "seconds", _seconds(False), 5,

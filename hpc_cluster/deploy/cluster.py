@@ -29,6 +29,7 @@ from ..adapters import get_adapter
 from ..adapters.base import JobSpec
 from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
 from ..config.jobqueue import DEPRECATED
+from ..config.pools import DEFAULT_POOL
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
@@ -71,7 +72,9 @@ class Adaptive:
         self.cluster, self.policy = cluster, policy
 
     def stop(self):
-        return self.cluster._op(lambda: control(self.cluster.cluster_file, "adapt", stop=True))
+        pool = self.policy.get("pool")
+        return self.cluster._op(lambda: control(self.cluster.cluster_file, "adapt", stop=True,
+                                                **({"pool": pool} if pool else {})))
 
     def __repr__(self) -> str:
         return f"<Adaptive {self.policy}>"
@@ -106,6 +109,13 @@ JOB_PARAMETERS = """
         As in dask-jobqueue; see docs/migrating-from-dask-jobqueue.md
     site, config : str
         hpc-cluster's site and config file (docs/configuration.md)
+    pools : dict
+        Extra worker pools, each the cluster's job spec with what it names changed, e.g.
+        {"bigmem": {"memory": "64GB", "queue": "bigmem", "max_jobs": 2}}; a pool also takes
+        max_jobs, escalation_only, resources and n_workers/jobs to start with
+        (docs/pools-and-retries.md). scale(), adapt() and job_script() take pool=
+    escalate : dict
+        Retry by cause: {"memory": True, "walltime": True, "margin": 1.5} (the defaults)
 """
 
 
@@ -170,6 +180,7 @@ class JobQueueCluster:
         self.id = f"{_NAME_SAFE.sub('-', self.name).strip('-.') or 'cluster'}-{uuid.uuid4().hex[:6]}"
         self.cluster_file: Path = cluster_file_for(self.id)
         self.processes = v["processes"]
+        self.pools = cfg.pools()               # name -> config/pools.py's Pool, "default" first
         self.asynchronous = bool(asynchronous)
         self.loop = loop                      # accepted for dask's signature; nothing runs on it
         self.status = Status.created
@@ -178,6 +189,7 @@ class JobQueueCluster:
         self.security = None                  # protocol/tls.py's Security once started, with security=
         self._proc: subprocess.Popen | None = None
         self._job: dict | None = None
+        self._pool_jobs: dict[str, dict] = {}
         self._starting: asyncio.Future | None = None
         self._pending: list[asyncio.Future] = []
         self._dashboard_noted = False
@@ -230,7 +242,9 @@ class JobQueueCluster:
         except BaseException:
             self.status = Status.failed
             raise
-        self._job = json.loads((path.parent / f".{self.id}.plan.json").read_text())["job"]
+        plan = json.loads((path.parent / f".{self.id}.plan.json").read_text())
+        self._job = plan["job"]
+        self._pool_jobs = {name: p["job"] for name, p in (plan.get("pools") or {}).items()}
         info = read_cluster_file(path)
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
@@ -267,14 +281,29 @@ class JobQueueCluster:
         return task
 
     # -- the dask-jobqueue surface ---------------------------------------------------------
-    def _spec(self) -> JobSpec:
-        if self._job is not None:             # what the jobs get (with ssh: the login node's paths)
-            return JobSpec(**self._job)
-        return job_spec(self.config, str(self.cluster_file), self.name)
+    def _pool(self, pool: str | None) -> str:
+        name = pool or DEFAULT_POOL
+        if name not in self.pools:
+            raise ValueError(f"no pool named {name!r}; this cluster's pools: {', '.join(self.pools)} "
+                             "(add one with pools={...})")
+        return name
 
-    def job_script(self) -> str:
-        """The script each job runs (with ssh: the paths on the login node)."""
-        return get_adapter(self.batch).render(self._spec())
+    def _processes(self, pool: str | None) -> int:
+        if pool in (None, DEFAULT_POOL):
+            return self.processes
+        return self.pools[self._pool(pool)].values["processes"] or 1
+
+    def _spec(self, pool: str | None = None) -> JobSpec:
+        pool = self._pool(pool)
+        if pool in self._pool_jobs:           # what the jobs get (with ssh: the login node's paths)
+            return JobSpec(**self._pool_jobs[pool])
+        if self._job is not None and pool == DEFAULT_POOL:
+            return JobSpec(**self._job)
+        return job_spec(self.config, str(self.cluster_file), self.name, pool)
+
+    def job_script(self, pool: str | None = None) -> str:
+        """The script each job runs (of `pool`; with ssh: the paths on the login node)."""
+        return get_adapter(self.batch).render(self._spec(pool))
 
     @property
     def job_header(self) -> str:
@@ -285,10 +314,14 @@ class JobQueueCluster:
     def job_name(self) -> str:
         return self.config.values["job_name"]
 
-    def _jobs_for(self, n: int | None, jobs: int, memory: Any, cores: int | None) -> int:
-        v = self.config.values
+    def _jobs_for(self, n: int | None, jobs: int, memory: Any, cores: int | None, pool: str | None = None) -> int:
+        if pool in (None, DEFAULT_POOL):
+            v, processes = self.config.values, self.processes
+        else:
+            v = self.pools[pool].values
+            processes = v["processes"] or 1
         if n is not None:
-            jobs = math.ceil(n / self.processes)
+            jobs = math.ceil(n / processes)
         if memory is not None:
             try:
                 wanted = 0 if str(memory).strip().rstrip("BbKkMmGgTtIi ").strip() in ("0", "0.0") \
@@ -302,37 +335,51 @@ class JobQueueCluster:
             raise ValueError(f"scale(): {jobs} jobs; give numbers >= 0")
         return int(jobs)
 
-    def scale(self, n: int | None = None, jobs: int = 0, memory: Any = None, cores: int | None = None):
+    def scale(self, n: int | None = None, jobs: int = 0, memory: Any = None, cores: int | None = None,
+              pool: str | None = None):
         """Scale to `n` workers (rounded up to whole jobs of `processes`), or `jobs` jobs, or
-        enough jobs for `memory` in total or `cores` in total; dask-jobqueue's meanings."""
-        target = self._jobs_for(n, jobs, memory, cores)
-        return self._op(lambda: control(self.cluster_file, "scale", jobs=target))
+        enough jobs for `memory` in total or `cores` in total; dask-jobqueue's meanings. With
+        `pool`, that pool's jobs (default: the cluster's own, pool "default")."""
+        pool = self._pool(pool)
+        target = self._jobs_for(n, jobs, memory, cores, pool)
+        limit = self.pools[pool].max_jobs
+        if limit is not None and target > limit:
+            raise ValueError(f"scale(): {target} job(s) of pool {pool!r} is more than its max_jobs={limit}; "
+                             f"ask for fewer or raise max_jobs in pools={{{pool!r}: {{'max_jobs': ...}}}}")
+        extra = {} if pool == DEFAULT_POOL else {"pool": pool}
+        return self._op(lambda: control(self.cluster_file, "scale", jobs=target, **extra))
 
     def adapt(self, minimum: int = 0, maximum: float | None = math.inf, minimum_jobs: int | None = None,
               maximum_jobs: int | None = None, interval: Any = "1s", wait_count: int = 3,
               target_duration: Any = "5s", minimum_cores: int | None = None, maximum_cores: int | None = None,
-              minimum_memory: Any = None, maximum_memory: Any = None, **unknown) -> Adaptive:
+              minimum_memory: Any = None, maximum_memory: Any = None, pool: str | None = None,
+              **unknown) -> Adaptive:
         """Size the cluster to the queued work, between `minimum` and `maximum` workers (or
         jobs, cores, memory), as dask's Adaptive does: up at once, down after `wait_count`
         decisions `interval` apart agree; `target_duration` is how long the queued work should
-        take. Workers are counted in whole jobs of `processes`."""
+        take. Workers are counted in whole jobs of `processes`. With `pool`, that pool is sized
+        to the work that would go to it."""
         if unknown:
             raise ValueError(f"adapt() got an unexpected keyword argument {next(iter(unknown))!r}")
-        lo = math.ceil(minimum / self.processes) if minimum else 0
-        hi = None if maximum is None or maximum == math.inf else math.floor(maximum / self.processes)
+        pool = self._pool(pool)
+        processes = self._processes(pool)
+        lo = math.ceil(minimum / processes) if minimum else 0
+        hi = None if maximum is None or maximum == math.inf else math.floor(maximum / processes)
         if minimum_jobs is not None:
             lo = int(minimum_jobs)
         if maximum_jobs is not None:
             hi = int(maximum_jobs)
         if minimum_cores is not None or minimum_memory is not None:
-            lo = max(lo, self._jobs_for(None, 0, minimum_memory, minimum_cores))
+            lo = max(lo, self._jobs_for(None, 0, minimum_memory, minimum_cores, pool))
         if maximum_cores is not None or maximum_memory is not None:
-            cap = self._jobs_for(None, 0, maximum_memory, maximum_cores)
+            cap = self._jobs_for(None, 0, maximum_memory, maximum_cores, pool)
             hi = cap if hi is None else min(hi, cap)
         if hi is not None and hi < lo:
             raise ValueError(f"adapt(): a minimum of {lo} job(s) is above the maximum of {hi}")
         policy = {"minimum": lo, "maximum": hi, "interval": _seconds(interval, "interval"),
                   "wait_count": int(wait_count), "target_duration": _seconds(target_duration, "target_duration")}
+        if pool != DEFAULT_POOL:
+            policy["pool"] = pool
         self._op(lambda: control(self.cluster_file, "adapt", **policy))
         return Adaptive(self, **policy)
 

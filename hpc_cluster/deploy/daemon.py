@@ -20,13 +20,12 @@ import sys
 from pathlib import Path
 
 from ..adapters import get_adapter
-from ..adapters.base import JobSpec
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
 from ..scheduler.server import Scheduler
-from .jobs import JobManager
+from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
 
 logger = logging.getLogger("hpc_cluster.daemon")
@@ -56,19 +55,23 @@ async def run(plan: dict) -> int:
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
     if security is not None:                   # the workers and clients that read the file use it
         meta["tls"] = security.to_dict()
-    jm = JobManager(sched, adapter, JobSpec(**plan["job"]), poll_interval=plan.get("poll_interval", 2.0),
-                    max_jobs_in_queue=plan.get("max_jobs_in_queue"), lifetime=plan.get("job_lifetime"),
-                    startup_failures=plan.get("startup_failures", 3),
-                    # Without a log_directory the batch system writes job logs where it was
-                    # asked to submit: our cwd, or the login node's over SSH.
-                    submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
-    sched.deaths.source = jm               # accounting and job logs for the diagnosis
+    pools = plan.get("pools") or {"default": {"job": plan["job"], "job_lifetime": plan.get("job_lifetime"),
+                                              "n_jobs": plan.get("n_jobs", 0)}}
+    meta["pools"] = {name: {"processes": p["job"].get("processes", 1), "max_jobs": p.get("max_jobs")}
+                     for name, p in pools.items()}
+    jm = PoolManager(sched, adapter, pools, poll_interval=plan.get("poll_interval", 2.0),
+                     max_jobs_in_queue=plan.get("max_jobs_in_queue"), startup_failures=plan.get("startup_failures", 3),
+                     # Without a log_directory the batch system writes job logs where it was
+                     # asked to submit: our cwd, or the login node's over SSH.
+                     submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
+    announce(sched.state, pools, plan.get("escalate"))   # placement and escalation by pool (issue 15)
+    sched.deaths.source = jm               # accounting and job logs for the diagnosis (every pool's jobs)
     sched.expecting_workers = lambda: bool(jm.active())
     meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
 
     async def scale(msg):
-        return await jm.scale(int(msg["jobs"]))
+        return await jm.scale(int(msg["jobs"]), msg.get("pool"))
 
     async def jobs(msg):
         await jm.poll_once()                   # what the batch system says now, not a guess
@@ -81,9 +84,9 @@ async def run(plan: dict) -> int:
 
     async def adapt(msg):
         if msg.get("stop"):
-            jm.stop_adapting()
+            jm.stop_adapting(msg.get("pool"))
         else:
-            jm.adapt(int(msg["minimum"]), None if msg.get("maximum") is None else int(msg["maximum"]),
+            jm.adapt(int(msg["minimum"]), None if msg.get("maximum") is None else int(msg["maximum"]), msg.get("pool"),
                      interval=float(msg.get("interval") or 1.0), wait_count=int(msg.get("wait_count") or 3),
                      target_duration=float(msg.get("target_duration") or 5.0))
         return jm.table()
@@ -108,8 +111,9 @@ async def run(plan: dict) -> int:
     if plan.get("owner_pid"):
         asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
     await jm.start()
-    if plan.get("n_jobs"):
-        await jm.scale(int(plan["n_jobs"]))
+    for name, p in pools.items():
+        if p.get("n_jobs"):
+            await jm.scale(int(p["n_jobs"]), name)
     logger.info("cluster %s up at %s (%s)", plan["name"], address, plan["batch"])
     await stop.wait()
     await jm.close()

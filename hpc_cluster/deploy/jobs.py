@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import math
 import time
 from dataclasses import dataclass
 
 from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+from ..config.pools import DEFAULT_POOL
 from ..scheduler.placement import workload
 from .remote import job_logs
 
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
+DEMAND_WAIT_COUNT = 3          # rounds in a row without demand before a pool's idle jobs go (as adapt's)
+# placement.workload(state, pool=...) once the scheduler knows pools; before, the whole queue.
+_WORKLOAD_BY_POOL = "pool" in inspect.signature(workload).parameters
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -59,11 +64,38 @@ class AdaptPolicy:
     target_duration: float = 5.0           # size the cluster to finish the queued work in about this
 
 
+async def poll_forever(owner) -> None:
+    """Every poll_interval: the batch system's states, then the jobs brought in line (a
+    JobManager's, or deploy/pools.py's PoolManager's for every pool at once)."""
+    while True:
+        try:
+            await owner.poll_once()
+            await owner.reconcile()
+        except Exception:
+            logger.exception("job poll failed; trying again")
+        await asyncio.sleep(owner.poll_interval)
+
+
+async def read_statuses(adapter: BatchAdapter, ids: list[str]) -> dict | None:
+    """The queue's word on `ids` (one batch command), or None when there are none or it failed."""
+    if not ids:
+        return None
+    try:
+        return await asyncio.to_thread(adapter.status, ids)
+    except BatchError as exc:
+        logger.warning("could not read job states: %s", exc)
+        return None
+
+
 class JobManager:
     def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll_interval: float = 2.0,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
-                 submit_directory: str | None = None, lifetime: float | None = None):
+                 submit_directory: str | None = None, lifetime: float | None = None,
+                 pool: str = DEFAULT_POOL, max_jobs: int | None = None, pools=None):
         self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
+        # One pool's jobs. `pools` (deploy/pools.py) is the cluster's set of them when there are
+        # several: it hands out job indices, counts the queue and merges halts across pools.
+        self.pool, self.max_jobs, self.pools = pool, max_jobs, pools
         # A job's span: its walltime, or sooner its workers' --lifetime (without restart).
         self.job_span = min(spec.walltime, lifetime) if lifetime else spec.walltime
         self.poll_interval = poll_interval
@@ -72,7 +104,9 @@ class JobManager:
         self.clock = clock
         self.submit_directory = submit_directory   # where batch commands run (their cwd)
         self.jobs: dict[str, Job] = {}
-        self.target = 0
+        self.target = 0                       # the jobs we keep: scale()'s, adapt's or the demand's
+        self.scaled = 0                       # what scale() asked for
+        self.demand_seen = False              # jobs were started for the scheduler's pool_demand()
         self.errors: list[SubmitError] = []
         self.failed_starts = 0                # jobs in a row that ended before a worker joined
         self.halted: str | None = None        # why we stopped submitting
@@ -110,7 +144,7 @@ class JobManager:
                 "submitted": j.submitted, "started": j.started, "ended": j.ended,
                 "uptime": (now - j.started) if j.started and not j.ended else None,
                 "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
-                "memory": self.spec.memory, "retiring": j.retiring, "index": j.index,
+                "memory": self.spec.memory, "retiring": j.retiring, "index": j.index, "pool": self.pool,
                 # what its workers use now (their last reports), results spilled to disk, paused
                 "memory_used": (sum(w.memory.get("rss", 0) for w in wstates)
                                 if any("rss" in w.memory for w in wstates) else None),
@@ -129,7 +163,11 @@ class JobManager:
     async def scale(self, jobs: int) -> dict:
         if jobs < 0:
             raise ValueError(f"cannot scale to {jobs} jobs; give a number >= 0")
-        self.target = int(jobs)
+        if self.max_jobs is not None and jobs > self.max_jobs:
+            raise ValueError(f"cannot scale pool {self.pool!r} to {jobs} jobs: its max_jobs is {self.max_jobs} "
+                             f"(raise max_jobs in pools={{{self.pool!r}: {{'max_jobs': ...}}}})")
+        self.target = self.scaled = int(jobs)
+        self._lower_rounds = 0
         self.stop_adapting()                  # an explicit size ends adapt()
         if self.halted and jobs > len(self.active()):
             logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
@@ -180,19 +218,55 @@ class JobManager:
                 logger.exception("adapt: could not resize; trying again")
             await asyncio.sleep(self.adaptive.interval if self.adaptive else 0)
 
+    def threads_per_job(self) -> int:
+        processes = max(1, self.spec.processes)
+        return max(1, self.spec.cores // processes) * processes
+
+    def demand_jobs(self) -> int:
+        """Jobs this pool needs for the work only it can run (the scheduler's pool_demand():
+        threads per pool); 0 while the scheduler has no such call. The default pool is sized
+        by scale() and adapt() alone, as without pools: its demand would be every queued
+        task's, and it has no max_jobs to bound that."""
+        if self.pool == DEFAULT_POOL:
+            return 0
+        demand = getattr(self.scheduler.state, "pool_demand", None)
+        threads = (demand() or {}).get(self.pool, 0) if callable(demand) else 0
+        return math.ceil(threads / self.threads_per_job()) if threads > 0 else 0
+
+    def busy_jobs(self) -> int:
+        """Active jobs with a task processing on one of their workers."""
+        workers, state = self.workers_of(), self.scheduler.state
+        return sum(1 for j in self.active()
+                   if any(state.workers[a].processing for a in workers.get(j.job_id, []) if a in state.workers))
+
     def desired(self) -> int:
-        """How many (non-expiring) jobs we want now: the target, or adapt()'s choice."""
+        """How many (non-expiring) jobs we want now: the target, or adapt()'s choice, raised
+        to what the pool's demand needs (within max_jobs)."""
         policy = self.adaptive
-        if not policy:
-            return self.target
-        threads = max(1, self.spec.cores)
-        seconds = workload(self.scheduler.state)
-        want = math.ceil(seconds / (policy.target_duration * threads))
-        want = max(policy.minimum, want if policy.maximum is None else min(policy.maximum, want))
-        # Up at once, down only when several decisions agree: no submit/cancel churn.
+        if policy:
+            threads = max(1, self.spec.cores)
+            seconds = workload(self.scheduler.state, pool=self.pool) if _WORKLOAD_BY_POOL else \
+                workload(self.scheduler.state)
+            want = math.ceil(seconds / (policy.target_duration * threads))
+            want = max(policy.minimum, want if policy.maximum is None else min(policy.maximum, want))
+        else:
+            want = self.scaled
+        demand = self.demand_jobs()
+        if demand:
+            self.demand_seen = True
+        if self.demand_seen:
+            # Jobs started for demand stay while they run its tasks; idle ones go after the cooldown.
+            busy = self.busy_jobs()
+            want = max(want, demand, busy)
+            if not demand and not busy:
+                self.demand_seen = False
+        if self.max_jobs is not None:
+            want = min(want, self.max_jobs)
+        # Up at once, down only when several decisions agree: no submit/cancel churn. An
+        # explicit scale() lowers the target itself, at once.
         if want < self.target:
             self._lower_rounds += 1
-            if self._lower_rounds < policy.wait_count:
+            if self._lower_rounds < (policy.wait_count if policy else DEMAND_WAIT_COUNT):
                 return self.target
         self._lower_rounds = 0
         self.target = want
@@ -210,14 +284,19 @@ class JobManager:
             elif len(current) > desired:
                 await self._shrink(len(current) - desired, current)
 
+    def in_queue(self) -> int:
+        return sum(1 for j in self.jobs.values() if not j.final)
+
     async def _submit(self, n: int) -> None:
         if self.max_jobs_in_queue is not None:
             # Sites limit jobs in the queue whatever their state (SLURM's MaxSubmitJobs counts
-            # pending and running ones), so count every job of ours not finished yet.
-            in_queue = sum(1 for j in self.jobs.values() if not j.final)
+            # pending and running ones), so count every job of ours (every pool's) not finished yet.
+            in_queue = self.pools.in_queue() if self.pools else self.in_queue()
             n = min(n, max(0, self.max_jobs_in_queue - in_queue))
+        if self.max_jobs is not None:
+            n = min(n, max(0, self.max_jobs - len(self.active())))
         for _ in range(n):
-            index = self._next_index
+            index = self.pools.next_index() if self.pools else self._next_index
             script = self.adapter.render(self.spec.replace(worker_index=index))
             try:
                 job_id = await asyncio.to_thread(self.adapter.submit, script)
@@ -227,9 +306,9 @@ class JobManager:
                 if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
                     self._halt(f"3 submissions failed in a row; last: {exc}")
                 return
-            self._next_index += 1
+            self._next_index = index + 1
             self.jobs[job_id] = Job(job_id, self.clock(), index=index)
-            logger.info("submitted job %s (workers' index %d)", job_id, index)
+            logger.info("submitted job %s of pool %s (workers' index %d)", job_id, self.pool, index)
 
     async def _shrink(self, n: int, candidates: list[Job]) -> None:
         """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""
@@ -261,7 +340,7 @@ class JobManager:
         if self._poller:
             self._poller.cancel()
         self.stop_adapting()
-        self.target = 0
+        self.target = self.scaled = 0
         live = [j for j in self.jobs.values() if not j.final]
         for j in live:
             j.retiring = True
@@ -285,13 +364,7 @@ class JobManager:
 
     # -- watching ------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
-        while True:
-            try:
-                await self.poll_once()
-                await self.reconcile()
-            except Exception:
-                logger.exception("job poll failed; trying again")
-            await asyncio.sleep(self.poll_interval)
+        await poll_forever(self)
 
     def _mark_registered(self) -> None:
         """Jobs whose worker joined: alive now, or already dead (between two polls a worker
@@ -302,15 +375,17 @@ class JobManager:
             if jid in self.jobs:
                 self.jobs[jid].registered = True
 
+    def unfinished(self) -> list[str]:
+        return [j.job_id for j in self.jobs.values() if not j.final]
+
     async def poll_once(self) -> None:
-        ids = [j.job_id for j in self.jobs.values() if not j.final]
-        if not ids:
-            return
-        try:
-            statuses = await asyncio.to_thread(self.adapter.status, ids)
-        except BatchError as exc:
-            logger.warning("could not read job states: %s", exc)
-            return
+        ids = self.unfinished()
+        statuses = await read_statuses(self.adapter, ids)
+        if statuses is not None:
+            self.apply_statuses(ids, statuses)
+
+    def apply_statuses(self, ids: list[str], statuses: dict) -> None:
+        """What the batch system said of our unfinished jobs `ids` (one status call may serve every pool)."""
         self._mark_registered()               # after the (slow) status call: judged on the latest
         now = self.clock()
         for jid in ids:
@@ -375,8 +450,11 @@ class JobManager:
         worker is left to run instead of letting it wait forever."""
         self.halted = reason
         if reason:
-            logger.error(reason)
-        self.scheduler.halt(reason)
+            logger.error(reason if self.pool == DEFAULT_POOL else f"pool {self.pool}: {reason}")
+        if self.pools:
+            self.pools.halted_changed()
+        else:
+            self.scheduler.halt(reason)
 
     async def _report_startup_failure(self, job_id: str) -> None:
         try:

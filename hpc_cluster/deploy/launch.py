@@ -8,6 +8,7 @@ SLURMCluster(...), or detached under `hpc-cluster up`: the very same process eit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +28,8 @@ from ..protocol.secret import (cluster_file_for, new_secret, open_private, priva
                                write_cluster_file)
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
-from ..worker.flags import memory_fraction_args
+from ..config.pools import DEFAULT_POOL
+from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -72,22 +74,22 @@ def worker_name_prefix(name: str) -> str:
     return name
 
 
-def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str) -> str:
+def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str, pool: str = DEFAULT_POOL) -> str:
     """The command a job runs: its worker(s), each under a nanny unless nanny=False.
 
     The flags and their order are dask-jobqueue's (name, threads, memory per process,
     processes, nanny, death timeout, local directory, then the user's worker_extra_args, which
     win over ours); the scheduler's address and secret come from the cluster file. Workers
     are named NAME-<index of the job in this cluster>, and NAME-<index>-<i> with several
-    processes per job, as dask-jobqueue names them.
+    processes per job, as dask-jobqueue names them. A pool's workers (other than the
+    default pool's) are told their pool with --pool NAME.
     """
     v = cfg.values
     processes = v["processes"]
     nthreads = max(1, v["cores"] // processes)
-    memory_limit = v["memory_limit"] or v["memory"] // processes
     head = [shell_word(worker_python(cfg)), "-m", "hpc_cluster.worker", "--cluster-file", shlex.quote(cluster_file),
             "--name", double_quoted(worker_name_prefix(name) + "-")[:-1] + '${HPC_CLUSTER_WORKER_INDEX:-0}"']
-    args = ["--nthreads", str(nthreads), "--memory-limit", format_bytes(memory_limit).replace(" ", "")]
+    args = ["--nthreads", str(nthreads), "--memory-limit", memory_limit_flag(v)]
     if processes > 1:
         args += ["--nworkers", str(processes)]
     args.append("--nanny" if v["nanny"] else "--no-nanny")
@@ -102,13 +104,35 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str) -> str:
     args += ["--heartbeat-interval", f"{v['heartbeat_interval']:g}",
              *memory_fraction_args(v),
              "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
+    if pool != DEFAULT_POOL:
+        args += ["--pool", pool]
     args += list(v["worker_extra_args"])
     return " ".join(head) + " " + shlex.join(args)
 
 
-def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> JobSpec:
+def pool_config(cfg: ResolvedConfig, pool: str = DEFAULT_POOL) -> ResolvedConfig:
+    """`cfg` as one pool's jobs see it: the cluster's settings with the pool's changes."""
+    if pool == DEFAULT_POOL:
+        return cfg
+    pools = cfg.pools()
+    if pool not in pools:
+        raise ConfigError(unknown_pool(pool, pools))
+    return dataclasses.replace(cfg, values=pools[pool].values)
+
+
+def unknown_pool(pool: str, pools) -> str:
+    return f"no pool named {pool!r}; this cluster's pools: {', '.join(pools)} (pools= or the site's `pools:`)"
+
+
+def memory_limit_flag(v: dict) -> str:
+    """The workers' --memory-limit: memory_limit, or the job's memory / processes, as dask-jobqueue writes it."""
+    return format_bytes(v["memory_limit"] or (v["memory"] or 0) // v["processes"]).replace(" ", "")
+
+
+def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool: str = DEFAULT_POOL) -> JobSpec:
+    cfg = pool_config(cfg, pool)
     v = cfg.values
-    return JobSpec(worker_command=worker_command(cfg, cluster_file, name), job_name=v["job_name"],
+    return JobSpec(worker_command=worker_command(cfg, cluster_file, name, pool), job_name=v["job_name"],
                    cores=v["cores"], memory=v["memory"], processes=v["processes"], walltime=v["walltime"],
                    queue=v["queue"], account=v["account"], extra_directives=list(v["job_extra_directives"]),
                    directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
@@ -119,10 +143,11 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> Jo
                    job_mem=v["job_mem"])
 
 
-def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worker") -> str:
-    """The job script `cfg` makes; a template or value the adapter refuses is a ConfigError."""
+def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worker",
+                      pool: str = DEFAULT_POOL) -> str:
+    """The job script `cfg` makes (for `pool`); a template or value the adapter refuses is a ConfigError."""
     try:
-        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file, name))
+        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file, name, pool))
     except BatchError as e:
         raise ConfigError([f"site {cfg.site or '(defaults)'}: {e}"]) from None
 
@@ -187,11 +212,44 @@ def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
     return cfg, shared_cluster_file(cfg, name) or login.cluster_file(name), login.as_dict()
 
 
+def pool_table(cfg: ResolvedConfig) -> dict[str, dict]:
+    """What the scheduler is told of each pool (state.set_pools, docs/pools-and-retries.md):
+    memory per worker process (0: no limit), walltime in seconds, threads per worker,
+    workers per job, the workers' resources, max_jobs and escalation_only."""
+    out = {}
+    for name, pool in cfg.pools().items():
+        v = pool.values
+        processes = v["processes"] or 1
+        settings, _ = read_worker_args(list(v["worker_extra_args"]))
+        # What the workers register with: the --memory-limit as written (1.40GiB for 1.5 GB).
+        out[name] = {"memory": parse_bytes(memory_limit_flag(v)),
+                     "walltime": float(v["walltime"]) if v["walltime"] else None,
+                     "nthreads": max(1, (v["cores"] or 1) // processes), "processes": processes,
+                     "resources": parse_resources(settings.get("resources") or ""),
+                     "max_jobs": pool.max_jobs, "escalation_only": pool.escalation_only}
+    return out
+
+
 def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
-              worker_prefix: str | None = None) -> dict:
+              worker_prefix: str | None = None, pool_jobs: dict[str, int] | None = None) -> dict:
+    """The daemon's plan. `pool_jobs`: jobs to start per extra pool, over the pools' own
+    n_workers/jobs settings."""
     cfg, job_cluster_file, login = for_submission(cfg, name, cluster_file)
     v = cfg.values
     spec = job_spec(cfg, job_cluster_file, worker_prefix or name)
+    pools = cfg.pools()
+    for pool in pool_jobs or {}:
+        if pool not in pools:
+            raise ConfigError(unknown_pool(pool, pools))
+    table = pool_table(cfg)
+    plan_pools = {}
+    for pool_name, pool in pools.items():
+        pspec = spec if pool_name == DEFAULT_POOL else job_spec(cfg, job_cluster_file, worker_prefix or name, pool_name)
+        start = (pool_jobs or {}).get(pool_name, n_jobs if pool_name == DEFAULT_POOL else pool.start_jobs)
+        plan_pools[pool_name] = {"job": {k: getattr(pspec, k) for k in pspec.__dataclass_fields__},
+                                 "max_jobs": pool.max_jobs, "escalation_only": pool.escalation_only,
+                                 "n_jobs": start, "scheduler": table[pool_name],
+                                 "job_lifetime": job_lifetime(pool.values["worker_extra_args"])}
     return {
         "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"], "login": login,
         "cluster_file": str(cluster_file), "remote_cluster_file": job_cluster_file if v["ssh"] else None,
@@ -204,6 +262,7 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
                       "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"]},
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
+        "pools": plan_pools, "escalate": v["escalate"],
         "startup_failures": v["startup_failures"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
     }
 
@@ -241,7 +300,7 @@ def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Se
 
 def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
            timeout: float = 60.0, worker_prefix: str | None = None,
-           security=None) -> tuple[subprocess.Popen, Path]:
+           security=None, pool_jobs: dict[str, int] | None = None) -> tuple[subprocess.Popen, Path]:
     """Start a cluster daemon; return its process and cluster file once it listens. With
     `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py)."""
     if cfg.values["batch"] not in ("slurm", "pbs"):
@@ -250,7 +309,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     cluster_file = cluster_file_for(name)
     # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
     private_directory(cluster_file.parent, fix=True)
-    render_job_script(cfg, str(cluster_file), worker_prefix or name)   # a broken template fails here, not in every submit
+    for pool in cfg.pools():                  # a broken template fails here, not in every submit
+        render_job_script(cfg, str(cluster_file), worker_prefix or name, pool)
     if cluster_file.exists():
         try:
             pid = read_cluster_file(cluster_file).get("pid")
@@ -267,7 +327,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     write_cluster_file(cluster_file, "", new_secret(), name=name, **({"tls": sec.to_dict()} if sec else {}))
     plan_path = run_dir / f".{name}.plan.json"
     try:
-        plan = make_plan(cfg, name, cluster_file, n_jobs, worker_prefix)
+        plan = make_plan(cfg, name, cluster_file, n_jobs, worker_prefix, pool_jobs)
     except BaseException:
         _forget(cluster_file, tls_dir)
         raise

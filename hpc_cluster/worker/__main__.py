@@ -257,9 +257,7 @@ def main(argv=None) -> int:
     # Only the crashing thread, so it stays short enough for the log tail.
     faulthandler.enable(all_threads=False)
     tune_malloc()                          # freed results go back to the OS (worker/store.py)
-    extra = {"job_id": os.environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
-             "job_walltime": _number(os.environ.get("HPC_CLUSTER_JOB_WALLTIME")),
-             "job_start": _number(os.environ.get("HPC_CLUSTER_JOB_START")), **lifetime_info(args)}
+    extra = {**registration_info(args, os.environ), **lifetime_info(args)}
     code = run_worker(address, secret, nthreads=nthreads, memory_limit=memory_limit, name=args.name,
                       host=args.host, port=_ports(args.worker_port), resources=parse_resources(args.resources or ""),
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
@@ -275,6 +273,15 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def registration_info(args, environ) -> dict:
+    """What the worker tells the scheduler beyond its threads and memory: its job (from the
+    job script's HPC_CLUSTER_* variables), its nanny, and its pool (--pool, "default")."""
+    return {"job_id": environ.get("HPC_CLUSTER_JOB_ID") or None, "nanny_id": args.nanny_id,
+            "pool": args.pool or "default",
+            "job_walltime": _number(environ.get("HPC_CLUSTER_JOB_WALLTIME")),
+            "job_start": _number(environ.get("HPC_CLUSTER_JOB_START"))}
 
 
 def lifetime_info(args) -> dict:

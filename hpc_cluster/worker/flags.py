@@ -224,6 +224,12 @@ def _text(text: str) -> str:
     return text
 
 
+def _pool_name(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", text):
+        raise ValueError("not a pool name; pools are named with letters, digits, '_', '.' and '-' (pools= of the cluster)")
+    return text
+
+
 # -- the table -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -323,6 +329,9 @@ FLAGS: tuple[Flag, ...] = (
          metavar="ADDRESS"),
     Flag("--cluster-file", SUPPORTED, "cluster file with the scheduler's address and the secret", dask=False,
          metavar="PATH"),
+    Flag("--pool", SUPPORTED, "the worker pool this worker belongs to (the cluster's `pools`); the scheduler "
+         "places tasks that need that pool's memory, time or resources on it", _pool_name, dask=False,
+         metavar="NAME"),
     Flag("--heartbeat-interval", SUPPORTED, "seconds between heartbeats to the scheduler", _float, dask=False),
     # dask's distributed.worker.memory.target/spill/pause/terminate, as flags (false: off)
     Flag("--memory-target-fraction", SUPPORTED, "results held in memory above this fraction of "
@@ -357,7 +366,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,
             "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
             "ready_fd": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None,
-            "owner_pid": None}
+            "owner_pid": None, "pool": "default"}
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 

@@ -1,0 +1,147 @@
+"""A cluster's worker pools: one JobManager per pool (its spec, jobs, target, adapt policy,
+max_jobs) under one coordinator that the daemon talks to.
+
+The coordinator polls the batch system once for every pool's jobs, hands out job indices
+(workers are NAME-<index>, unique across pools), counts the queue for max_jobs_in_queue
+across pools, tells the scheduler of a halted pool, and is the diagnosis' evidence source
+(scheduler/evidence.py) for jobs of every pool: job ids are unique, so a job's pool is
+found from its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..adapters.base import BatchAdapter, JobSpec
+from ..config.pools import DEFAULT_POOL
+from .jobs import JobManager, poll_forever, read_statuses
+
+
+def announce(state, pools: dict[str, dict], escalate: dict | None) -> bool:
+    """Tell the scheduler's state of the pools (`state.set_pools(table, escalate)`, the table's
+    rows as launch.pool_table makes them); False when this scheduler has no such call."""
+    set_pools = getattr(state, "set_pools", None)
+    if not callable(set_pools):
+        return False
+    set_pools({name: p["scheduler"] for name, p in pools.items() if "scheduler" in p}, escalate)
+    return True
+
+
+class PoolManager:
+    def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, dict], poll_interval: float = 2.0,
+                 max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
+                 submit_directory: str | None = None):
+        """`pools`: name -> {"job": JobSpec fields, "max_jobs", "job_lifetime"} (the plan's, launch.py)."""
+        if DEFAULT_POOL not in pools:
+            raise ValueError("the pools must include 'default', the cluster's own job spec")
+        self.scheduler, self.adapter, self.clock = scheduler, adapter, clock
+        self.poll_interval = poll_interval
+        self.escalation_only = {name: bool(p.get("escalation_only")) for name, p in pools.items()}
+        self.managers: dict[str, JobManager] = {
+            name: JobManager(scheduler, adapter, JobSpec(**p["job"]), poll_interval=poll_interval,
+                             max_jobs_in_queue=max_jobs_in_queue, startup_failures=startup_failures, clock=clock,
+                             submit_directory=submit_directory, lifetime=p.get("job_lifetime"), pool=name,
+                             max_jobs=p.get("max_jobs"), pools=self)
+            for name, p in pools.items()}
+        self._index = 0
+        self._poller: asyncio.Task | None = None
+
+    # -- shared among the pools' managers ------------------------------------------------------
+    def next_index(self) -> int:
+        index = self._index
+        self._index += 1
+        return index
+
+    def in_queue(self) -> int:
+        return sum(m.in_queue() for m in self.managers.values())
+
+    def halted_changed(self) -> None:
+        reasons = [(name, m.halted) for name, m in self.managers.items() if m.halted]
+        reason = None
+        if reasons:
+            name, why = reasons[0]
+            reason = why if name == DEFAULT_POOL else f"pool {name}: {why}"
+        self.scheduler.halt(reason)
+
+    # -- views ---------------------------------------------------------------------------------
+    @property
+    def default(self) -> JobManager:
+        return self.managers[DEFAULT_POOL]
+
+    def get(self, pool: str | None) -> JobManager:
+        name = pool or DEFAULT_POOL
+        if name not in self.managers:
+            raise ValueError(f"no pool named {name!r}; this cluster's pools: {', '.join(self.managers)}")
+        return self.managers[name]
+
+    def active(self) -> list:
+        return [j for m in self.managers.values() for j in m.active()]
+
+    def owner(self, job_id: str) -> JobManager:
+        return next((m for m in self.managers.values() if str(job_id) in m.jobs), self.default)
+
+    def table(self) -> dict:
+        """The default pool's table (as without pools), with every pool's jobs (rows carry
+        "pool") and a summary per pool under "pools"."""
+        tables = {name: m.table() for name, m in self.managers.items()}
+        out = dict(tables[DEFAULT_POOL])
+        out["jobs"] = sorted((r for t in tables.values() for r in t["jobs"]), key=lambda r: r["submitted"])
+        out["target"] = sum(t["target"] for t in tables.values())
+        out["renewals"] = sum(t["renewals"] for t in tables.values())
+        out["halted"] = next((t["halted"] if name == DEFAULT_POOL else f"pool {name}: {t['halted']}"
+                              for name, t in tables.items() if t["halted"]), None)
+        out["errors"] = sorted((e for t in tables.values() for e in t["errors"]), key=lambda e: e["time"])[-5:]
+        out["pools"] = {}
+        for name, m in self.managers.items():
+            t, spec = tables[name], m.spec
+            out["pools"][name] = {
+                "target": t["target"], "adaptive": t["adaptive"], "halted": t["halted"], "max_jobs": m.max_jobs,
+                "escalation_only": self.escalation_only.get(name, False), "demand_jobs": m.demand_jobs(),
+                "cores": spec.cores, "memory": spec.memory, "processes": spec.processes,
+                "walltime": spec.walltime, "queue": spec.queue,
+                "jobs": [r["job_id"] for r in t["jobs"]]}
+        return out
+
+    # -- control -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._poller = asyncio.create_task(poll_forever(self))
+
+    async def scale(self, jobs: int, pool: str | None = None) -> dict:
+        await self.get(pool).scale(jobs)
+        return self.table()
+
+    def adapt(self, minimum: int, maximum: int | None, pool: str | None = None, **policy) -> None:
+        self.get(pool).adapt(minimum, maximum, **policy)
+
+    def stop_adapting(self, pool: str | None = None) -> None:
+        self.get(pool).stop_adapting()
+
+    async def reconcile(self) -> None:
+        for m in self.managers.values():
+            await m.reconcile()
+
+    async def poll_once(self) -> None:
+        """One status call for the unfinished jobs of every pool."""
+        ids = {name: m.unfinished() for name, m in self.managers.items()}
+        statuses = await read_statuses(self.adapter, [jid for some in ids.values() for jid in some])
+        if statuses is None:
+            return
+        for name, m in self.managers.items():
+            if ids[name]:
+                m.apply_statuses(ids[name], statuses)
+
+    async def close(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+        await asyncio.gather(*(m.close() for m in self.managers.values()))
+
+    # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) -----------
+    async def accounting(self, job_ids: list[str]) -> dict[str, dict]:
+        return await self.default.accounting(job_ids)      # one adapter serves every pool
+
+    def log_directory(self) -> str | None:
+        return self.default.log_directory()
+
+    async def log_tail(self, job_id: str, lines: int = 40) -> list[str]:
+        return await self.owner(job_id).log_tail(job_id, lines)
