@@ -16,7 +16,7 @@ _EXPORTS = {
     "futures_of": "dask_collections",
     **{name: "subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},
     **{name: "exceptions" for name in (
-        "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "TaskCrashedError",
+        "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "NoPoolError", "TaskCrashedError",
         "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},
 }
 

@@ -80,10 +80,8 @@ def test_two_pools_submit_their_own_jobs_scale_apart_and_show_grouped(slurm_clus
             table = pool_table(cluster.config)                          # what the scheduler is told
             assert workers[big_addr]["memory_limit"] == table["big"]["memory"] == 1_503_238_553   # 1.40GiB
             assert workers[small_addr]["memory_limit"] == table["default"]["memory"] == 500_002_979  # 476.84MiB
-            # The workers registered their pool (--pool); the scheduler half keeps it in the worker's
-            # info (once merged: then this holds unconditionally).
-            if "pool" in workers[big_addr]:
-                assert workers[big_addr]["pool"] == "big" and workers[small_addr]["pool"] == "default"
+            # The workers registered their pool (--pool), and the scheduler's workers table says so.
+            assert workers[big_addr]["pool"] == "big" and workers[small_addr]["pool"] == "default"
             assert client.gather(client.map(_inc, range(10))) == list(range(1, 11))
 
             status = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "status", cluster.id],
