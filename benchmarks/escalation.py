@@ -130,7 +130,8 @@ def ours(kind: str, logs: str) -> dict:
         start = 2
     since = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.monotonic()
-    with SLURMCluster(**base, pools=pools, log_directory=logs, name=name) as cluster, Client(cluster) as client:
+    with SLURMCluster(**base, pools=pools, log_directory=logs, name=name, job_name=name) as cluster, \
+            Client(cluster) as client:
         cluster.scale(start)
         futures = _submit(client, kind, {"pure": False})
         correct, failures = _collect(futures, kind)

@@ -370,3 +370,15 @@ def test_the_workers_table_and_a_job_that_never_started_name_their_pool():
     assert rows["tcp://b:1"]["reserved_memory"] == GiB and rows["tcp://a:1"]["reserved_memory"] == 0
     record = sched.deaths.job_never_started("7", None, ["ImportError: no module"], pool="bigmem")
     assert record["pool"] == "bigmem" and record["cause"] == "startup"
+
+
+def test_a_cgroup_kill_above_the_sampled_peak_says_it_ended_at_the_limit():
+    # The nanny samples at 10 Hz: an allocation of 700 MB in a 286 MiB job is killed by the
+    # kernel between two samples (SLURM, benchmarks/escalation.py: "101 of 286 MiB"). The move
+    # is sized from the limit, and says so.
+    s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
+    add(s, "d1")
+    s.update_graph("c", [task("hog")], ["hog"])
+    run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(0.5 * GiB))
+    ts = s.tasks["hog"]
+    assert ts.escalation == "attempt 2 on mid (8 GB) after memory-batch at its 4.0 GiB limit (0.5 GiB sampled)"

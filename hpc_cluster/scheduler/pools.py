@@ -92,6 +92,13 @@ def _used_of(peak, limit) -> str:
     return f"{peak / unit:.{digits}f} of {limit / unit:.{digits}f} {name}"
 
 
+def _at_limit(peak, limit) -> str:
+    """The kernel ended it at its cgroup limit, above the last peak the nanny sampled (a fast
+    allocation falls between two samples): 'its 286 MiB limit (101 MiB sampled)'."""
+    unit, name, digits = (2**30, "GiB", 1) if limit >= 2**30 else (2**20, "MiB", 0)
+    return f"its {limit / unit:.{digits}f} {name} limit ({peak / unit:.{digits}f} {name} sampled)"
+
+
 def _new_name(pools: dict, name: str) -> str:
     i = 2
     out = name
@@ -285,6 +292,7 @@ class PoolsMixin:
         basis = max(peak, limit if death["cause"] == "memory-batch" else 0) or limit
         if not basis:
             return                         # nothing known of its memory: charged as before
+        sampled_low = death["cause"] == "memory-batch" and 0 < peak < 0.9 * limit
         need = max(ts.memory, math.ceil(basis * self.escalate["margin"]))
         attempt["needed"] = need
         expected = expected_duration(ts, self.durations)
@@ -297,7 +305,7 @@ class PoolsMixin:
         target = min(holding, key=self._size) if holding else max(bigger, key=self._size)
         size = pools[target]["memory"]
         text = (f"attempt {len(ts.attempts) + 1} on {target} ({decimal_size(size)}) after {death['cause']} "
-                f"at {_used_of(peak or basis, limit)}"
+                f"at {_at_limit(peak, limit) if sampled_low else _used_of(peak or basis, limit)}"
                 + ("" if holding else f" (the largest pool; {self.escalate['margin']:g} x its peak would be "
                                       f"{decimal_size(need)})"))
         self._move(ts, attempt, target, text, memory=min(need, size) if size else need)
