@@ -80,7 +80,10 @@ def _collect(futures, kind):
             correct += f.result(timeout=max(0.1, deadline - time.monotonic())) == _expected(kind, i)
         except Exception as exc:
             timed_out = "imeout" in type(exc).__name__ or "imed out" in str(exc)
-            failures[f"unfinished after {CAP} s" if timed_out else type(exc).__name__] += 1
+            kind_ = f"unfinished after {CAP} s" if timed_out else type(exc).__name__
+            failures[kind_] += 1
+            if failures[kind_] == 1:
+                print(f"  first {kind_}: {str(exc)[:600]}", flush=True)
     return correct, failures
 
 

@@ -131,3 +131,18 @@ def test_a_result_that_is_none_travels(cluster):
     with Client(cluster) as client:
         futures = [client.submit(nothing, pure=False) for _ in range(3)]
         assert client.gather(futures, timeout=30) == [None, None, None]
+
+
+def test_a_small_result_travels_even_while_the_worker_is_at_its_memory_limit():
+    # A running task (a 700 MB allocation in a 300 MB job) holds the worker at its limit when a
+    # client asks for an earlier task's int: that used to be refused as "too large to send"
+    # and the int's future failed for good (benchmarks/escalation.py on SLURM, 1 run in 3).
+    from hpc_cluster.worker.store import ALWAYS_SENDABLE, MemoryManager
+    manager = MemoryManager(limit=300 * 2**20)
+    manager.read_rss = lambda: manager.limit             # at the limit: no headroom at all
+    assert manager.headroom()[0] == 0
+    manager.store.put("small", 42)
+    manager.store.put("big", b"x" * (2 * ALWAYS_SENDABLE))
+    data, missing, errors = manager.payloads(["small", "big"])
+    assert list(data) == ["small"] and not missing
+    assert list(errors) == ["big"] and "too large to send" in errors["big"]

@@ -389,6 +389,9 @@ class SpillStore:
             os.remove(path)
 
 
+ALWAYS_SENDABLE = 4 * 2**20     # bytes of pickle a worker sends whatever its memory
+
+
 class MemoryManager:
     """A worker's memory policy: its store, its limit and fractions, and whether it is paused.
 
@@ -442,7 +445,9 @@ class MemoryManager:
         recomputed, and the next gather killed it again)."""
         data, missing, errors = {}, [], {}
         room = self.headroom()
-        budget = None if room is None else room[0]
+        # A copy this small never decides the worker's fate: refused while a running task held
+        # the worker at its limit, a finished task's int became an error for good (on SLURM).
+        budget = None if room is None else max(room[0], ALWAYS_SENDABLE)
         for k in keys:
             try:
                 data[k] = payload = self.store.payload(k, budget)
