@@ -263,6 +263,7 @@ def main(argv=None) -> int:
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
                       limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
                       death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd),
+                      reconnect_window=args.reconnect_window, cluster_file=args.cluster_file,
                       memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
                                                             args.memory_pause_fraction,
                                                             args.memory_terminate_fraction),
