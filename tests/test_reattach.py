@@ -181,3 +181,31 @@ def test_workers_and_clients_follow_the_cluster_file_to_a_new_address(processes,
         assert [w["address"] for w in c.scheduler_info()["workers"].values()] != []
         assert held.result(timeout=30) == 40 and runs(marks, "held") == 1
     kill(second)
+
+
+def test_a_nanny_rejoins_the_restarted_scheduler_so_restart_reaches_it(processes):
+    """The nanny's own link to the scheduler comes back too: client.restart() after a scheduler
+    restart restarts the worker through its nanny (a new worker process), instead of finding a
+    worker 'without a nanny'."""
+    import warnings
+    first, address = processes.scheduler()
+    port = int(address.rsplit(":", 1)[1])
+    processes.worker(address, "--nanny", "--reconnect-window", "60")
+    with Client(address, secret=processes.secret, timeout=20) as c:
+        c.wait_for_workers(1, 30)
+        [pid] = [w["pid"] for w in c.scheduler_info()["workers"].values()]
+        kill(first)
+        second, _ = processes.scheduler(port)
+        wait_until(lambda: [w["pid"] for w in c.scheduler_info()["workers"].values()] == [pid], timeout=30,
+                   what="the worker to reattach")
+
+        def restarted_through_the_nanny() -> bool:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                c.restart(timeout=20)
+            return not caught
+        wait_until(restarted_through_the_nanny, timeout=30, what="the nanny to rejoin", interval=0.5)
+        new = wait_until(lambda: [w["pid"] for w in c.scheduler_info()["workers"].values()], what="a worker")
+        assert new != [pid]
+        assert c.submit(runs, "/", "x").result(30) == 0
+    kill(second)

@@ -250,7 +250,7 @@ def main(argv=None) -> int:
                          security=security,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory,
-                         owner_pid=args.owner_pid)
+                         owner_pid=args.owner_pid, cluster_file=args.cluster_file)
     from .run import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
