@@ -209,3 +209,35 @@ def test_a_nanny_rejoins_the_restarted_scheduler_so_restart_reaches_it(processes
         assert new != [pid]
         assert c.submit(runs, "/", "x").result(30) == 0
     kill(second)
+
+
+def test_a_client_whose_scheduler_does_not_come_back_cancels_its_futures_after_its_window(processes):
+    """Client(reconnect=2): pending futures stay pending through the outage, then are cancelled
+    saying why (not at once, and not never)."""
+    first, address = processes.scheduler()
+    with Client(address, secret=processes.secret, timeout=20, reconnect=2) as c:
+        future = c.submit(runs, "/", "never")                # no worker: it stays pending
+        wait_until(lambda: c._lt.run(c._request({"op": "counts"}), 10).get("queued") == 1, what="the task")
+        kill(first)
+        lost = time.monotonic()
+        wait_until(lambda: c.status == "reconnecting", what="the client to notice")
+        assert not future.done()
+        error = future.exception(timeout=20)
+        assert 1.5 <= time.monotonic() - lost < 15
+        assert "did not come back within 2 s" in str(error) and future.status == "cancelled"
+
+
+def test_the_reconnect_window_defaults_and_is_cut_by_the_walltime_and_lifetime():
+    from types import SimpleNamespace
+
+    from hpc_cluster.worker.reattach import deadline, reconnect_window
+    assert reconnect_window(60, None) == 600 and reconnect_window(1200, None) == 1200
+    assert reconnect_window(60, 5) == 5                      # given: as given
+    worker = SimpleNamespace(reconnect_window=600.0, extra_info={})
+    assert deadline(worker, 100.0, 1000.0) == 700.0
+    worker.extra_info = {"job_start": 900.0, "job_walltime": 300.0}     # the job ends at 1200: 200 s left
+    assert deadline(worker, 100.0, 1000.0) == 300.0
+    worker.extra_info["lifetime_end"] = 1050.0
+    assert deadline(worker, 100.0, 1000.0) == 150.0
+    worker.extra_info = {"job_start": 0.0, "job_walltime": 500.0}       # already past: give up at once
+    assert deadline(worker, 100.0, 1000.0) == 100.0
