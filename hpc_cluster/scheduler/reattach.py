@@ -63,13 +63,7 @@ class ReattachMixin:
             elif ts.state == "erred":
                 drop.append(key)
             else:
-                if ts.state == "waiting":
-                    # Done after all: nothing is awaited for it any more.
-                    for dep in ts.waiting_on:
-                        dep.waiters.discard(ts)
-                    ts.waiting_on = set()
-                    ts.state = "queued"
-                self.task_finished(address, key, int(nbytes))
+                self.task_finished(address, key, int(nbytes))     # as if it had just finished there
         for key in running:
             ts = self.tasks.get(key)
             if ts is not None and ts.state == "queued" and ts.processing_on is None:
@@ -158,7 +152,9 @@ class ReattachMixin:
                     continue
             addr = self.unclaimed_running.pop(ts.key, None)
             ws = self.workers.get(addr) if addr is not None else None
-            if ws is not None and ts.key in ws.abandoned:
+            # Adopted only if its inputs are here too (processing means they are); else its
+            # thread's result, when it comes, is taken as any worker's (task_finished).
+            if ws is not None and ts.key in ws.abandoned and all(d.state == "memory" for d in ts.dependencies):
                 ws.abandoned.discard(ts.key)
                 for dep in ts.dependencies:
                     dep.waiters.add(ts)
@@ -178,11 +174,14 @@ class ReattachMixin:
     def _adopt_held(self, key: str, cids: set) -> TaskState | None:
         """An unknown key held unclaimed by live workers becomes a result in memory (no lineage:
         lost again, it is lost data, as scattered data is)."""
+        cids = cids & self.clients                      # clients that left want nothing
+        if not cids:
+            return None
         holders = [(self.workers[a], n) for a, (n, _) in self.unclaimed.pop(key, {}).items() if a in self.workers]
         if not holders:
             return None
         ts = self.tasks[key] = TaskState(key, state="memory", nbytes=holders[0][1])
-        ts.who_wants |= cids & self.clients
+        ts.who_wants |= cids
         for ws, _ in holders:
             ts.who_has.add(ws)
             ws.has_what.add(ts)

@@ -257,6 +257,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._schedule()
             return
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
+        ts.waiting_on = set()        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
             dep.waiters.discard(ts)
         for dts in ts.dependents:
