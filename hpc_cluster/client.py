@@ -265,6 +265,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     def _flush_out(self) -> None:
         with self._lock:
             self._flush_scheduled = False
+            if self.status == "reconnecting":
+                return                       # kept for the scheduler that comes back (client_reattach.py)
             items, self._outq = self._outq, []
             msgs, release = [], []
             for item in items:

@@ -153,7 +153,9 @@ def resume(client) -> tuple[int, int]:
     with client._lock:
         specs = client._specs.pending()
         have_spec = {s["key"] for s in specs}
-        keys = [k for k in client._refs if k not in have_spec]
+        # A failed future keeps its error: the new scheduler would only call it lost.
+        keys = [k for k in client._refs if k not in have_spec
+                and getattr(client._states.get(k), "status", None) not in ("error", "cancelled")]
         wanted = [s["key"] for s in specs if client._refs.get(s["key"], 0) > 0]
         # Submissions queued during the outage are among the specs: they would go twice.
         queued = [m for m in client._outq if not (isinstance(m, dict) and m.get("op") == "update-graph")]
