@@ -112,6 +112,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                              "or connect with the cluster object or its cluster file")
         self.scheduler_address, self._secret, self.timeout = address, secret, timeout
         self.reconnect = float(reconnect)
+        self._closed_by_scheduler: str | None = None      # why, if it shut down (no reattach then)
         self._specs = SpecKeeper()                        # unfinished work, for a scheduler that lost it
         self.security = resolve_security(security)
         self._tls = self.security.client_context() if self.security else None
@@ -167,12 +168,12 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             for fut in self._replies.values():          # their answers will not come
                 if not fut.done():
                     fut.set_exception(ConnectionError("the connection to the scheduler was lost"))
-            if self.status == "running" and self.reconnect > 0:
+            if self.status == "running" and self.reconnect > 0 and not self._closed_by_scheduler:
                 self.status = "reconnecting"             # futures stay pending (client_reattach.py)
                 self._connected.clear()
                 asyncio.ensure_future(reattach_or_give_up(self))
             else:
-                self._lost("the connection to the scheduler was lost")
+                self._lost(self._closed_by_scheduler or "the connection to the scheduler was lost")
 
     def _lost(self, text: str) -> None:
         self.status = "closed" if self.status == "closing" else "disconnected"
@@ -197,6 +198,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             if st is not None and st.status == "finished":
                 st.status = "pending"
                 st.event.clear()
+        elif op == "scheduler-closed":                     # shut down, not crashed: nothing to reattach to
+            self._closed_by_scheduler = msg.get("reason") or "the scheduler was shut down"
         elif op == "cluster-halted":                       # reason None: it starts them again
             self.halted = msg.get("reason")
             if self.halted:

@@ -241,3 +241,16 @@ def test_the_reconnect_window_defaults_and_is_cut_by_the_walltime_and_lifetime()
     assert deadline(worker, 100.0, 1000.0) == 150.0
     worker.extra_info = {"job_start": 0.0, "job_walltime": 500.0}       # already past: give up at once
     assert deadline(worker, 100.0, 1000.0) == 100.0
+
+
+def test_a_scheduler_shut_down_on_purpose_ends_its_clients_futures_at_once(processes):
+    """SIGTERM is a shutdown, not a crash: the client is told, does not wait its reconnect window
+    (600 s by default) and cancels its pending futures at once, saying so."""
+    import signal
+    first, address = processes.scheduler()
+    with Client(address, secret=processes.secret, timeout=20) as c:
+        future = c.submit(runs, "/", "never")                # no worker: it stays pending
+        wait_until(lambda: c._lt.run(c._request({"op": "counts"}), 10).get("queued") == 1, what="the task")
+        first.send_signal(signal.SIGTERM)
+        error = future.exception(timeout=20)
+        assert "the scheduler was shut down" in str(error) and c.status == "disconnected"

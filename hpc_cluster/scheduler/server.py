@@ -186,12 +186,17 @@ class Scheduler:
         logger.info("scheduler listening at %s", self.address)
         return self.address
 
-    async def close(self) -> None:
+    async def close(self, restarting: bool = False) -> None:
+        """Shut down: workers leave and clients cancel their futures at once, since nobody comes
+        back. With `restarting` (a scheduler will take over: issue 16) neither is told, so both
+        reattach to the next one, as after a crash."""
         for t in (self._ttl_task, getattr(self, "_drain_task", None)):
             if t is not None:
                 t.cancel()
-        for addr in list(self.state.workers):
+        for addr in list(self.state.workers) if not restarting else ():
             self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
+        for cid in list(self.state.clients) if not restarting else ():
+            self._send_now(cid, {"op": "scheduler-closed", "reason": "the scheduler was shut down"})
         for stream in list(self.streams.values()):
             await stream.drain()
         for comm in list(self.comms.values()):
