@@ -254,3 +254,25 @@ def test_a_scheduler_shut_down_on_purpose_ends_its_clients_futures_at_once(proce
         first.send_signal(signal.SIGTERM)
         error = future.exception(timeout=20)
         assert "the scheduler was shut down" in str(error) and c.status == "disconnected"
+
+
+def test_the_client_keeps_a_spec_only_while_unfinished_work_needs_it():
+    """SpecKeeper: a wanted spec goes with its result; an intermediate of a graph stays while a
+    kept spec needs it and goes with the last of them; a finished input stays while an unfinished
+    dependent needs it (it may have to be recomputed for it)."""
+    from hpc_cluster.client_reattach import SpecKeeper
+
+    def spec(key, deps=()):
+        return {"key": key, "deps": list(deps)}
+    k = SpecKeeper()
+    k.add([spec("a"), spec("mid", ["a"]), spec("out1", ["mid"]), spec("out2", ["mid"])], ["a", "out1", "out2"])
+    k.done("a")
+    assert set(k.specs) == {"a", "mid", "out1", "out2"}      # a: out1 and out2 still need it (through mid)
+    k.done("out1")
+    assert set(k.specs) == {"a", "mid", "out2"}
+    k.done("out2")
+    assert k.specs == {} and k.pins == {}
+    k.add([spec("x")], ["x"])
+    k.done("x")
+    k.add([spec("y", ["x"])], ["y"])                         # x finished before y came: not kept for it
+    assert set(k.specs) == {"y"}
