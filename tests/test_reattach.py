@@ -276,3 +276,33 @@ def test_the_client_keeps_a_spec_only_while_unfinished_work_needs_it():
     k.done("x")
     k.add([spec("y", ["x"])], ["y"])                         # x finished before y came: not kept for it
     assert set(k.specs) == {"y"}
+
+
+def test_a_resubmitted_task_waits_for_the_worker_that_holds_its_input(processes, tmp_path):
+    """The client comes back before the worker (stopped meanwhile) that holds x, a finished
+    future whose spec the client dropped; y, submitted during the outage, takes x as input. The
+    new scheduler holds y's submission back until the worker reattaches with x: y runs on it and
+    x is not computed again (it could not be: its spec is gone). Before, y failed at once with
+    'input x was released before the task was submitted'."""
+    import signal
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    first, address = processes.scheduler()
+    port = int(address.rsplit(":", 1)[1])
+    worker = processes.worker(address, "--no-nanny", "--reconnect-window", "60")
+    with Client(address, secret=processes.secret, timeout=20) as c:
+        c.wait_for_workers(1, 30)
+        x = c.submit(marked, str(marks), "x", 1)
+        assert x.result(30) == 10 and len(c._specs) == 0
+        kill(first)
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            y = c.submit(marked, str(marks), "y", x)
+            second, _ = processes.scheduler(port)
+            wait_until(lambda: c.status == "running", what="the client to reattach")
+            assert not y.done()
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        assert y.result(timeout=60) == 100
+        assert (runs(marks, "x"), runs(marks, "y")) == (1, 1)
+    kill(second)

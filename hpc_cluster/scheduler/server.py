@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
+from .backlog import BacklogMixin
 from .evidence import EvidenceCollector
 from .placement import worker_pool
 from .state import SchedulerState
@@ -134,7 +135,7 @@ def _deadline(info: dict) -> float | None:
     return min((end for end in ends if end is not None), default=None)
 
 
-class Scheduler:
+class Scheduler(BacklogMixin):
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
@@ -150,6 +151,7 @@ class Scheduler:
         # kept claim_window s; a restarted scheduler places nothing for reattach_grace s.
         self.state.claim_window = claim_window
         self.reattach_grace = reattach_grace
+        self._backlog: dict[str, list] = {}               # client id -> messages held back (backlog.py)
         self.secret, self.host, self.port = secret, host, port
         self.security = security                           # protocol/tls.py's Security: listen on tls://
         self.heartbeat_ttl = heartbeat_ttl
@@ -280,6 +282,8 @@ class Scheduler:
             try:
                 st = self.state
                 st.tick(self.clock())              # unclaimed results, awaited keys, a placement hold
+                if self._backlog:
+                    self._replay_backlog()
                 for addr in st.workers_to_drain(self.clock(), self.walltime_margin):
                     ws = st.workers[addr]
                     lifetime = ws.info.get("lifetime_end") is not None and ws.deadline == ws.info["lifetime_end"]
@@ -369,6 +373,8 @@ class Scheduler:
              name=str(first.get("name") or addr), resources=first.get("resources") or {},
              info=info, deadline=_deadline(info))
         self._flush()
+        if self._backlog:
+            self._replay_backlog()            # its results may be inputs a client's submission waits for
         logger.info("worker %s registered (%d threads)", addr, nthreads)
         connection = "closed"
         try:
@@ -471,10 +477,11 @@ class Scheduler:
             while True:
                 msgs = await comm.read()
                 for msg in msgs:
-                    self._client_message(cid, msg)
+                    self._client_op(cid, msg)      # or held back (backlog.py)
                 self._flush()
         finally:
             self.streams.pop(cid, None)
+            self._backlog.pop(cid, None)
             self.comms.pop(cid, None)
             self.state.remove_client(cid)
             self._flush()
