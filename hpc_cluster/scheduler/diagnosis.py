@@ -40,8 +40,8 @@ ADVICE = {
     "connection-lost": "the worker's connection dropped; check the network and the worker log",
     "scheduler-lost": "the scheduler was unreachable for longer than the worker's reconnect window (by default "
                       "the larger of 10 minutes and death_timeout): check that the scheduler runs (hpc-cluster "
-                      "status) and is reachable from the nodes, or raise --reconnect-window (worker_extra_args) "
-                      "to ride out longer outages",
+                      "status) and is reachable from the nodes, or raise reconnect_window (the cluster's setting, "
+                      "or --reconnect-window) to ride out longer outages",
     "heartbeat-lost": "the worker stopped answering (hung process, stopped, or network cut); check the node",
     "unknown": "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
 }
