@@ -8,6 +8,7 @@ Future for a key is garbage collected, the scheduler is told to release it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import concurrent.futures
 import itertools
@@ -19,6 +20,7 @@ import uuid
 from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
+from .client_reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
 from .futures import Future, FutureState, flatten_futures, replace_futures
@@ -77,12 +79,18 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     and its cluster file carry them, else pass `security=` (a Security, or dask's, with the
     cluster's CA, a certificate and its key). It becomes dask's default scheduler (so
     `x.compute()` runs on the cluster) unless `set_as_default=False`.
+
+    A client that loses its scheduler reconnects in the background for `reconnect` seconds
+    (default 10 minutes; 0: cancel its futures at once, as before), to the same address or to
+    the one its cluster file names then, and its futures resume (client_reattach.py).
     """
 
     def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
-                 timeout: float = 30.0, set_as_default: bool = True, security=None):
+                 timeout: float = 30.0, set_as_default: bool = True, security=None,
+                 reconnect: float = DEFAULT_RECONNECT):
         from .protocol.tls import Security, resolve_security
         self.cluster = None
+        self._cluster_file = None                         # re-read when reconnecting: a new address
         if address is not None and not isinstance(address, str):
             self.cluster = address
             address, secret = address.scheduler_address, address.secret
@@ -90,7 +98,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         elif cluster_file is not None or (isinstance(address, str) and "://" not in address
                                           and ":" not in address):
             from .protocol.secret import cluster_file_for
-            info = read_cluster_file(cluster_file or cluster_file_for(address))
+            self._cluster_file = cluster_file or cluster_file_for(address)
+            info = read_cluster_file(self._cluster_file)
             address, secret = info["address"], info["secret"]
             security = security or Security.from_dict(info.get("tls"))
         if address is None:
@@ -102,6 +111,9 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             raise ValueError(f"no secret for {address}: pass secret=, set $HPC_CLUSTER_SECRET, "
                              "or connect with the cluster object or its cluster file")
         self.scheduler_address, self._secret, self.timeout = address, secret, timeout
+        self.reconnect = float(reconnect)
+        self._closed_by_scheduler: str | None = None      # why, if it shut down (no reattach then)
+        self._specs = SpecKeeper()                        # unfinished work, for a scheduler that lost it
         self.security = resolve_security(security)
         self._tls = self.security.client_context() if self.security else None
         self._lt = _LoopThread.get()
@@ -139,6 +151,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
         self.halted = first.get("halted")
         self._stream = BatchedSend(self._comm)
+        self._connected = asyncio.Event()
+        self._connected.set()
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -151,14 +165,22 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 busy = self._replies or any(not st.event.is_set() for st in self._states.values())
                 (logger.warning if busy else logger.info)("lost the connection to the scheduler: %s", exc)
         finally:
-            self.status = "closed" if self.status == "closing" else "disconnected"
-            for key, st in list(self._states.items()):
-                if not st.event.is_set():
-                    self._set(key, st, "cancelled", {"kind": "cancelled",
-                                                     "text": "the connection to the scheduler was lost"})
-            for fut in self._replies.values():
+            for fut in self._replies.values():          # their answers will not come
                 if not fut.done():
                     fut.set_exception(ConnectionError("the connection to the scheduler was lost"))
+            if self.status == "running" and self.reconnect > 0 and not self._closed_by_scheduler:
+                self.status = "reconnecting"             # futures stay pending (client_reattach.py)
+                self._connected.clear()
+                asyncio.ensure_future(reattach_or_give_up(self))
+            else:
+                self._lost(self._closed_by_scheduler or "the connection to the scheduler was lost")
+
+    def _lost(self, text: str) -> None:
+        self.status = "closed" if self.status == "closing" else "disconnected"
+        self._connected.set()                             # requests waiting for it fail now
+        for key, st in list(self._states.items()):
+            if not st.event.is_set():
+                self._set(key, st, "cancelled", {"kind": "cancelled", "text": text})
 
     def _handle(self, msg: dict) -> None:
         op = msg["op"]
@@ -176,6 +198,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             if st is not None and st.status == "finished":
                 st.status = "pending"
                 st.event.clear()
+        elif op == "scheduler-closed":                     # shut down, not crashed: nothing to reattach to
+            self._closed_by_scheduler = msg.get("reason") or "the scheduler was shut down"
         elif op == "cluster-halted":                       # reason None: it starts them again
             self.halted = msg.get("reason")
             if self.halted:
@@ -186,6 +210,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 fut.set_result(msg.get("result"))
 
     def _set(self, key: str, st: FutureState, status: str, error) -> None:
+        with self._lock:
+            self._specs.done(key)                         # its spec goes with the result
         st.status, st.error = status, error
         st.event.set()
         callbacks, st.callbacks = st.callbacks, []
@@ -193,12 +219,18 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             self._callbacks.submit(_run_callback, fn)
 
     async def _request(self, msg: dict, timeout: float | None = None):
-        rid = next(self._rids)
-        fut = self._loop.create_future()
-        self._replies[rid] = fut
-        self._flush_out()                    # anything the user queued goes first
-        self._stream.send(dict(msg, rid=rid))
-        return await asyncio.wait_for(fut, timeout or self.timeout)
+        async def ask():
+            if self.status == "reconnecting":
+                await self._connected.wait()         # asked during an outage: after the reattach
+            if self.status not in ("running", "connecting"):
+                raise ConnectionError(f"the client is {self.status}")
+            rid = next(self._rids)
+            fut = self._loop.create_future()
+            self._replies[rid] = fut
+            self._flush_out()                    # anything the user queued goes first
+            self._stream.send(dict(msg, rid=rid))
+            return await fut
+        return await asyncio.wait_for(ask(), timeout or self.timeout)
 
     def _submit(self, specs: list[dict], wanted: list[str]) -> None:
         """Send a submission in messages the scheduler accepts (see submission.py)."""
@@ -207,6 +239,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             check_fits(spec, limits)
         msgs, carried = split_submission(specs, wanted, limits)
         with self._lock:
+            self._specs.add(specs, wanted)
             self._outq.extend(msgs)       # at once: no other thread's message between the parts
             self._outq.extend(carried)    # released after the last part (unless a future holds one)
             if self._flush_scheduled or self.status not in ("running", "connecting"):
@@ -235,6 +268,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     def _flush_out(self) -> None:
         with self._lock:
             self._flush_scheduled = False
+            if self.status == "reconnecting":
+                return                       # kept for the scheduler that comes back (client_reattach.py)
             items, self._outq = self._outq, []
             msgs, release = [], []
             for item in items:
@@ -281,6 +316,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             if self._refs[key] > 0:
                 return
             del self._refs[key]
+            self._specs.done(key)
         self._send(None, release=key)
 
     # -- submitting --------------------------------------------------------------------
@@ -323,6 +359,8 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                           task_needs(duration, memory, pool))
         check_fits(spec, self._limits)
         fut = Future(spec["key"], self)
+        with self._lock:
+            self._specs.add([spec], [spec["key"]])
         self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
         return fut
 
@@ -399,6 +437,10 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             except TimeoutError:
                 raise TimeoutError(f"{len(fetch)} results not fetched within {timeout} s (first: "
                                    f"{fetch[0]!r})") from None
+            except (ConnectionError, builtins.TimeoutError):
+                if self.status not in ("reconnecting", "running"):
+                    raise
+                got, missing = {}, fetch     # the scheduler went away meanwhile: ask again after the reattach
             values.update(got)
             pending = missing
             if any(self.future_state(k).status == "error" for k in missing):

@@ -79,6 +79,7 @@ def test_defaults_are_dask_jobqueues(config, argv_of):
     assert (args.cluster_file, args.nthreads, args.memory_limit) == (CLUSTER_FILE, 1, "1.86GiB")
     assert args.nanny and args.nworkers == 4 and args.host == "0.0.0.0" and args.interface is None
     assert args.death_timeout == 60.0 and args.local_directory is None
+    assert args.reconnect_window is None and "--reconnect-window" not in command    # the worker's default
     assert args.name == "big-3"
     spec = job_spec(cfg, CLUSTER_FILE, "big")
     assert spec.python == sys.executable and spec.nanny and spec.processes == 4
@@ -96,6 +97,11 @@ def test_nanny_interface_death_timeout_and_extra_args(config, argv_of):
     # Extra arguments come after ours, so they can override any of them.
     assert argv.index("--resources") > argv.index("--death-timeout")
     assert job_spec(cfg, CLUSTER_FILE).nanny is False
+
+
+def test_reconnect_window_reaches_the_worker(config, argv_of):
+    args = worker_args(argv_of(config(reconnect_window="30m")))
+    assert args.reconnect_window == 1800.0 and args.death_timeout == 60.0
 
 
 def test_processes_split_cores_and_memory(config, argv_of):

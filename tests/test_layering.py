@@ -33,7 +33,7 @@ FORBIDDEN = {
     "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli"},
     "deploy": {"cli"},
 }
-CLIENT_MODULES = {"client", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
+CLIENT_MODULES = {"client", "client_reattach", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
                   "subtasks", "submission"}
 
 

@@ -85,17 +85,18 @@ def _scheduler(port: int, env: dict, tmp_path) -> tuple[subprocess.Popen, str]:
 
 
 def test_a_worker_waits_its_death_timeout_for_a_lost_scheduler(tmp_path):
-    """A killed scheduler started again on its address within death_timeout gets the same
+    """A killed scheduler started again on its address within the reconnect window gets the same
     worker process back (its nanny restarts nothing); with none, the worker exits with code 4
-    ('scheduler-lost') once death_timeout ends, not at once and not never, and its nanny
-    with it."""
+    ('scheduler-lost') once the window (--reconnect-window, 4 s here; by default the larger of 10
+    minutes and death_timeout) ends, not at once and not never, and its nanny with it."""
     secret = new_secret()
     env = dict(os.environ, **{SECRET_ENV: secret.hex()})
     first, address = _scheduler(0, env, tmp_path)
     port = int(address.rsplit(":", 1)[1])
     procs = [first]
     nanny = subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", address, "--nanny",
-                              "--death-timeout", "4", "--heartbeat-interval", "0.2"], env=env,
+                              "--death-timeout", "4", "--reconnect-window", "4", "--heartbeat-interval", "0.2"],
+                             env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs.append(nanny)
     worker = None

@@ -131,12 +131,12 @@ def _junk(rng):
 
 
 _CLIENT_OPS = ["update-graph", "release-keys", "cancel", "scatter", "who-has", "workers", "deaths", "replicate",
-               "task-spec", "why", "versions", "counts", "heartbeat", "nope", 5, None]
+               "task-spec", "why", "versions", "counts", "heartbeat", "want-keys", "nope", 5, None]
 _WORKER_OPS = ["register-worker", "task-finished", "task-started", "task-erred", "missing-data", "handed-back",
                "task-seceded", "abandoned-done", "add-replica", "replica-failed", "heartbeat", "goodbye", "x"]
 _NANNY_OPS = ["register-nanny", "exit-report", "x"]
 _FIELDS = ["keys", "key", "tasks", "who_has", "nbytes", "n", "reason", "rid", "address", "nthreads", "memory",
-           "dep", "holders", "report", "nanny_id", "duration", "exception", "traceback", "text"]
+           "dep", "holders", "report", "nanny_id", "duration", "exception", "traceback", "text", "held", "running"]
 
 
 def _shaped(rng, ops):

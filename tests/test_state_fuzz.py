@@ -342,6 +342,60 @@ def test_random_event_sequences_with_pools_keep_the_state_machine_consistent(dat
     play(PoolsRun(data), 80)
 
 
+class ReattachRun(Run):
+    """The same world with workers that come back holding results and running threads, known to
+    the scheduler or not, clients wanting keys again, and placement held (issue 16,
+    scheduler/reattach.py); the windows end with the ticks."""
+
+    def start(self):
+        self.s.claim_window = 5.0
+
+    def reattach_worker(self):
+        addr = self.pick(WORKERS)
+        known = sorted(self.s.tasks)
+        pool = known + [f"u{i}" for i in range(4)]            # some keys this scheduler never heard of
+        held = {k: 8 for k in self.draw(st.lists(st.sampled_from(pool), max_size=4))}
+        running = sorted(set(self.draw(st.lists(st.sampled_from(pool), max_size=2))) - set(held))
+        self.s.add_reattached_worker(addr, self.draw(st.integers(1, 2)), self.now, held, running)
+        for k in running:                                     # those threads finish some time later
+            self.in_flight.append(("task_finished", (addr, k, 8, 0.1)))
+
+    def want_keys(self):
+        cid = self.pick(self.s.clients)
+        if cid is not None:
+            pool = sorted(self.s.tasks) + [f"u{i}" for i in range(4)]
+            self.s.client_wants(cid, sorted(set(self.draw(st.lists(st.sampled_from(pool), max_size=3)))), self.now)
+
+    def submit_unknown(self):
+        """A client resubmits a key a worker may hold unclaimed."""
+        cid = self.pick(self.s.clients)
+        if cid is not None:
+            key = f"u{self.draw(st.integers(0, 3))}"
+            if key not in self.s.tasks:
+                self.s.update_graph(cid, [{"key": key, "func": F, "args": A, "deps": []}], [key])
+
+    def hold(self):
+        self.s.hold_placement(self.now + self.draw(st.sampled_from([0.5, 5.0])))
+
+    def tick(self):
+        super().tick()
+        self.s.tick(self.now)
+
+    def settle(self):
+        self.s.release_placement()
+        self.now += 100                                       # every window ends: awaited keys fail
+        self.s.tick(self.now)
+        super().settle()
+
+    EVENTS = Run.EVENTS + ["reattach_worker", "reattach_worker", "want_keys", "submit_unknown", "hold"]
+
+
+@fuzz(200)
+@given(st.data())
+def test_random_event_sequences_with_reattaching_peers_keep_the_state_machine_consistent(data):
+    play(ReattachRun(data), 60)
+
+
 # -- what the fuzzing found, each kept as a plain regression test ----------------------
 
 def _task(key, deps=()):

@@ -26,7 +26,7 @@ from waiting import wait_until
 GOOD = {
     "--nthreads": ("4", 4), "--nworkers": ("3", 3), "--nprocs": ("3", 3), "--name": ("w-1", "w-1"),
     "--memory-limit": ("6.52GiB", "6.52GiB"), "--resources": ("GPU=2 MEM=10e9", "GPU=2 MEM=10e9"),
-    "--death-timeout": ("2m", 120.0), "--local-directory": ("$TMPDIR/w", "$TMPDIR/w"),
+    "--death-timeout": ("2m", 120.0), "--reconnect-window": ("15m", 900.0), "--local-directory": ("$TMPDIR/w", "$TMPDIR/w"),
     "--lifetime": ("55m", 3300.0), "--lifetime-stagger": ("4 minutes", 240.0), "--interface": ("ib0", "ib0"),
     "--protocol": ("tcp://", "tcp://"), "--host": ("0.0.0.0", "0.0.0.0"), "--worker-port": ("3000:3026", "3000:3026"),
     "--pid-file": ("/tmp/w.pid", "/tmp/w.pid"), "--worker-class": ("distributed.Worker", "distributed.Worker"),
@@ -48,7 +48,7 @@ ADVICE = {
 }
 BAD = [
     ("--lifetime", "abc", "not a duration"), ("--lifetime-stagger", "-5", "not a duration"),
-    ("--death-timeout", "soon", "not a duration"), ("--memory-limit", "lots", "not an amount of memory"),
+    ("--death-timeout", "soon", "not a duration"), ("--reconnect-window", "later", "not a duration"), ("--memory-limit", "lots", "not an amount of memory"),
     ("--memory-limit", "-1", "not a memory limit"), ("--protocol", "ucx", "only tcp"),
     ("--protocol", "ws://", "only tcp and tls"), ("--nthreads", "-1", "at least 0"), ("--nthreads", "four", "whole number"),
     ("--nworkers", "0", "at least 1"), ("--nworkers", "auto", "whole number"), ("--resources", "GPU", "NAME=NUMBER"),

@@ -296,9 +296,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("security", "bool", _bool, False, "encrypt every connection with TLS under a certificate made for "
            "the cluster (dask's security=True); a keyword security=Security(...) gives your own"),
     Option("death_timeout", "seconds", _seconds(False), 60,
-           "seconds a worker waits for an unreachable scheduler before exiting: at its start, and after "
-           "losing its connection (it registers again meanwhile; a paused scheduler closes nothing and ends "
-           "no worker)"),
+           "seconds a worker waits for an unreachable scheduler before exiting at its start; a worker that "
+           "loses its scheduler later keeps its results and tries to reattach for reconnect_window (by default "
+           "the larger of this and 10 minutes)"),
+    Option("reconnect_window", "seconds", _seconds(False), None,
+           "seconds a worker that lost its scheduler keeps its results and tries to reattach (re-reading the "
+           "cluster file for a new address) before exiting with 'scheduler-lost'; never past its job's walltime; "
+           "unset: the larger of 10 minutes and death_timeout", example="30m"),
     Option("job_name", "str", _one_line, "dask-worker", "the batch job's name (sbatch -J, qsub -N)",
            aliases=("name",)),
     Option("n_workers", "int >= 0", _int(0), 0, "workers started with a cluster from Python (rounded up to "

@@ -94,6 +94,8 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str, pool: str 
         args += ["--nworkers", str(processes)]
     args.append("--nanny" if v["nanny"] else "--no-nanny")
     args += ["--death-timeout", f"{v['death_timeout']:g}"]
+    if v.get("reconnect_window") is not None:      # else the worker's own default (worker/reattach.py)
+        args += ["--reconnect-window", f"{v['reconnect_window']:g}"]
     if v["local_directory"]:
         # Expanded ('~', $TMPDIR) and created by the worker on the node, not here.
         args += ["--local-directory", v["local_directory"]]

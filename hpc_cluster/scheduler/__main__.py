@@ -37,6 +37,12 @@ def main(argv=None) -> int:
     p.add_argument("--tls-ca-file", help="TLS: the CA of the cluster's certificates (with --tls-cert, --tls-key)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
+    p.add_argument("--reattach-grace", type=float, default=0.0,
+                   help="seconds after start in which no task is placed, so that the workers of a restarted "
+                        "scheduler report the results they kept before anything is computed again")
+    p.add_argument("--claim-window", type=float, default=120.0,
+                   help="seconds a reattached worker's result of a task this scheduler does not know is kept "
+                        "for a client to resubmit or want it again")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--owner-pid", type=int, help="exit when this process (the one that started us) is gone")
     args = p.parse_args(argv)
@@ -58,7 +64,8 @@ def main(argv=None) -> int:
         sched = Scheduler(secret, host=args.host, port=args.port, allowed_failures=args.allowed_failures,
                           heartbeat_ttl=args.heartbeat_ttl, versions=args.versions,
                           limits=Limits(max_frame_bytes=args.max_frame_bytes,
-                                        max_message_bytes=args.max_message_bytes), security=security)
+                                        max_message_bytes=args.max_message_bytes), security=security,
+                          reattach_grace=args.reattach_grace, claim_window=args.claim_window)
         address = await sched.start()
         if args.cluster_file:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))

@@ -53,15 +53,11 @@ class ClientsMixin:
                     continue
                 ts.dependencies.add(dep)
                 dep.dependents.add(ts)
+        self._claim_held(new)                         # results reattached workers kept (reattach.py)
         for key in wanted:
             ts = self.tasks.get(key)
-            if ts is None:
-                continue
-            ts.who_wants.add(cid)
-            if ts.state == "memory":
-                self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
-            elif ts.state == "erred":
-                self._send(cid, {"op": "task-erred", "key": key, "error": ts.error})
+            if ts is not None:
+                self._want(cid, ts)
         for ts in new:
             if ts.error is not None:
                 self._err(ts, ts.error)
@@ -73,6 +69,14 @@ class ClientsMixin:
             # needed only by an unwanted one was computed for nobody.
             self._maybe_forget(ts)
         self._schedule()
+
+    def _want(self, cid: str, ts: TaskState) -> None:
+        """The client holds a future to `ts`: tell it at once if the result or the error is there."""
+        ts.who_wants.add(cid)
+        if ts.state == "memory":
+            self._send(cid, {"op": "key-in-memory", "key": ts.key, "nbytes": ts.nbytes})
+        elif ts.state == "erred":
+            self._send(cid, {"op": "task-erred", "key": ts.key, "error": ts.error})
 
     def refuse_graph(self, cid: str, keys, reason: str) -> None:
         """Tell the client its submission is refused, touching nothing else: its futures to

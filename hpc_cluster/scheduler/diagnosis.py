@@ -19,7 +19,7 @@ CAUSES = ("retired", "walltime", "memory-batch", "memory-nanny", "crash", "start
           "preempted", "node-failure", "connection-lost", "scheduler-lost", "heartbeat-lost", "unknown")
 BLAMED = frozenset({"memory-batch", "memory-nanny", "crash"})
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
-# A worker's exit code when its reconnect window (death_timeout) ended without a scheduler
+# A worker's exit code when its reconnect window (--reconnect-window) ended without a scheduler
 # (worker/worker.py's EXIT_LOST_SCHEDULER; the scheduler may not import the worker).
 EXIT_SCHEDULER_LOST = 4
 
@@ -38,9 +38,10 @@ ADVICE = {
     "preempted": "the job was preempted by higher-priority work; use a partition/queue without preemption",
     "node-failure": "the node failed; nothing in your code caused it",
     "connection-lost": "the worker's connection dropped; check the network and the worker log",
-    "scheduler-lost": "the scheduler was unreachable for longer than the worker's death_timeout (its reconnect "
-                      "window): check that the scheduler runs (hpc-cluster status) and is reachable from the "
-                      "nodes, or raise death_timeout to ride out longer outages",
+    "scheduler-lost": "the scheduler was unreachable for longer than the worker's reconnect window (by default "
+                      "the larger of 10 minutes and death_timeout): check that the scheduler runs (hpc-cluster "
+                      "status) and is reachable from the nodes, or raise reconnect_window (the cluster's setting, "
+                      "or --reconnect-window) to ride out longer outages",
     "heartbeat-lost": "the worker stopped answering (hung process, stopped, or network cut); check the node",
     "unknown": "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
 }
@@ -223,7 +224,7 @@ RULES = [
     (lambda ev: _nanny(ev).get("exit_code") == EXIT_SCHEDULER_LOST and _nanny(ev).get("signal") is None
      or (not ev.nanny and _acct(ev).get("exit_code") == EXIT_SCHEDULER_LOST and not _acct(ev).get("signal")),
      lambda ev: ("scheduler-lost", f"the worker lost the scheduler and gave up when its reconnect window "
-                                   f"(death_timeout) ended {_running(ev)}")),
+                                   f"(--reconnect-window) ended {_running(ev)}")),
     (lambda ev: (_nanny(ev).get("exit_code") or 0) != 0 and _nanny(ev).get("signal") is None and ev.executing,
      lambda ev: ("crash", f"the worker process exited with code {_nanny(ev)['exit_code']} {_running(ev)}")),
     # No nanny: the worker is the batch step's process, so the job's own exit code is the

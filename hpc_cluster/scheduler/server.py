@@ -9,6 +9,7 @@ one connection (logged); the scheduler and every other peer carry on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -17,6 +18,7 @@ from typing import Awaitable, Callable
 from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
+from .backlog import BacklogMixin
 from .evidence import EvidenceCollector
 from .placement import worker_pool
 from .state import SchedulerState
@@ -63,6 +65,13 @@ def _check_task(spec) -> dict:
                                             for k, v in res.items()):
         raise ProtocolError(f"task {spec['key']!r}: resources must map names to numbers")
     return spec
+
+
+def _held(value) -> dict[str, int]:
+    """A reattaching worker's results: key -> nbytes."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in value.items()):
+        raise ProtocolError("held must map keys to byte counts")
+    return {k: _count(v, "nbytes") for k, v in value.items()}
 
 
 def _number(value) -> float | None:
@@ -126,17 +135,23 @@ def _deadline(info: dict) -> float | None:
     return min((end for end in ends if end is not None), default=None)
 
 
-class Scheduler:
+class Scheduler(BacklogMixin):
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  walltime_margin: float = 60.0,
-                 clock: Callable[[], float] = time.time, security=None):
+                 clock: Callable[[], float] = time.time, security=None, claim_window: float = 120.0,
+                 reattach_grace: float = 0.0):
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
         self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch,
                                     walltime_failures=walltime_failures)
+        # Reattaching workers and clients (issue 16; scheduler/reattach.py): unknown results are
+        # kept claim_window s; a restarted scheduler places nothing for reattach_grace s.
+        self.state.claim_window = claim_window
+        self.reattach_grace = reattach_grace
+        self._backlog: dict[str, list] = {}               # client id -> messages held back (backlog.py)
         self.secret, self.host, self.port = secret, host, port
         self.security = security                           # protocol/tls.py's Security: listen on tls://
         self.heartbeat_ttl = heartbeat_ttl
@@ -166,17 +181,24 @@ class Scheduler:
                                  check=self._check_versions,
                                  tls=self.security.server_context() if self.security else None)
         self.address = self.listener.start_listening(self.host, self.port)
+        if self.reattach_grace > 0:
+            self.state.hold_placement(self.clock() + self.reattach_grace)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
         self._drain_task = asyncio.create_task(self._watch_deadlines())
         logger.info("scheduler listening at %s", self.address)
         return self.address
 
-    async def close(self) -> None:
+    async def close(self, restarting: bool = False) -> None:
+        """Shut down: workers leave and clients cancel their futures at once, since nobody comes
+        back. With `restarting` (a scheduler will take over: issue 16) neither is told, so both
+        reattach to the next one, as after a crash."""
         for t in (self._ttl_task, getattr(self, "_drain_task", None)):
             if t is not None:
                 t.cancel()
-        for addr in list(self.state.workers):
+        for addr in list(self.state.workers) if not restarting else ():
             self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
+        for cid in list(self.state.clients) if not restarting else ():
+            self._send_now(cid, {"op": "scheduler-closed", "reason": "the scheduler was shut down"})
         for stream in list(self.streams.values()):
             await stream.drain()
         for comm in list(self.comms.values()):
@@ -259,6 +281,9 @@ class Scheduler:
             await asyncio.sleep(0.5)
             try:
                 st = self.state
+                st.tick(self.clock())              # unclaimed results, awaited keys, a placement hold
+                if self._backlog:
+                    self._replay_backlog()
                 for addr in st.workers_to_drain(self.clock(), self.walltime_margin):
                     ws = st.workers[addr]
                     lifetime = ws.info.get("lifetime_end") is not None and ws.deadline == ws.info["lifetime_end"]
@@ -322,6 +347,7 @@ class Scheduler:
         nthreads = first.get("nthreads", 1)
         if not isinstance(nthreads, int) or not 1 <= nthreads <= 2**20:
             raise ProtocolError("nthreads must be a positive integer")
+        held, running = _held(first.get("held") or {}), _keys(first.get("running") or [], "running")
         refusal = self._registration_refusal(addr)
         if refusal:
             logger.warning("refused a worker registering as %s: %s", addr, refusal)
@@ -340,10 +366,15 @@ class Scheduler:
                 "pool": first.get("pool") if isinstance(first.get("pool"), str) else None,
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
-        self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
-                              name=str(first.get("name") or addr), resources=first.get("resources") or {},
-                              info=info, deadline=_deadline(info))
+        # A worker that comes back with what it kept (scheduler/reattach.py) joins in one event.
+        join = functools.partial(self.state.add_reattached_worker, held=held, running=running) \
+            if held or running else self.state.add_worker
+        join(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
+             name=str(first.get("name") or addr), resources=first.get("resources") or {},
+             info=info, deadline=_deadline(info))
         self._flush()
+        if self._backlog:
+            self._replay_backlog()            # its results may be inputs a client's submission waits for
         logger.info("worker %s registered (%d threads)", addr, nthreads)
         connection = "closed"
         try:
@@ -446,10 +477,11 @@ class Scheduler:
             while True:
                 msgs = await comm.read()
                 for msg in msgs:
-                    self._client_message(cid, msg)
+                    self._client_op(cid, msg)      # or held back (backlog.py)
                 self._flush()
         finally:
             self.streams.pop(cid, None)
+            self._backlog.pop(cid, None)
             self.comms.pop(cid, None)
             self.state.remove_client(cid)
             self._flush()
@@ -473,6 +505,8 @@ class Scheduler:
                 self.fail_if_stranded()
             elif op == "release-keys":
                 st.client_releases(cid, _keys(msg["keys"], "keys"))
+            elif op == "want-keys":                  # a reattached client's futures (issue 16)
+                st.client_wants(cid, _keys(msg["keys"], "keys"), self.clock())
             elif op == "cancel":
                 st.cancel(_keys(msg["keys"], "keys"), str(msg.get("reason") or "cancelled by the client"))
             elif op == "scatter":

@@ -27,6 +27,7 @@ from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
 from .pools import ESCALATE, PoolsMixin
+from .reattach import ReattachMixin
 from .replicas import ReplicaMixin
 from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
                         wait_for_holder, worker_pool)
@@ -35,7 +36,7 @@ from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests a
 ACTIVE = ("waiting", "queued", "processing")
 
 
-class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin):
+class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True):
         self.tasks: dict[str, TaskState] = {}
@@ -57,6 +58,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
         self.escalate = dict(ESCALATE)
         self._unchecked: list = []                   # queued since placeability was last checked (pools)
+        self._init_reattach()                        # results of reattached workers (reattach.py)
 
     # -- helpers ---------------------------------------------------------------
     def _send(self, to: str, msg: dict) -> None:
@@ -235,6 +237,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         if duration is not None:
             self.durations.learn(key, float(duration))
         freed = self._thread_done(ws, key)
+        if ts is None and self._finished_unclaimed(address, key, nbytes):
+            return
         if ts is None or ts.state in ("released", "erred") and ts.processing_on is not ws:
             self._send(address, {"op": "free-keys", "keys": [key]})
             if freed:
@@ -253,6 +257,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._schedule()
             return
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
+        ts.waiting_on = set()        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
             dep.waiters.discard(ts)
         for dts in ts.dependents:
@@ -270,6 +275,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws = self.workers.get(address)
         ts = self.tasks.get(key)
         if ws is None or ts is None or ts.processing_on is not ws:
+            if ts is None:
+                self.unclaimed_running.pop(key, None)
             if ws is not None and self._thread_done(ws, key):
                 self._schedule()
             return
@@ -448,6 +455,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
     def _schedule(self) -> None:
         if self._unchecked:
             self._check_placeable()
+        if self.placement_held_until is not None:
+            return                         # reattaching workers report what they hold first (reattach.py)
         deferred = []
         roots_open = True                  # False once root tasks wait for a thread, for this pass
         while self._free:

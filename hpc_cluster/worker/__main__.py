@@ -250,7 +250,7 @@ def main(argv=None) -> int:
                          security=security,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory,
-                         owner_pid=args.owner_pid)
+                         owner_pid=args.owner_pid, cluster_file=args.cluster_file)
     from .run import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.
@@ -263,6 +263,7 @@ def main(argv=None) -> int:
                       heartbeat_interval=args.heartbeat_interval, nanny=bool(args.nanny_id), extra_info=extra,
                       limits=Limits(max_frame_bytes=args.max_frame_bytes, max_message_bytes=args.max_message_bytes),
                       death_timeout=args.death_timeout, on_registered=_ready_signal(args.ready_fd),
+                      reconnect_window=args.reconnect_window, cluster_file=args.cluster_file,
                       memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
                                                             args.memory_pause_fraction,
                                                             args.memory_terminate_fraction),

@@ -276,6 +276,10 @@ FLAGS: tuple[Flag, ...] = (
          check_resources, metavar="'NAME=N ...'"),
     Flag("--death-timeout", SUPPORTED, "how long to keep trying to reach the scheduler before exiting "
          "(60, '2m')", parse_duration, metavar="DURATION"),
+    Flag("--reconnect-window", SUPPORTED, "how long a worker that lost its scheduler keeps its results and "
+         "tries to reattach (re-reading --cluster-file for a new address) before exiting with 'scheduler-lost'; "
+         "never past its job's walltime or --lifetime (default: the larger of 10 minutes and --death-timeout)",
+         parse_duration, metavar="DURATION", dask=False),
     Flag("--local-directory", SUPPORTED, "scratch directory for the worker's files, created if missing and "
          "made the working directory; '~' and $VARIABLES are expanded here, on the node", metavar="DIR"),
     Flag("--lifetime", SUPPORTED, "leave after this long ('55m', '1h'): the scheduler drains the worker "
@@ -358,7 +362,8 @@ BY_NAME: dict[str, Flag] = {n: f for f in FLAGS for n in (f.name, *f.aliases)}
 # Where a flag is not given. Ours where they differ from dask-worker's: the job command
 # always gives --nthreads and --memory-limit.
 DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "nanny": True, "resources": None,
-            "death_timeout": 60.0, "local_directory": None, "lifetime": None, "lifetime_stagger": None,
+            "death_timeout": 60.0, "reconnect_window": None, "local_directory": None, "lifetime": None,
+            "lifetime_stagger": None,
             "lifetime_restart": False, "dashboard": False, "interface": None, "protocol": None,
             "host": "127.0.0.1", "worker_port": None, "pid_file": None, "worker_class": None,
             "dashboard_address": None, "dashboard_prefix": None, "nanny_port": None, "scheduler": None,

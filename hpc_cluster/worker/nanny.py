@@ -334,14 +334,23 @@ def _describe(report: dict) -> str:
 class SchedulerLink:
     """The nanny's own connection to the scheduler: exit reports go up, restarts come down."""
 
-    def __init__(self, address: str, secret: bytes, nanny: Nanny, security=None):
+    def __init__(self, address: str, secret: bytes, nanny: Nanny, security=None, cluster_file: str | None = None):
         self.address, self.secret, self.nanny = address, secret, nanny
         self.tls = security.client_context() if security else None
+        self.cluster_file = cluster_file             # re-read on reconnecting: a restarted scheduler's address
         self.comm = None
+        self.closing = False
+        self._retrying = False
 
-    async def start(self) -> None:
+    async def start(self, quiet: bool = False) -> None:
         from ..protocol.comm import connect
+        from ..protocol.secret import read_cluster_file
         from ..protocol.versions import get_versions
+        if self.cluster_file:
+            try:
+                self.address = read_cluster_file(self.cluster_file)["address"]
+            except (OSError, ValueError, KeyError):
+                pass
         try:
             self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()},
                                       tls=self.tls)
@@ -349,7 +358,8 @@ class SchedulerLink:
                                    "name": self.nanny.name})
             self._reader = asyncio.create_task(self._read(self.comm))
         except (OSError, ConnectionError) as exc:
-            logger.warning("nanny could not reach the scheduler at %s: %s", self.address, exc)
+            (logger.info if quiet else logger.warning)("nanny could not reach the scheduler at %s: %s",
+                                                      self.address, exc)
             self.comm = None
 
     async def _read(self, comm) -> None:
@@ -360,8 +370,22 @@ class SchedulerLink:
                         self.nanny.restart()
                     elif msg.get("op") == "end-unresponsive":
                         self.nanny.end_unresponsive(msg.get("pid"))
-        except Exception as exc:  # the connection is gone; reports reconnect
+        except Exception as exc:  # the connection is gone
             logger.debug("nanny link closed: %s", exc)
+        if not self.closing and not self._retrying:
+            asyncio.ensure_future(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        """The scheduler went away: rejoin the one that comes back (its worker reattaches to it,
+        worker/reattach.py), so that its restarts and exit reports reach us again."""
+        self._retrying, delay = True, 0.5
+        try:
+            while not self.closing and (self.comm is None or self.comm.closed):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                await self.start(quiet=True)
+        finally:
+            self._retrying = False
 
     async def send_report(self, report: dict) -> None:
         if self.comm is None or self.comm.closed:
@@ -373,6 +397,7 @@ class SchedulerLink:
                 pass
 
     async def close(self) -> None:
+        self.closing = True
         if self.comm is not None:
             self.comm.close()
 
@@ -380,7 +405,7 @@ class SchedulerLink:
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
               terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
               local_directory: str | None = None, child_env: dict | None = None, security=None,
-              owner_pid: int | None = None) -> int:
+              owner_pid: int | None = None, cluster_file: str | None = None) -> int:
     async def main() -> int:
         nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
                       local_directory=local_directory, child_env=child_env)
@@ -394,7 +419,7 @@ def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: 
             return True
 
         watch_owner(owner_pid, orphaned, "nanny")
-        link = SchedulerLink(address, secret, nanny, security)
+        link = SchedulerLink(address, secret, nanny, security, cluster_file)
         nanny.on_report = link.send_report
         await link.start()
         try:

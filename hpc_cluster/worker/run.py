@@ -10,18 +10,21 @@ import time
 from typing import Callable
 
 from ..protocol.comm import AuthenticationError
+from .reattach import reconnect_window as reconnect_window_for
 from .worker import EXIT_CANNOT_LISTEN, ListenError, Worker
 
 logger = logging.getLogger("hpc_cluster.worker")
 
 
 def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
-               on_registered: Callable[[], None] | None = None, owner_pid: int | None = None, **kwargs) -> int:
+               on_registered: Callable[[], None] | None = None, owner_pid: int | None = None,
+               reconnect_window: float | None = None, **kwargs) -> int:
     """Run a worker until the scheduler closes it or it is signalled. Returns an exit code.
 
     The scheduler may not be reachable yet (or for a moment); keep trying for
     `death_timeout` seconds before giving up with exit code 3. A worker that loses its
-    scheduler later tries as long again to register anew, then exits with
+    scheduler later keeps its results and tries to reattach for `reconnect_window` (default:
+    the larger of 10 minutes and death_timeout; worker/reattach.py), then exits with
     EXIT_LOST_SCHEDULER. `on_registered` is called
     once the scheduler has accepted the worker (the nanny learns it that way). It ends with
     `owner_pid` (its nanny, or LocalCluster's process), cleanly if it can.
@@ -38,12 +41,13 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
         return True
 
     watch_owner(owner_pid, orphaned, "worker")
+    window = reconnect_window_for(death_timeout, reconnect_window)
 
     async def main() -> int:
         deadline = time.monotonic() + death_timeout
         delay = 0.1
         while True:
-            worker = Worker(scheduler, secret, reconnect_window=death_timeout, **kwargs)
+            worker = Worker(scheduler, secret, reconnect_window=window, **kwargs)
             try:
                 await worker.start()
                 break

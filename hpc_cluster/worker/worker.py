@@ -27,6 +27,7 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .logs import LogBuffer
+from .reattach import reattach
 from .sizeof import sizeof
 from .store import MONITOR_INTERVAL, MemoryFractions, MemoryManager
 
@@ -52,12 +53,13 @@ class Worker:
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
                  limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None,
                  memory_fractions: MemoryFractions | None = None, local_directory: str | None = None,
-                 security=None, reconnect_window: float = 60.0):
+                 security=None, reconnect_window: float = 600.0, cluster_file: str | None = None):
         self.scheduler_address, self.secret = scheduler, secret
         # protocol/tls.py's Security: TLS to the scheduler and peers, and a tls:// listener.
         self.security = security
         self._tls = security.client_context() if security else None
-        self.reconnect_window = reconnect_window     # death_timeout: how long a lost scheduler is waited for
+        self.reconnect_window = reconnect_window     # how long a lost scheduler is waited for (reattach.py)
+        self.cluster_file = cluster_file             # re-read then: a restarted scheduler's new address
         self.nthreads, self.memory_limit = max(1, int(nthreads)), int(memory_limit or 0)
         self.name = name
         self.host, self.port = host, port
@@ -111,15 +113,16 @@ class Worker:
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
 
-    async def _register(self) -> None:
-        """Connect to the scheduler and register (at the start, and again after losing it)."""
+    async def _register(self, held: dict | None = None) -> None:
+        """Connect to the scheduler and register (at the start, and again after losing it, with
+        `held`: the results kept and the tasks running, worker/reattach.py)."""
         comm = await connect(self.scheduler_address, self.secret, self.info, self.limits, tls=self._tls)
         try:
             await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
                               "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
                               "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
                               "memory_fractions": self.memory.fractions.as_dict(),
-                              "spill_directory": self.data.directory, **self.extra_info})
+                              "spill_directory": self.data.directory, **self.extra_info, **(held or {})})
             reply = (await comm.read())[0]
             if reply.get("op") != "registered":
                 raise ConnectionError(f"the scheduler refused this worker: {reply.get('error') or reply}")
@@ -127,41 +130,19 @@ class Worker:
             comm.close()
             raise
         self.scheduler_comm = comm
-        self.scheduler = BatchedSend(comm)
+        offline, self.scheduler = self.scheduler, BatchedSend(comm)
+        self.scheduler.extend(getattr(offline, "buffer", None) or [])   # what happened after `held` was made
         self._reader = asyncio.create_task(self._read_scheduler())
         self._beat = asyncio.create_task(self._heartbeat())
 
     async def _reconnect(self) -> None:
-        """The connection to the scheduler broke: it dropped us, or it is gone (killed, restarted,
-        a network cut). A scheduler forgets a worker whose connection ends and recomputes what it
-        held, so we drop our results and queued tasks (running threads finish, unreported) and
-        register afresh, trying for the reconnect window (death_timeout). A scheduler's mere
-        pause closes nothing and never gets here. After the window: EXIT_LOST_SCHEDULER, which
-        the diagnosis calls 'scheduler-lost' (never a crash) and the nanny does not restart."""
-        self._beat.cancel()
-        self.scheduler_comm.close()
-        self._free(list(self.tasks) + list(self.data))
-        lost = time.monotonic()
-        deadline, delay = lost + self.reconnect_window, 0.1
-        while not self.closed.is_set() and time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(self._register(), max(0.1, deadline - time.monotonic()))
-                logger.warning("worker %s registered again with %s after %.1f s", self.address,
-                               self.scheduler_address, time.monotonic() - lost)
-                return
-            # Not even an AuthenticationError ends the window early: a scheduler dying under our
-            # handshake closes it, which reads as one ('closed the connection during the handshake').
-            except (OSError, ConnectionError, ProtocolError) as exc:   # TimeoutError is an OSError
-                logger.info("scheduler %s not reachable yet (%s); %.0f s of the reconnect window (death_timeout) "
-                            "left", self.scheduler_address, exc, deadline - time.monotonic())
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 2.0)
-        if self.closed.is_set():
-            return
-        logger.error("worker %s: no scheduler at %s for %.0f s (death_timeout); exiting", self.address,
-                     self.scheduler_address, time.monotonic() - lost)
-        self.exit_code = EXIT_LOST_SCHEDULER
-        await self.close("lost the scheduler", report=False)
+        """The connection to the scheduler broke: keep our results and reattach, to it or to the
+        one that replaced it, for the reconnect window (worker/reattach.py). After the window:
+        EXIT_LOST_SCHEDULER, which the diagnosis calls 'scheduler-lost' (never a crash) and the
+        nanny does not restart."""
+        if not await reattach(self) and not self.closed.is_set():
+            self.exit_code = EXIT_LOST_SCHEDULER
+            await self.close("lost the scheduler", report=False)
 
     def _listen(self) -> str:
         """Listen on the first free port of ours (--worker-port: one, or a share of a range)."""
@@ -270,8 +251,8 @@ class Worker:
                 self._run_ready()
         except (CommClosedError, ProtocolError) as exc:
             if not self.closed.is_set():
-                logger.warning("lost the scheduler connection: %s; reconnecting for up to %.0f s (death_timeout)",
-                               exc, self.reconnect_window)
+                logger.warning("lost the scheduler connection: %s; keeping %d results and reattaching for up to "
+                               "%.0f s", exc, len(self.nbytes), self.reconnect_window)
                 await self._reconnect()
 
     def _add_task(self, msg: dict) -> None:
