@@ -52,10 +52,12 @@ class KilledWorker(HPCClusterError):
         if (self.pools or {}).get("text"):
             lines.append(f"Pools: {self.pools['text']}")
         lines.append("Attempts:")
+        # A cluster without pools runs everything in 'default': naming it would be noise.
+        name_pools = any(a.get("escalation") or a.get("pool") not in (None, "default") for a in self.attempts)
         for i, a in enumerate(self.attempts, 1):
             when = datetime.datetime.fromtimestamp(a.get("time") or 0).strftime("%H:%M:%S")
             job = f" (job {a['job_id']})" if a.get("job_id") else ""
-            pool = f" in pool {a['pool']}" if a.get("pool") else ""
+            pool = f" in pool {a['pool']}" if a.get("pool") and name_pools else ""
             ran = f", after {a['ran_for']:.1f} s" if a.get("ran_for") is not None else ""
             lines.append(f"  {i}. {when} {a.get('name') or a.get('worker')}{job}{pool}: {a.get('cause')}{ran}")
             if a.get("escalation"):
@@ -102,7 +104,8 @@ def format_death(d: dict, indent: str = "  ") -> str:
     when = datetime.datetime.fromtimestamp(d.get("time") or 0).strftime("%Y-%m-%d %H:%M:%S")
     job = f" (job {d['job_id']})" if d.get("job_id") else ""
     charged = "charged to the task" if d.get("blame") else "not charged to any task"
-    pool = f" in pool {d['pool']}" if d.get("pool") else ""
+    named = d.get("pool") and (d["pool"] != "default" or d.get("escalation"))
+    pool = f" in pool {d['pool']}" if named else ""
     lines = [f"{when} {d.get('name') or d.get('worker')}{job}{pool}: {d.get('cause')} ({charged})",
              f"{indent}{d.get('text', '')}"]
     if d.get("escalation"):
