@@ -131,12 +131,20 @@ class Scheduler:
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  walltime_margin: float = 60.0,
-                 clock: Callable[[], float] = time.time, security=None):
+                 clock: Callable[[], float] = time.time, security=None,
+                 journal=None, recovered=None, recovery_window: float = 600.0):
+        """`journal` (journal.py's Journal): keep one, flushed every journal.interval.
+        `recovered` (journal.load()'s): start from that state instead of an empty one; results
+        it held wait `recovery_window` seconds for their workers to come back (recovery.py)."""
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
-        self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch,
-                                    walltime_failures=walltime_failures)
+        kwargs = dict(allowed_failures=allowed_failures, prefetch=prefetch, walltime_failures=walltime_failures)
+        self.state = (SchedulerState(**kwargs) if recovered is None
+                      else SchedulerState.rebuild(recovered, clock(), **kwargs))
+        self.journal, self.recovery_window = journal, recovery_window
+        self._journal_task: asyncio.Task | None = None
+        self._recovery_task: asyncio.Task | None = None
         self.secret, self.host, self.port = secret, host, port
         self.security = security                           # protocol/tls.py's Security: listen on tls://
         self.heartbeat_ttl = heartbeat_ttl
@@ -168,13 +176,20 @@ class Scheduler:
         self.address = self.listener.start_listening(self.host, self.port)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
         self._drain_task = asyncio.create_task(self._watch_deadlines())
+        if self.journal is not None:
+            self.journal.start(self.state)           # a new file: a snapshot of the state we start from
+            self._journal_task = asyncio.create_task(self._keep_journal())
+        if self.state.held_names():
+            self._recovery_task = asyncio.create_task(self._end_recovery())
         logger.info("scheduler listening at %s", self.address)
         return self.address
 
     async def close(self) -> None:
-        for t in (self._ttl_task, getattr(self, "_drain_task", None)):
+        for t in (self._ttl_task, getattr(self, "_drain_task", None), self._journal_task, self._recovery_task):
             if t is not None:
                 t.cancel()
+        if self.journal is not None:
+            self.journal.close()                     # the last changes too; the owner removes it if done
         for addr in list(self.state.workers):
             self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
         for stream in list(self.streams.values()):
@@ -275,6 +290,28 @@ class Scheduler:
             except Exception:
                 logger.exception("deadline check failed")
 
+    async def _keep_journal(self) -> None:
+        """Every journal.interval, what changed goes to the journal's writer thread: batched,
+        never a write per event, never a wait for the disk on this loop."""
+        while True:
+            await asyncio.sleep(self.journal.interval)
+            try:
+                self.journal.flush()
+            except Exception:
+                logger.exception("journal flush failed")
+
+    async def _end_recovery(self) -> None:
+        """Results rebuilt from the journal wait for their workers this long; then those
+        still missing are recomputed from lineage where needed."""
+        await asyncio.sleep(self.recovery_window)
+        missing = self.state.held_names()
+        if missing:
+            lost = self.state.holders_missing(missing)
+            logger.warning("%d workers did not come back within %.0f s of the restart (%s); %d results they "
+                           "held are recomputed where needed", len(missing), self.recovery_window,
+                           ", ".join(sorted(missing)[:5]), len(lost))
+            self._flush()
+
     def _end_unresponsive(self, info: dict) -> None:
         """A silent worker still holds its job's slot: its nanny (if any) ends it and reports
         what state the process was in, which also makes the verdict final in a second
@@ -340,9 +377,19 @@ class Scheduler:
                 "pool": first.get("pool") if isinstance(first.get("pool"), str) else None,
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
+        name = str(first.get("name") or addr)
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
-                              name=str(first.get("name") or addr), resources=first.get("resources") or {},
+                              name=name, resources=first.get("resources") or {},
                               info=info, deadline=_deadline(info))
+        if name in self.state.held_names():
+            # A worker the journal says held results came back: it keeps those it still holds
+            # (`held`: their keys), the others are recomputed where needed (recovery.py).
+            held = first.get("held")
+            if isinstance(held, list) and all(isinstance(k, str) for k in held):
+                _, dropped = self.state.confirm_held(addr, held)
+                if dropped:
+                    self._send_now(addr, {"op": "free-keys", "keys": dropped})
+            self.state.holders_missing([name])
         self._flush()
         logger.info("worker %s registered (%d threads)", addr, nthreads)
         connection = "closed"
