@@ -314,3 +314,40 @@ def test_a_copy_lost_with_its_worker_leaves_the_journal():
     s.remove_worker("tcp://a:1", 1.0, {"cause": "crash", "blame": False, "text": ""})
     compare()
     assert rec.status["k"][2:4] == ["m", ["wb"]] and rec.deaths[0]["name"] == "wa"
+
+
+def test_a_worker_registering_under_a_held_name_keeps_what_it_still_holds():
+    s = SchedulerState()
+    rec = Recovered()
+    recorder = Recorder(s)
+    workload(s)
+    for r in recorder.collect():
+        rec.apply(r)
+    holder = {k: next(iter(s.tasks[k].who_has)).name for k in ("x", "y")}
+    new = SchedulerState.rebuild(rec, now=10.0)
+    assert new.awaited == set(holder.values())
+    new.add_worker("tcp://other:1", nthreads=1, now=11, name="someone-else")
+    assert new.worker_returned("tcp://other:1", "someone-else", ["x"]) == []      # not awaited: nothing
+    assert new.tasks["x"].state == "held"
+    new.add_worker("tcp://y2:1", nthreads=1, now=11, name=holder["y"])
+    assert new.worker_returned("tcp://y2:1", holder["y"], ["y", "stale"]) == ["stale"]
+    assert new.tasks["y"].state == "memory" and new.awaited == {holder["x"]}
+    # x's worker comes back empty (a restarted process): x is recomputed, on any worker.
+    new.take_outbox()
+    new.add_worker("tcp://x2:1", nthreads=1, now=12, name=holder["x"])
+    assert new.worker_returned("tcp://x2:1", holder["x"], None) == []
+    assert new.tasks["x"].state == "processing" and not new.awaited
+
+
+def test_a_record_msgpack_cannot_hold_costs_only_itself(tmp_path):
+    s = SchedulerState()
+    j = Journal(tmp_path / "c.journal", cluster="c")
+    j.start(s)
+    s.add_client("c1")
+    s.update_graph("c1", [task("a"), task("b")], ["a", "b"])
+    s.cancel(["b"], "no")
+    s.tasks["b"].error["odd"] = {1, 2}                # a set: msgpack has no such type
+    assert j.flush() == 4 and j.wait_written()
+    j.close()
+    rec = load(tmp_path / "c.journal")
+    assert set(rec.specs) == {"a", "b"} and rec.status["a"][2] == "p" and "b" not in rec.status

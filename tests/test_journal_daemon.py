@@ -112,3 +112,16 @@ def test_a_killed_daemon_leaves_a_journal_a_new_daemon_rebuilds_from(sim, tmp_pa
         if cluster._proc is not None and cluster._proc.poll() is None:
             cluster._proc.kill()
         cluster.close()
+
+
+def test_a_local_cluster_keeps_a_journal_on_request_and_removes_it_when_closed(tmp_path):
+    from hpc_cluster import LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=1, journal=True, log_directory=str(tmp_path / "logs")) as c:
+        path = c.journal_path
+        with Client(c) as client:
+            one = client.submit(_inc, 1, key="one")
+            assert one.result(timeout=60) == 2
+            wait_until(lambda: _journal_says(path, {"one": "m"}), 30, "the journal to hold the result")
+            assert load(path).status["one"][3] == ["worker-0"]          # by the worker's name
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not path.exists(), "a scheduler closed on purpose removes its journal"

@@ -34,6 +34,7 @@ live records only) and renames it into place atomically.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -375,7 +376,19 @@ class Journal:
         records = self.recorder.collect(self.jobs)
         if not records:
             return 0
-        frame = encode_frame(records)
+        try:
+            frame = encode_frame(records)
+        except (TypeError, ValueError, OverflowError):
+            # One record msgpack cannot hold (a value of a type it does not know) must not
+            # cost the others: they go, it is logged.
+            good = []
+            for rec in records:
+                try:
+                    pack(rec)
+                    good.append(rec)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    logger.error("cannot journal %s record for %r: %s", rec[0], rec[1] if len(rec) > 1 else None, exc)
+            frame = encode_frame(good)
         self.file_bytes += len(frame)
         self._idle.clear()
         self._queue.put(("write", frame))
@@ -384,6 +397,16 @@ class Journal:
             self._queue.put(("compact", None))
             self.file_bytes = live             # about what the snapshot will be
         return len(records)
+
+    async def keep(self) -> None:
+        """Every `interval`, on the scheduler's loop: what changed goes to the writer thread,
+        batched, never a write per event, never a wait for the disk on the loop."""
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.flush()
+            except Exception:
+                logger.exception("journal flush failed")
 
     def wait_written(self, timeout: float = 10.0) -> bool:
         """Block until every queued frame is on disk (tests; close)."""

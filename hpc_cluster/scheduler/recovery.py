@@ -33,9 +33,24 @@ RESTART_NOTE = "the scheduler restarted before this verdict was final"
 
 
 class RecoveryMixin:
+    # Names of the workers the rebuilt state waits for (a cheap test at each registration);
+    # set by rebuild_into, emptied as they come back or are given up on.
+    awaited: frozenset | set = frozenset()
+
     def held_names(self) -> set[str]:
         """The workers (names) whose return some results still wait for."""
         return {name for ts in self.tasks.values() if ts.state == "held" for name in ts.held_by}
+
+    def worker_returned(self, address: str, name: str, held=None) -> list[str]:
+        """Call after add_worker: a worker registered under `name`. If results were held by
+        that name, the keys in `held` (what it says it still holds; None: it did not say) are
+        confirmed on it and the rest it was said to hold are lost (recomputed where needed).
+        Returns the keys it should free (held, but not known or wanted here)."""
+        if name not in self.awaited:
+            return []
+        dropped = self.confirm_held(address, held)[1] if held is not None else []
+        self.holders_missing([name])
+        return dropped
 
     def confirm_held(self, address: str, keys) -> tuple[list[str], list[str]]:
         """Worker `address` (registered again) says it holds `keys`. Returns (accepted,
@@ -67,6 +82,7 @@ class RecoveryMixin:
         """Workers `names` are not coming back: results only they held are lost and, where
         still needed, recomputed from lineage. Returns the keys lost."""
         names = set(names)
+        self.awaited = set(self.awaited) - names
         lost = []
         for ts in list(self.tasks.values()):
             if ts.state != "held" or not ts.held_by & names:
@@ -127,6 +143,7 @@ def rebuild_into(st, recovered, now: float):
                         del a[flag]
             if code == "m":
                 ts.state, ts.held_by = "held", set(detail)
+                st.awaited = set(st.awaited) | ts.held_by
             elif code == "e":
                 ts.state, ts.error = "erred", detail
             if ts.replicas > 1:

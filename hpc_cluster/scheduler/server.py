@@ -178,8 +178,8 @@ class Scheduler:
         self._drain_task = asyncio.create_task(self._watch_deadlines())
         if self.journal is not None:
             self.journal.start(self.state)           # a new file: a snapshot of the state we start from
-            self._journal_task = asyncio.create_task(self._keep_journal())
-        if self.state.held_names():
+            self._journal_task = asyncio.create_task(self.journal.keep())
+        if self.state.awaited:
             self._recovery_task = asyncio.create_task(self._end_recovery())
         logger.info("scheduler listening at %s", self.address)
         return self.address
@@ -290,16 +290,6 @@ class Scheduler:
             except Exception:
                 logger.exception("deadline check failed")
 
-    async def _keep_journal(self) -> None:
-        """Every journal.interval, what changed goes to the journal's writer thread: batched,
-        never a write per event, never a wait for the disk on this loop."""
-        while True:
-            await asyncio.sleep(self.journal.interval)
-            try:
-                self.journal.flush()
-            except Exception:
-                logger.exception("journal flush failed")
-
     async def _end_recovery(self) -> None:
         """Results rebuilt from the journal wait for their workers this long; then those
         still missing are recomputed from lineage where needed."""
@@ -381,15 +371,13 @@ class Scheduler:
         self.state.add_worker(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
                               name=name, resources=first.get("resources") or {},
                               info=info, deadline=_deadline(info))
-        if name in self.state.held_names():
-            # A worker the journal says held results came back: it keeps those it still holds
-            # (`held`: their keys), the others are recomputed where needed (recovery.py).
-            held = first.get("held")
-            if isinstance(held, list) and all(isinstance(k, str) for k in held):
-                _, dropped = self.state.confirm_held(addr, held)
-                if dropped:
-                    self._send_now(addr, {"op": "free-keys", "keys": dropped})
-            self.state.holders_missing([name])
+        # A worker the journal says held results came back: it keeps those it still holds
+        # (`held`: their keys), the others are recomputed where needed (recovery.py).
+        held = first.get("held")
+        dropped = self.state.worker_returned(addr, name, held if isinstance(held, list) and all(
+            isinstance(k, str) for k in held) else None)
+        if dropped:
+            self._send_now(addr, {"op": "free-keys", "keys": dropped})
         self._flush()
         logger.info("worker %s registered (%d threads)", addr, nthreads)
         connection = "closed"
