@@ -211,6 +211,18 @@ def test_the_journal_follows_moves_between_pools(data):
 
 
 # -- rebuilding --------------------------------------------------------------------------------
+def rebuilt_workload():
+    """workload() journaled (in memory), then rebuilt: x's and y's holders by name, the new state."""
+    s = SchedulerState()
+    rec = Recovered()
+    recorder = Recorder(s)
+    workload(s)
+    for r in recorder.collect():
+        rec.apply(r)
+    holder = {k: next(iter(s.tasks[k].who_has)).name for k in ("x", "y")}
+    return holder, SchedulerState.rebuild(rec, now=10.0)
+
+
 def test_a_rebuilt_state_holds_the_tasks_errors_deaths_and_wanted_keys(tmp_path):
     s = SchedulerState()
     j = Journal(tmp_path / "c.journal", cluster="c")
@@ -246,14 +258,7 @@ def test_a_rebuilt_state_holds_the_tasks_errors_deaths_and_wanted_keys(tmp_path)
 
 
 def test_held_results_are_confirmed_by_their_worker_or_recomputed_without_it():
-    s = SchedulerState()
-    rec = Recovered()
-    recorder = Recorder(s)
-    workload(s)
-    for r in recorder.collect():
-        rec.apply(r)
-    holder = {k: next(iter(s.tasks[k].who_has)).name for k in ("x", "y")}
-    new = SchedulerState.rebuild(rec, now=10.0)
+    holder, new = rebuilt_workload()
     new.add_worker("tcp://a2:1", nthreads=2, now=11, name=holder["x"])     # came back at a new address
     new.take_outbox()
     accepted, dropped = new.confirm_held("tcp://a2:1", ["x", "unknown"])
@@ -317,14 +322,7 @@ def test_a_copy_lost_with_its_worker_leaves_the_journal():
 
 
 def test_a_worker_registering_under_a_held_name_keeps_what_it_still_holds():
-    s = SchedulerState()
-    rec = Recovered()
-    recorder = Recorder(s)
-    workload(s)
-    for r in recorder.collect():
-        rec.apply(r)
-    holder = {k: next(iter(s.tasks[k].who_has)).name for k in ("x", "y")}
-    new = SchedulerState.rebuild(rec, now=10.0)
+    holder, new = rebuilt_workload()
     assert new.awaited == set(holder.values())
     new.add_worker("tcp://other:1", nthreads=1, now=11, name="someone-else")
     assert new.worker_returned("tcp://other:1", "someone-else", ["x"]) == []      # not awaited: nothing
