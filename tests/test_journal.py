@@ -345,7 +345,42 @@ def test_a_record_msgpack_cannot_hold_costs_only_itself(tmp_path):
     s.update_graph("c1", [task("a"), task("b")], ["a", "b"])
     s.cancel(["b"], "no")
     s.tasks["b"].error["odd"] = {1, 2}                # a set: msgpack has no such type
-    assert j.flush() == 4 and j.wait_written()
+    assert j.flush() == 5 and j.wait_written()          # B (their shared function), 2 S, 2 T
     j.close()
     rec = load(tmp_path / "c.journal")
     assert set(rec.specs) == {"a", "b"} and rec.status["a"][2] == "p" and "b" not in rec.status
+
+
+def test_a_function_many_tasks_share_is_written_once_while_they_live(tmp_path):
+    path = tmp_path / "c.journal"
+    s = SchedulerState()
+    j = Journal(path, cluster="c", compact_min_bytes=1 << 40)
+    j.start(s)
+
+    def written():                                       # every record in the file so far
+        assert j.wait_written()
+        return jr.read_frames(path.read_bytes())[0]
+
+    s.add_client("c1")
+    s.add_worker("tcp://a:1", nthreads=1, now=0, name="w")
+    s.update_graph("c1", [task(f"m{i}") for i in range(50)], [f"m{i}" for i in range(50)])
+    j.flush()
+    records = written()
+    assert [r[0] for r in records].count("B") == 1 and {r[2] for r in records if r[0] == "S"} == {0}
+    assert path.stat().st_size < 50 * len(F.data)
+    s.client_releases("c1", [f"m{i}" for i in range(50)])
+    j.flush()
+    assert [r[0] for r in written()].count("F") == 50
+    # Every task using it is gone: a new one writes it again, under a new id, and a compacted
+    # file still resolves it.
+    s.update_graph("c1", [task("again")], ["again"])
+    j.flush()
+    assert [r[:2] for r in written() if r[0] == "B"] == [["B", 0], ["B", 1]]
+    j.compact_min_bytes, j.file_bytes = 0, 1 << 30       # the next flush compacts the file
+    s.update_graph("c1", [task("more")], ["more"])
+    j.flush()
+    j.close()
+    assert j.compactions == 1
+    assert [r[:2] for r in written() if r[0] == "B"] == [["B", 1]]
+    rec = load(path)
+    assert set(rec.specs) == {"again", "more"} and rec.tasks()["more"]["func"] == F == rec.tasks()["again"]["func"]

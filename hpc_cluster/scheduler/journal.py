@@ -12,9 +12,11 @@ frame cut short by a crash (or with a wrong checksum) ends the journal there and
 ignored. Records, each a list whose first item says what it is:
 
     ["H", {"version", "cluster", "created"}]            first of every file
+    ["B", id, data]                                      a function's payload many tasks share
     ["S", key, func, args, deps, priority, duration, resources, extra]
                                                          a task as (re)defined (its pool and
-                                                         memory, which a move changes, are in "T")
+                                                         memory, which a move changes, are in "T");
+                                                         func is [data, [buffers]], or a "B" id
     ["T", key, code, holders|error, wanted, nbytes, retries, attempts, pool, memory,
      escalated, escalation, replicas]                    where the task stands
     ["F", key]                                           forgotten
@@ -125,7 +127,9 @@ class Recovered:
 
     cluster: str | None = None
     created: float | None = None
-    specs: dict = field(default_factory=dict)       # key -> "S" record
+    specs: dict = field(default_factory=dict)       # key -> "S" record, its func resolved
+    blobs: dict = field(default_factory=dict)       # "B" id -> payload
+    spec_blob: dict = field(default_factory=dict)   # key -> the "B" id its func came from
     status: dict = field(default_factory=dict)      # key -> "T" record
     deaths: dict = field(default_factory=dict)      # id -> death record
     jobs: object = None
@@ -135,12 +139,20 @@ class Recovered:
     def apply(self, rec: list) -> None:
         kind = rec[0]
         if kind == "S":
+            if isinstance(rec[2], int):
+                self.spec_blob[rec[1]] = rec[2]
+                rec = [*rec[:2], [self.blobs[rec[2]], []], *rec[3:]]
+            else:
+                self.spec_blob.pop(rec[1], None)
             self.specs[rec[1]] = rec
+        elif kind == "B":
+            self.blobs[rec[1]] = rec[2]
         elif kind == "T":
             self.status[rec[1]] = rec
         elif kind == "F":
             self.specs.pop(rec[1], None)
             self.status.pop(rec[1], None)
+            self.spec_blob.pop(rec[1], None)
         elif kind == "D":
             self.deaths[rec[1]["id"]] = rec[1]
         elif kind == "J":
@@ -151,7 +163,14 @@ class Recovered:
     def records(self) -> list[list]:
         """The live records, as a snapshot (compaction) writes them."""
         out = [["H", {"version": VERSION, "cluster": self.cluster, "created": self.created}]]
+        written = set()
         for key, spec in self.specs.items():
+            blob = self.spec_blob.get(key)
+            if blob is not None:                  # shared payloads stay shared
+                if blob not in written:
+                    written.add(blob)
+                    out.append(["B", blob, self.blobs[blob]])
+                spec = [*spec[:2], blob, *spec[3:]]
             out.append(spec)
             if key in self.status:
                 out.append(self.status[key])
@@ -250,11 +269,24 @@ class Recorder:
         self.state = state
         state.touched, state.touched_deaths = set(), set()
         self._spec_of: dict[str, tuple] = {}          # key -> the priority its spec was written with
+        # Functions shared by many tasks (a map's) are written once, as "B" records: payload ->
+        # [id, live specs using it]; key -> the payload its spec uses. Ids are never reused.
+        self._blobs: dict[bytes, list] = {}
+        self._blob_of: dict[str, bytes] = {}
+        self._next_blob = 0
         self._status: dict[str, list] = {}            # key -> its last status record
         self.sizes: dict[str, int] = {}               # key -> bytes of its live records
         self.death_sizes: dict[int, int] = {}
         self._deaths_seen = 0
         self._jobs = None
+
+    def _unref(self, key: str) -> None:
+        data = self._blob_of.pop(key, None)
+        if data is not None:
+            entry = self._blobs[data]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._blobs[data]            # a later use writes it again, under a new id
 
     def live_bytes(self) -> int:
         return sum(self.sizes.values()) + sum(self.death_sizes.values())
@@ -269,6 +301,7 @@ class Recorder:
                 if self._spec_of.pop(key, None) is not None:
                     self._status.pop(key, None)
                     self.sizes.pop(key, None)
+                    self._unref(key)
                     out.append(["F", key])
                 continue
             if self._spec_of.get(key) != ts.priority:
@@ -276,8 +309,23 @@ class Recorder:
                 # means the task was (re)defined, payloads and all.
                 spec = spec_record(ts)
                 self._spec_of[key] = ts.priority
+                self._unref(key)
+                size = (ts.args.nbytes if ts.args is not None else 0) + 40 + 8 * len(ts.dependencies)
+                func = ts.func
+                if func is not None and not func.buffers and len(func.data) >= 64:
+                    data = bytes(func.data)
+                    entry = self._blobs.get(data)
+                    if entry is None:
+                        entry = self._blobs[data] = [self._next_blob, 0]
+                        self._next_blob += 1
+                        out.append(["B", entry[0], data])
+                        size += len(data)        # (counted with the first spec using it)
+                    entry[1] += 1
+                    self._blob_of[key] = data
+                    spec[2] = entry[0]
+                elif func is not None:
+                    size += func.nbytes
                 out.append(spec)
-                size = (ts.func.nbytes + ts.args.nbytes if ts.func is not None else 0) + 40 + 8 * len(ts.dependencies)
                 self.sizes[key] = size + 64
             status = status_record(ts)
             if status != self._status.get(key):      # (compared as lists: cheaper than packing it)
