@@ -223,8 +223,9 @@ def resume_from(path, cluster: str | None = None) -> Recovered | None:
 
 
 # -- what the state says, as records ---------------------------------------------------------
-def spec_record(ts) -> list:
-    return ["S", ts.key, opaque_out(ts.func), opaque_out(ts.args), sorted(d.key for d in ts.dependencies),
+def spec_record(ts, func=None) -> list:
+    """`func`: the "B" id its function was written under, if it was (else the payload)."""
+    return ["S", ts.key, opaque_out(ts.func) if func is None else func, opaque_out(ts.args), sorted(d.key for d in ts.dependencies),
             list(ts.priority), ts.duration, ts.resources, None]
 
 
@@ -262,8 +263,9 @@ def snapshot(state, cluster: str | None = None, created: float | None = None, jo
 
 
 class Recorder:
-    """Turns what the state noted as changed into records, writing only what differs from
-    the last record of each key (pure: no I/O; `Journal` owns the file)."""
+    """Turns what the state noted as changed into records: a spec when a task is (re)defined,
+    its status whenever it was touched, "F" when it is gone (pure: no I/O; `Journal` owns the
+    file)."""
 
     def __init__(self, state):
         self.state = state
@@ -274,7 +276,6 @@ class Recorder:
         self._blobs: dict[bytes, list] = {}
         self._blob_of: dict[str, bytes] = {}
         self._next_blob = 0
-        self._status: dict[str, list] = {}            # key -> its last status record
         self.sizes: dict[str, int] = {}               # key -> bytes of its live records
         self.death_sizes: dict[int, int] = {}
         self._deaths_seen = 0
@@ -299,7 +300,6 @@ class Recorder:
             ts = st.tasks.get(key)
             if ts is None:
                 if self._spec_of.pop(key, None) is not None:
-                    self._status.pop(key, None)
                     self.sizes.pop(key, None)
                     self._unref(key)
                     out.append(["F", key])
@@ -307,9 +307,9 @@ class Recorder:
             if self._spec_of.get(key) != ts.priority:
                 # The priority carries a sequence number unique to each definition: a new one
                 # means the task was (re)defined, payloads and all.
-                spec = spec_record(ts)
                 self._spec_of[key] = ts.priority
                 self._unref(key)
+                blob = None
                 size = (ts.args.nbytes if ts.args is not None else 0) + 40 + 8 * len(ts.dependencies)
                 func = ts.func
                 if func is not None and not func.buffers and len(func.data) >= 64:
@@ -322,15 +322,15 @@ class Recorder:
                         size += len(data)        # (counted with the first spec using it)
                     entry[1] += 1
                     self._blob_of[key] = data
-                    spec[2] = entry[0]
+                    blob = entry[0]
                 elif func is not None:
                     size += func.nbytes
-                out.append(spec)
+                out.append(spec_record(ts, blob))
                 self.sizes[key] = size + 64
-            status = status_record(ts)
-            if status != self._status.get(key):      # (compared as lists: cheaper than packing it)
-                self._status[key] = status
-                out.append(status)
+            # A touched key's status is written as it is: keys are touched where what the journal
+            # holds of them changes, and keeping each key's last record to compare with cost
+            # memory (and the garbage collector's time) for every live task.
+            out.append(status_record(ts))
         touched_deaths, st.touched_deaths = st.touched_deaths, set()
         touched_deaths.update(range(self._deaths_seen, len(st.deaths)))
         self._deaths_seen = len(st.deaths)
