@@ -110,10 +110,11 @@ DESCRIPTIONS = {"map": "map(noop, range({n})) + gather",
 
 
 # -- clusters --------------------------------------------------------------------------------
-def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
+def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False,
+               journal: bool = False):
     from hpc_cluster import Client, LocalCluster
     cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads,
-                                               security=security or None))
+                                               security=security or None, journal=journal))
     client = stack.enter_context(Client(cluster))
     client.wait_for_workers(workers, timeout=60)
     return client
@@ -136,7 +137,9 @@ def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security
 
 
 # "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary()).
+# "ours-journal": the scheduler keeps its journal (issue 16; LocalCluster(journal=True)).
 STARTERS = {"ours": start_ours, "dask": start_dask,
+            "ours-journal": lambda *a: start_ours(*a, journal=True),
             "ours-tls": lambda *a: start_ours(*a, security=True), "dask-tls": lambda *a: start_dask(*a, security=True)}
 
 
@@ -274,7 +277,7 @@ def parse_args(argv=None):
     p.add_argument("--chain", type=int, help="length of the dependent chain")
     p.add_argument("--benchmarks", default="map,tree,chain", help="comma-separated subset to run")
     p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, ours-tls, dask-tls "
-                   "(TLS on every connection; default ours,dask)")
+                   "(TLS on every connection), ours-journal (the scheduler keeps its journal); default ours,dask")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")

@@ -209,7 +209,8 @@ CLOCKS_AND_IO = {"time", "datetime", "socket", "asyncio", "tornado", "subprocess
 IO_BUILTINS = {"open", "input", "print"}
 STATE_MACHINE = ["scheduler/state.py", "scheduler/placement.py", "scheduler/drain.py",
                  "scheduler/replicas.py", "scheduler/blame.py", "scheduler/diagnosis.py",
-                 "scheduler/clients.py", "scheduler/records.py", "scheduler/pools.py"]
+                 "scheduler/clients.py", "scheduler/records.py", "scheduler/pools.py",
+                 "scheduler/recovery.py"]
 
 
 def parser_modules() -> list[str]:

@@ -105,7 +105,8 @@ def find_cluster(name: str | None) -> tuple[str, Path, dict]:
 
 def _remove_leftovers(name: str) -> list[Path]:
     removed = []
-    for p in (cluster_file_for(name), plan_file(name)):
+    # The journal too (issue 16): `down` says the cluster is not to be resumed.
+    for p in (cluster_file_for(name), plan_file(name), cluster_file_for(name).with_suffix(".journal")):
         try:
             p.unlink()
             removed.append(p)

@@ -24,6 +24,7 @@ from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
 from ..protocol.secret import read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
+from ..scheduler.journal import Journal, resume_from
 from ..scheduler.server import Scheduler
 from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
@@ -42,11 +43,23 @@ async def run(plan: dict) -> int:
     info = read_cluster_file(cluster_file)
     secret, security = info["secret"], Security.from_dict(info.get("tls"))
     sc = plan["scheduler"]
+    # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
+    # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
+    journal = recovered = None
+    if plan.get("journal"):
+        path = journal_path(cluster_file)
+        recovered = resume_from(path, plan["name"])
+        journal = Journal(path, cluster=plan["name"])
     sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
                       allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
                       versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
                       limits=Limits(max_frame_bytes=sc["max_frame_bytes"], max_message_bytes=sc["max_message_bytes"]),
-                      security=security)
+                      security=security, journal=journal, recovered=recovered)
+    # The last daemon's jobs, as it wrote them: adopting them is the next step (issue 16,
+    # point 2); until then they are kept in the journal beside ours.
+    inherited = dict(recovered.jobs) if recovered is not None and isinstance(recovered.jobs, dict) else {}
+    if journal is not None and inherited:
+        journal.jobs = inherited               # in the new file's first snapshot already
     address = await sched.start()
     runner = make_runner(plan.get("ssh"))
     adapter = get_adapter(plan["batch"], runner)
@@ -111,6 +124,8 @@ async def run(plan: dict) -> int:
     if plan.get("owner_pid"):
         asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
     await jm.start()
+    if journal is not None:
+        asyncio.create_task(_journal_jobs(journal, jm, inherited))
     for name, p in pools.items():
         if p.get("n_jobs"):
             await jm.scale(int(p["n_jobs"]), name)
@@ -118,6 +133,8 @@ async def run(plan: dict) -> int:
     await stop.wait()
     await jm.close()
     await sched.close()
+    if journal is not None:
+        journal.remove()                      # shut down on purpose: nothing to resume
     await asyncio.sleep(0.1)                  # let the last replies leave
     for path in (cluster_file, shared):
         if path:
@@ -133,6 +150,24 @@ async def run(plan: dict) -> int:
         shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])
     return 0
+
+
+def journal_path(cluster_file: Path) -> Path:
+    """NAME.journal beside NAME.json, in the same private directory."""
+    return Path(cluster_file).with_suffix(".journal")
+
+
+async def _journal_jobs(journal, jm, inherited: dict) -> None:
+    """The jobs record: job id -> pool, index, state of every unfinished job (and those a
+    daemon before us left), read every second; the journal writes it when it changed."""
+    while True:
+        try:
+            journal.jobs = dict(inherited, **{jid: {"pool": m.pool, "index": j.index, "state": j.state}
+                                              for m in jm.managers.values() for jid, j in m.jobs.items()
+                                              if not j.final})
+        except Exception:
+            logger.exception("recording the jobs in the journal failed")
+        await asyncio.sleep(1.0)
 
 
 async def _watch_owner(pid: int, stop: asyncio.Event) -> None:

@@ -265,7 +265,7 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
         "pools": plan_pools, "escalate": v["escalate"],
-        "startup_failures": v["startup_failures"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
+        "startup_failures": v["startup_failures"], "journal": v["journal"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
     }
 
 

@@ -136,6 +136,8 @@ class LocalCluster:
     workers run and spill results to disk (default: the temp directory). `security`, as in
     dask: True encrypts every connection with TLS under a certificate made for this cluster
     (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key.
+    `journal=True`: the scheduler keeps a journal of its state (`scheduler.journal` in the log
+    directory; scheduler/journal.py), removed when the cluster closes.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -147,7 +149,7 @@ class LocalCluster:
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
                  memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
-                 security=None, **unknown):
+                 security=None, journal: bool = False, **unknown):
         if unknown:
             import inspect
 
@@ -171,6 +173,7 @@ class LocalCluster:
         else:
             self.memory_limit = parse_memory(memory_limit, "memory_limit")
         self.nanny, self.host, self.timeout = nanny, host, timeout
+        self.journal = bool(journal)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.resources = resources or {}
         self.secret = new_secret()
@@ -220,7 +223,8 @@ class LocalCluster:
             [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
-             *self._limit_args(), *self._owner_args()],
+             *self._limit_args(), *self._owner_args(),
+             *(["--journal", str(self.journal_path)] if self.journal else [])],
             env=_child_env(self.secret), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         # The scheduler is ours too: while it runs (even past a killed owner) the directory is in use.
@@ -240,6 +244,10 @@ class LocalCluster:
         self._owner_file.write_text(json.dumps({"processes": [_process_id(os.getpid()), _process_id(proc.pid)],
                                                 "address": self.scheduler_address}))
         return proc
+
+    @property
+    def journal_path(self) -> Path:
+        return self.log_directory / "scheduler.journal"
 
     def _worker_command(self, name: str) -> list[str]:
         cmd = [sys.executable, "-m", "hpc_cluster.worker", "--scheduler", self.scheduler_address,

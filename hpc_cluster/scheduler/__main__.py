@@ -18,6 +18,7 @@ from ..protocol.frames import Limits
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
 from ..protocol.tls import Security
+from .journal import Journal, resume_from
 from .server import Scheduler
 
 
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
                         "for a client to resubmit or want it again")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--owner-pid", type=int, help="exit when this process (the one that started us) is gone")
+    p.add_argument("--journal", help="keep a journal of the state here (journal.py); removed on a clean exit")
+    p.add_argument("--resume", action="store_true", help="with --journal: start from the state it holds, if any")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -61,11 +64,14 @@ def main(argv=None) -> int:
             p.error("give --cluster-file or set $HPC_CLUSTER_SECRET")
 
     async def run() -> None:
+        journal = Journal(args.journal) if args.journal else None
+        recovered = resume_from(args.journal) if args.journal and args.resume else None
         sched = Scheduler(secret, host=args.host, port=args.port, allowed_failures=args.allowed_failures,
                           heartbeat_ttl=args.heartbeat_ttl, versions=args.versions,
                           limits=Limits(max_frame_bytes=args.max_frame_bytes,
                                         max_message_bytes=args.max_message_bytes), security=security,
-                          reattach_grace=args.reattach_grace, claim_window=args.claim_window)
+                          reattach_grace=args.reattach_grace, claim_window=args.claim_window,
+                          journal=journal, recovered=recovered)
         address = await sched.start()
         if args.cluster_file:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))
@@ -86,6 +92,8 @@ def main(argv=None) -> int:
         watch_owner(args.owner_pid, orphaned, "scheduler")
         await stop.wait()
         await sched.close()
+        if journal is not None:
+            journal.remove()                       # a clean exit: nothing to resume
 
     asyncio.run(run())
     return 0

@@ -38,6 +38,8 @@ class BlameMixin:
             return
         record = self.deaths[death_id]
         record.update(cause=cause, blame=bool(blame), text=text, **more)
+        if self.touched_deaths is not None:
+            self.touched_deaths.add(death_id)
         for key in record["executing"]:
             ts = self.tasks.get(key)
             if ts is not None and ts.state in ("waiting", "queued", "processing"):

@@ -36,6 +36,7 @@ class ClientsMixin:
             if ts is None:
                 ts = self.tasks[key] = TaskState(key)
             ts.func, ts.args = spec["func"], spec["args"]
+            self._touch(ts)
             ts.priority = (-int(spec.get("priority", 0)), next(self._seq))
             ts.retries = int(spec.get("retries", 0))
             ts.resources = spec.get("resources") or None
@@ -73,6 +74,7 @@ class ClientsMixin:
     def _want(self, cid: str, ts: TaskState) -> None:
         """The client holds a future to `ts`: tell it at once if the result or the error is there."""
         ts.who_wants.add(cid)
+        self._touch(ts)
         if ts.state == "memory":
             self._send(cid, {"op": "key-in-memory", "key": ts.key, "nbytes": ts.nbytes})
         elif ts.state == "erred":
@@ -133,6 +135,7 @@ class ClientsMixin:
             if ts is not None and cid in ts.who_wants:
                 ts.who_wants.discard(cid)
                 touched.append(ts)
+                self._touch(ts)
         for ts in touched:
             self._maybe_release(ts)
         self._schedule()
@@ -152,6 +155,7 @@ class ClientsMixin:
             ts = self.tasks.get(key) or self.tasks.setdefault(key, TaskState(key))
             ts.who_wants.add(cid)
             ts.nbytes = int(nbytes.get(key, 0))
+            self._touch(ts)
             if not holders:
                 self._err(ts, {"kind": "lost-data", "text": f"scattered data {key!r} reached no live worker"})
                 continue
@@ -171,6 +175,8 @@ class ClientsMixin:
             self._tell_clients(ts, {"op": "task-erred", "key": ts.key,
                                     "error": {"kind": "cancelled", "text": reason}})
         holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
+        if self.touched is not None:
+            self.touched.update(self.tasks)          # every one forgotten
         self.tasks.clear()
         self._ready.clear()
         self._roots.clear()

@@ -278,6 +278,7 @@ class PoolsMixin:
             if attempt.get("considered") or death.get("final_at") is None:
                 continue
             attempt["considered"] = True
+            self._touch(ts)
             if death["blame"] and death["cause"] in MEMORY_CAUSES and self.escalate["memory"]:
                 self._memory_move(ts, attempt)
             elif death["cause"] == "walltime" and self.escalate["walltime"]:
@@ -338,7 +339,10 @@ class PoolsMixin:
                 ts.processing_on.used_memory += memory - ts.memory
             ts.memory = memory
         ts.pool, ts.escalated, ts.escalation = target, True, text
+        self._touch(ts)
         if attempt is not None:
+            if self.touched_deaths is not None:
+                self.touched_deaths.add(attempt["death"]["id"])
             attempt["moved"], attempt["escalation"] = True, text
             death = attempt["death"]
             said = text if len(death.get("executing") or ()) <= 1 else f"{ts.key!r}: {text}"

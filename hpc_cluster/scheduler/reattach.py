@@ -53,7 +53,7 @@ class ReattachMixin:
             return
         self.set_time(now)
         until = now + self.claim_window
-        drop = []
+        drop, confirmed = [], []
         for key, nbytes in held.items():
             ts = self.tasks.get(key)
             if ts is None:
@@ -62,8 +62,14 @@ class ReattachMixin:
                     self._adopt_held(key, self.awaited.pop(key)[0])
             elif ts.state == "erred":
                 drop.append(key)
+            elif ts.state == "held":
+                confirmed.append(key)                # a journal's rebuilt state waited for it (recovery.py)
             else:
                 self.task_finished(address, key, int(nbytes))     # as if it had just finished there
+        if confirmed:
+            self.confirm_held(address, confirmed)
+        if ws.name in self.awaited_workers:
+            self.holders_missing([ws.name])          # what it was said to hold and no longer does
         for key in running:
             ts = self.tasks.get(key)
             if ts is not None and ts.state == "queued" and ts.processing_on is None:
@@ -146,6 +152,7 @@ class ReattachMixin:
                            if a in self.workers]
                 if holders:
                     ts.state, ts.nbytes, ts.error = "memory", holders[0][1], None
+                    self._touch(ts)
                     for ws, _ in holders:
                         ts.who_has.add(ws)
                         ws.has_what.add(ts)
@@ -182,6 +189,7 @@ class ReattachMixin:
             return None
         ts = self.tasks[key] = TaskState(key, state="memory", nbytes=holders[0][1])
         ts.who_wants |= cids
+        self._touch(ts)
         for ws, _ in holders:
             ts.who_has.add(ws)
             ws.has_what.add(ts)

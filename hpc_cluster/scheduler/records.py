@@ -35,6 +35,9 @@ class TaskState:
     pool: str | None = None                          # the only pool it may run on (named, or moved to)
     escalated: bool = False                          # `pool` and `memory` were set by a retry by cause
     escalation: str | None = None                    # the latest move, as the user reads it
+    # state "held": rebuilt from a journal, its result on these workers (names) until they come
+    # back and confirm it, or are known gone (recovery.py)
+    held_by: set = field(default_factory=set)
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -14,6 +14,7 @@ class ReplicaMixin:
             ts = self.tasks.get(key)
             if ts is not None:
                 ts.replicas = max(1, int(n))
+                self._touch(ts)
                 self.replicated.add(key)
                 self._ensure_replicas(ts)
 
@@ -51,6 +52,7 @@ class ReplicaMixin:
             return
         ts.who_has.add(ws)
         ws.has_what.add(ts)
+        self._touch(ts)
 
     def replica_failed(self, address: str, key: str) -> None:
         ts = self.tasks.get(key)

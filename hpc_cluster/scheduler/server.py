@@ -141,12 +141,19 @@ class Scheduler(BacklogMixin):
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  walltime_margin: float = 60.0,
                  clock: Callable[[], float] = time.time, security=None, claim_window: float = 120.0,
-                 reattach_grace: float = 0.0):
+                 reattach_grace: float = 0.0, journal=None, recovered=None, recovery_window: float = 600.0):
+        """`journal` (journal.py's Journal): keep one, flushed every journal.interval.
+        `recovered` (journal.load()'s): start from that state instead of an empty one; results
+        it held wait `recovery_window` seconds for their workers to come back (recovery.py)."""
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
-        self.state = SchedulerState(allowed_failures=allowed_failures, prefetch=prefetch,
-                                    walltime_failures=walltime_failures)
+        kwargs = dict(allowed_failures=allowed_failures, prefetch=prefetch, walltime_failures=walltime_failures)
+        self.state = (SchedulerState(**kwargs) if recovered is None
+                      else SchedulerState.rebuild(recovered, clock(), **kwargs))
+        self.journal, self.recovery_window = journal, recovery_window
+        self._journal_task: asyncio.Task | None = None
+        self._recovery_task: asyncio.Task | None = None
         # Reattaching workers and clients (issue 16; scheduler/reattach.py): unknown results are
         # kept claim_window s; a restarted scheduler places nothing for reattach_grace s.
         self.state.claim_window = claim_window
@@ -185,6 +192,11 @@ class Scheduler(BacklogMixin):
             self.state.hold_placement(self.clock() + self.reattach_grace)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
         self._drain_task = asyncio.create_task(self._watch_deadlines())
+        if self.journal is not None:
+            self.journal.start(self.state)           # a new file: a snapshot of the state we start from
+            self._journal_task = asyncio.create_task(self.journal.keep())
+        if self.state.awaited_workers:
+            self._recovery_task = asyncio.create_task(self._end_recovery())
         logger.info("scheduler listening at %s", self.address)
         return self.address
 
@@ -192,9 +204,11 @@ class Scheduler(BacklogMixin):
         """Shut down: workers leave and clients cancel their futures at once, since nobody comes
         back. With `restarting` (a scheduler will take over: issue 16) neither is told, so both
         reattach to the next one, as after a crash."""
-        for t in (self._ttl_task, getattr(self, "_drain_task", None)):
+        for t in (self._ttl_task, getattr(self, "_drain_task", None), self._journal_task, self._recovery_task):
             if t is not None:
                 t.cancel()
+        if self.journal is not None:
+            self.journal.close()                     # the last changes too; the owner removes it if done
         for addr in list(self.state.workers) if not restarting else ():
             self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
         for cid in list(self.state.clients) if not restarting else ():
@@ -300,6 +314,18 @@ class Scheduler(BacklogMixin):
             except Exception:
                 logger.exception("deadline check failed")
 
+    async def _end_recovery(self) -> None:
+        """Results rebuilt from the journal wait for their workers this long; then those
+        still missing are recomputed from lineage where needed."""
+        await asyncio.sleep(self.recovery_window)
+        missing = self.state.held_names()
+        if missing:
+            lost = self.state.holders_missing(missing)
+            logger.warning("%d workers did not come back within %.0f s of the restart (%s); %d results they "
+                           "held are recomputed where needed", len(missing), self.recovery_window,
+                           ", ".join(sorted(missing)[:5]), len(lost))
+            self._flush()
+
     def _end_unresponsive(self, info: dict) -> None:
         """A silent worker still holds its job's slot: its nanny (if any) ends it and reports
         what state the process was in, which also makes the verdict final in a second
@@ -366,11 +392,13 @@ class Scheduler(BacklogMixin):
                 "pool": first.get("pool") if isinstance(first.get("pool"), str) else None,
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
-        # A worker that comes back with what it kept (scheduler/reattach.py) joins in one event.
+        name = str(first.get("name") or addr)
+        # A worker that comes back with what it kept (scheduler/reattach.py) joins in one event;
+        # results a journal's rebuilt state holds for it by name are confirmed or lost there.
         join = functools.partial(self.state.add_reattached_worker, held=held, running=running) \
-            if held or running else self.state.add_worker
+            if held or running or name in self.state.awaited_workers else self.state.add_worker
         join(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
-             name=str(first.get("name") or addr), resources=first.get("resources") or {},
+             name=name, resources=first.get("resources") or {},
              info=info, deadline=_deadline(info))
         self._flush()
         if self._backlog:

@@ -12,6 +12,8 @@ Task states
     erred       failed; the error is kept for every future and dependent
     released    not needed now; kept (with its run_spec) while dependents may need
                 it to be recomputed from lineage
+    held        rebuilt from the journal: its result was on workers (by name) that have not
+                come back yet (recovery.py)
 
 A task leaves the graph (forgotten) once nobody wants it and no dependent remains.
 Workers get at most `nthreads + prefetch` tasks, so a worker's death touches only what it
@@ -28,6 +30,7 @@ from .clients import ClientsMixin
 from .drain import DrainMixin
 from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
+from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
                         wait_for_holder, worker_pool)
@@ -36,7 +39,8 @@ from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests a
 ACTIVE = ("waiting", "queued", "processing")
 
 
-class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin):
+class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
+                     RecoveryMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True):
         self.tasks: dict[str, TaskState] = {}
@@ -59,6 +63,19 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.escalate = dict(ESCALATE)
         self._unchecked: list = []                   # queued since placeability was last checked (pools)
         self._init_reattach()                        # results of reattached workers (reattach.py)
+        # What changed that a journal must record (journal.py's Recorder sets these to sets and
+        # reads them at each flush); None: no journal, nothing noted.
+        self.touched: set | None = None
+        self.touched_deaths: set | None = None
+
+    @classmethod
+    def rebuild(cls, recovered, now: float, **kwargs) -> "SchedulerState":
+        """A state rebuilt from a journal (journal.load()): recovery.py says what it holds."""
+        return rebuild_into(cls(**kwargs), recovered, now)
+
+    def _touch(self, ts: TaskState) -> None:
+        if self.touched is not None:
+            self.touched.add(ts.key)
 
     # -- helpers ---------------------------------------------------------------
     def _send(self, to: str, msg: dict) -> None:
@@ -152,6 +169,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 # The record is shared: a later verdict updates it in place.
                 ran = now - ts.started_at if ts.started_at is not None else None
                 ts.attempts.append({"death": record, "ran_for": ran, "pool": record["pool"]})
+                self._touch(ts)
             ts.processing_on = None
         executing = set(ws.executing)
         ws.processing.clear()
@@ -159,6 +177,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         lost = []
         for ts in ws.has_what:
             ts.who_has.discard(ws)
+            self._touch(ts)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         short = [ts for ts in ws.has_what if ts.replicas > 1 and ts.who_has]
@@ -193,6 +212,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
     def _data_lost(self, ts: TaskState) -> None:
         """The last copy of a result is gone: recompute it if anyone needs it."""
         ts.state = "released"
+        self._touch(ts)
         for dep in ts.dependents:
             if dep.state == "queued":
                 dep.state = "waiting"
@@ -252,6 +272,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             self._abandon(ts)
         ts.who_has.add(ws)
         ws.has_what.add(ts)
+        self._touch(ts)
         if ts.state == "memory":                     # a duplicate result: one more copy
             if freed:
                 self._schedule()
@@ -284,6 +305,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self._unassign(ts)
         if ts.retries > 0:
             ts.retries -= 1
+            self._touch(ts)
             ts.state = "released"
             self._activate(ts)
         else:
@@ -298,6 +320,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 hws = self.workers.get(h)
                 if hws is not None and hws in dts.who_has:
                     dts.who_has.discard(hws)
+                    self._touch(dts)
                     hws.has_what.discard(dts)
             if not dts.who_has and dts.state == "memory":
                 self._data_lost(dts)
@@ -397,6 +420,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if ts.state == "processing":
                 self._abandon(ts)
             ts.state, ts.error = "erred", err
+            self._touch(ts)
             ts.waiting_on = set()
             for dep in ts.dependencies:
                 dep.waiters.discard(ts)
@@ -426,6 +450,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                         or self.tasks.get(ts.key) is not ts):
                     continue
                 del self.tasks[ts.key]
+                self._touch(ts)
                 for dep in ts.dependencies:
                     dep.dependents.discard(ts)
                     dep.waiters.discard(ts)
@@ -442,6 +467,11 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
                 ts.who_has.clear()
                 ts.state = "released"
+                self._touch(ts)
+            elif ts.state == "held":                 # wanted by nobody now: its holders free it if they come back
+                ts.held_by.clear()
+                ts.state = "released"
+                self._touch(ts)
             elif ts.state in ACTIVE:
                 if ts.state == "processing":
                     self._abandon(ts)

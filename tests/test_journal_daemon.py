@@ -1,0 +1,127 @@
+"""A cluster daemon SIGKILLed with a journal: a new daemon of the same name rebuilds what the
+client had submitted (issue 16, points 1 and 2's state half). Against the PBS simulator
+(tests/pbs_sim), as test_pbs_deploy.py: a real daemon, real jobs, a real worker.
+
+Workers and clients reattaching is the other half of the issue; here the old job is ended
+before the new daemon starts, and the rebuilt task table is read through `why`.
+"""
+
+from __future__ import annotations
+
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from waiting import wait_until  # noqa: E402
+
+from hpc_cluster import Client  # noqa: E402
+from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
+from hpc_cluster.deploy.daemon import journal_path  # noqa: E402
+from hpc_cluster.deploy.launch import control, launch  # noqa: E402
+from hpc_cluster.scheduler.journal import load  # noqa: E402
+from pbs_sim import pbssim  # noqa: E402
+
+
+def _inc(x):
+    return x + 1
+
+
+def _fail(x):
+    raise ValueError(f"bad input {x}")
+
+
+def _sleep(x):
+    time.sleep(600)
+    return x
+
+
+def _add(a, b):
+    return a + b
+
+
+def _journal_says(path: Path, want: dict, jobs: bool = False) -> bool:
+    try:
+        rec = load(path)
+    except (OSError, ValueError):
+        return False
+    return (not jobs or bool(rec.jobs)) and all(key in rec.status and rec.status[key][2] == code for key, code in want.items())
+
+
+def _why(client, key):
+    return client._lt.run(client._request({"op": "why", "key": key}), 30)
+
+
+def test_a_killed_daemon_leaves_a_journal_a_new_daemon_rebuilds_from(sim, tmp_path):
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                         journal=True)
+    name, cfg, proc2 = cluster.id, cluster.config, None
+    path = journal_path(cluster.cluster_file)
+    try:
+        cluster.scale(1)
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=120)
+            x = client.submit(_inc, 1, key="x")
+            bad = client.submit(_fail, 2, key="bad")
+            slow = client.submit(_sleep, 3, key="slow")
+            z = client.submit(_add, x, slow, key="z")
+            assert x.result(timeout=60) == 2
+            wait_until(lambda: bad.status == "error", 60, "the failing task to fail")
+            # The journal is written every 0.2 s: wait until it says what the client knows.
+            wait_until(lambda: _journal_says(path, {"x": "m", "bad": "e", "slow": "p", "z": "p"}, jobs=True), 30,
+                       "the journal to hold the submitted tasks and the job")
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.parent == cluster.cluster_file.parent
+            worker_name = next(iter(client.scheduler_info()["workers"].values()))["name"]
+            cluster._proc.send_signal(signal.SIGKILL)          # no goodbye, no cleanup
+            cluster._proc.wait(30)
+            del x, bad, slow, z
+        # Its job runs on (the daemon could not cancel it); end it, so no worker of the old
+        # daemon comes back in this test: reattaching is the other half of the issue.
+        pbssim.cleanup(str(sim))
+        wait_until(lambda: not pbssim.live_pids(str(sim)), 30, "the old job's processes to exit")
+        assert path.exists(), "a SIGKILLed daemon must leave its journal"
+        old = load(path)
+        assert set(old.specs) == {"x", "bad", "slow", "z"}
+        assert old.jobs and {j["pool"] for j in old.jobs.values()} == {"default"}
+
+        # `hpc-cluster up --name NAME` again (launch(), as up does): the new daemon rebuilds.
+        proc2, cluster_file = launch(cfg, name, n_jobs=0)
+        with Client(cluster_file=str(cluster_file), timeout=30) as client2:
+            got = {k: _why(client2, k) for k in ("x", "bad", "slow", "z")}
+            assert all(got.values()), got
+            assert got["x"]["state"] == "held"                 # on worker_name, until it comes back
+            assert got["bad"]["state"] == "erred" and "bad input 2" in got["bad"]["error"]["text"]
+            assert got["slow"]["state"] == "queued"             # no worker: waits at the scheduler
+            assert got["z"]["state"] == "waiting"
+            assert _why(client2, "never-submitted") is None
+            # Its own journal started as a snapshot of the rebuilt state, with the old jobs kept.
+            wait_until(lambda: _journal_says(path, {"x": "m", "bad": "e", "slow": "p", "z": "p"}, jobs=True), 30,
+                       "the new daemon's journal")
+            rec = load(path)
+            assert rec.status["x"][3] == [worker_name] and set(rec.jobs) >= set(old.jobs)
+        control(cluster_file, "shutdown")
+        proc2.wait(60)
+        assert proc2.returncode == 0
+        assert not path.exists(), "a daemon shut down on purpose removes its journal"
+    finally:
+        if proc2 is not None and proc2.poll() is None:
+            proc2.kill()
+            proc2.wait()
+        if cluster._proc is not None and cluster._proc.poll() is None:
+            cluster._proc.kill()
+        cluster.close()
+
+
+def test_a_local_cluster_keeps_a_journal_on_request_and_removes_it_when_closed(tmp_path):
+    from hpc_cluster import LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=1, journal=True, log_directory=str(tmp_path / "logs")) as c:
+        path = c.journal_path
+        with Client(c) as client:
+            one = client.submit(_inc, 1, key="one")
+            assert one.result(timeout=60) == 2
+            wait_until(lambda: _journal_says(path, {"one": "m"}), 30, "the journal to hold the result")
+            assert load(path).status["one"][3] == ["worker-0"]          # by the worker's name
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not path.exists(), "a scheduler closed on purpose removes its journal"
