@@ -19,7 +19,7 @@ from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
-from hpc_cluster.deploy.daemon import journal_path  # noqa: E402
+from hpc_cluster.protocol.secret import journal_for as journal_path  # noqa: E402
 from hpc_cluster.deploy.launch import control, launch  # noqa: E402
 from hpc_cluster.scheduler.journal import load  # noqa: E402
 from pbs_sim import pbssim  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..protocol.secret import cluster_file_for, read_cluster_file
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
-                         _remove_leftovers, cluster_names, find_cluster, plan_file)
+                         _remove_leftovers, cluster_names, find_cluster, journal_jobs, plan_file)
 from .startup import watch_startup
 from .views import dur, fmt_clock, job_event, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
@@ -88,9 +88,17 @@ def cmd_up(args, out, err) -> int:
         print(f"  pool {pool_name}: {jobs} job(s) x {pool.values['processes']} worker(s), {pool.values['cores']} "
               f"cores, {mem(pool.values['memory'])}, walltime {dur(pool.values['walltime'])}"
               + (f", max {pool.max_jobs} job(s)" if pool.max_jobs is not None else ""), file=out, flush=True)
+    state, old = _liveness(name)
+    if state == "stopped" and not args.fresh and v["journal"]:
+        left = journal_jobs(name)
+        print(f"resuming cluster {name!r} from its journal: its daemon (pid {old.get('pid')}) is gone; "
+              f"{len(left)} job(s) it left ({', '.join(left) or 'none'}) are adopted, not submitted again, "
+              f"and their workers reattach with the results they kept (--fresh starts anew instead)",
+              file=out, flush=True)
     try:
         with _notes(err):
-            proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True, pool_jobs=pool_jobs)
+            proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True, pool_jobs=pool_jobs,
+                                    fresh=args.fresh)
     except ClusterError:
         # A daemon that died starting leaves its pid-less placeholder file: not a cluster.
         state, info = _liveness(name)
@@ -213,6 +221,10 @@ def cmd_list(args, out, err) -> int:
     rows = []
     for name in cluster_names():
         state, info = _liveness(name)
+        if state == "stopped":                # resumable: kept, and said so
+            rows.append((name, f"(daemon gone; `hpc-cluster up --name {name}` resumes it)", info.get("batch") or "?",
+                         info.get("site") or "-", "-", f"{len(journal_jobs(name))} left by the daemon"))
+            continue
         if state == "stale":
             removed = _remove_leftovers(name)
             pid = (info or {}).get("pid")
@@ -238,6 +250,23 @@ def cmd_list(args, out, err) -> int:
     for r in [head, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
     return OK
+
+
+def _cancel_left(info: dict, job_ids: list[str], err) -> bool:
+    """Cancel the jobs a dead daemon left (its journal's), with the batch system's own command."""
+    from ..adapters import get_adapter
+    from ..adapters.base import BatchError
+    cancel = "scancel" if info.get("batch") == "slurm" else "qdel"
+    if info.get("ssh") or info.get("batch") not in ("slurm", "pbs"):
+        print(f"cancel its jobs with `{cancel} {' '.join(job_ids)}`", file=err)
+        return False
+    try:
+        get_adapter(info["batch"]).cancel(job_ids)
+        return True
+    except BatchError as exc:
+        print(f"could not cancel {', '.join(job_ids)} ({exc}); cancel them with `{cancel} {' '.join(job_ids)}`",
+              file=err)
+        return False
 
 
 _JOB_ID_RE = re.compile(r"^\d+([._\[].*)?$")      # 123, 123_4 (array), 123.server, 123[].server
@@ -394,11 +423,14 @@ def _down_one(name: str, timeout: float, out, err) -> int:
             print(f"cluster {name!r} is still starting (no daemon pid yet); try again in a moment",
                   file=err)
             return FAILED
+        left = journal_jobs(name) if state == "stopped" else []
+        cancelled = _cancel_left(info or {}, left, err) if left else True
         _remove_leftovers(name)
         print(f"cluster {name!r} was not running (its daemon{f', pid {pid},' if pid else ''} is gone); "
-              f"removed its stale cluster file. Jobs it left behind, if any, show in "
-              f"`squeue --me` / `qstat -u $USER`", file=out)
-        return OK
+              f"removed its stale cluster file{' and journal' if state == 'stopped' else ''}. "
+              + (f"Cancelled the {len(left)} job(s) its journal named: {', '.join(left)}" if left and cancelled
+                 else "Jobs it left behind, if any, show in `squeue --me` / `qstat -u $USER`"), file=out)
+        return OK if cancelled else FAILED
     path = cluster_file_for(name)
     print(f"stopping cluster {name!r} (daemon pid {pid}): retiring workers, cancelling jobs ...",
           file=out, flush=True)
@@ -456,6 +488,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up --config ./site.yaml -n 2 --timeout 1800
   hpc-cluster up -n 16 --no-wait           submit and return; watch with `hpc-cluster status`
   hpc-cluster up -n 8 --pool bigmem=1      and 1 job of the site's pool 'bigmem'
+  hpc-cluster up --name big                after its daemon died: resumes it from its journal
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
@@ -467,6 +500,8 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the jobs are submitted")
     p.add_argument("--pool", action="append", metavar="NAME=JOBS",
                    help="jobs of the site's pool NAME to start with (repeat for several pools)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start anew even if a daemon of this name died leaving its journal (default: resume it)")
 
     p = _sub(sub, "status", "show a cluster's jobs, workers and recent worker deaths", """\
   hpc-cluster status                       the only running cluster

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from ..protocol.secret import cluster_file_for, clusters_dir, read_cluster_file
+from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..deploy.launch import _alive
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
@@ -57,15 +57,19 @@ def _check_name(name: str) -> str:
 
 
 def _not_found(name: str | None) -> CommandError:
-    names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+    names = [n for n in cluster_names() if _liveness(n)[0] in LIVE]
     running = f"running clusters: {', '.join(names)}" if names else "no cluster is running"
     what = f"no cluster named {name!r}; " if name else ""
     return CommandError(f"{what}{running}; start one with `hpc-cluster up"
                         f"{' --name ' + name if name else ''}`", NOT_FOUND)
 
 
+LIVE = ("running", "starting")
+
+
 def _liveness(name: str) -> tuple[str, dict | None]:
-    """('running'|'starting'|'stale', cluster file contents or None)."""
+    """('running'|'starting'|'stopped'|'stale', cluster file contents or None). 'stopped': its
+    daemon died but left a journal, so `hpc-cluster up --name NAME` resumes it (issue 16)."""
     path = cluster_file_for(name)
     try:
         info = read_cluster_file(path)
@@ -75,7 +79,9 @@ def _liveness(name: str) -> tuple[str, dict | None]:
         return "stale", None
     pid = info.get("pid")
     if pid:
-        return ("running" if _alive(int(pid)) else "stale"), info
+        if _alive(int(pid)):
+            return "running", info
+        return ("stopped" if journal_for(path).exists() else "stale"), info
     try:
         young = time.time() - path.stat().st_mtime < _STARTING_GRACE
     except OSError:
@@ -86,7 +92,7 @@ def _liveness(name: str) -> tuple[str, dict | None]:
 def find_cluster(name: str | None) -> tuple[str, Path, dict]:
     """The named cluster, or the only one running; CommandError (exit 3) if there is none."""
     if name is None:
-        names = [n for n in cluster_names() if _liveness(n)[0] != "stale"]
+        names = [n for n in cluster_names() if _liveness(n)[0] in LIVE]
         if not names:
             raise _not_found(None)
         if len(names) > 1:
@@ -97,16 +103,31 @@ def find_cluster(name: str | None) -> tuple[str, Path, dict]:
     state, info = _liveness(name)
     if info is None:
         raise _not_found(name)
+    if state == "stopped":
+        raise CommandError(f"cluster {name!r} is not running (its daemon, pid {info.get('pid')}, is gone) "
+                           f"but left its journal: `hpc-cluster up --name {name}` resumes it (its tasks, "
+                           f"the results its workers kept, its jobs); `hpc-cluster down {name}` ends it for "
+                           "good", NOT_FOUND)
     if state == "stale":
         raise CommandError(f"cluster {name!r} is not running (its daemon, pid {info.get('pid')}, is "
                            f"gone); `hpc-cluster down {name}` removes its stale file", NOT_FOUND)
     return name, cluster_file_for(name), info
 
 
+def journal_jobs(name: str) -> list[str]:
+    """The unfinished jobs a stopped cluster's journal names (its daemon died with them)."""
+    from ..scheduler.journal import load
+    try:
+        jobs = load(journal_for(cluster_file_for(name))).jobs
+    except (OSError, ValueError):
+        return []
+    return [str(j) for j in jobs] if isinstance(jobs, dict) else []
+
+
 def _remove_leftovers(name: str) -> list[Path]:
     removed = []
     # The journal too (issue 16): `down` says the cluster is not to be resumed.
-    for p in (cluster_file_for(name), plan_file(name), cluster_file_for(name).with_suffix(".journal")):
+    for p in (cluster_file_for(name), plan_file(name), journal_for(cluster_file_for(name))):
         try:
             p.unlink()
             removed.append(p)

@@ -360,9 +360,9 @@ OPTIONS: tuple[Option, ...] = (
            aliases=("drain_margin",)),
     Option("startup_failures", "int >= 0", _int(0), 3,
            "jobs ending before their worker registers, in a row, before resubmission stops", "both"),
-    Option("journal", "bool", _bool, False,
+    Option("journal", "bool", _bool, True,
            "the cluster daemon keeps a journal of its state beside the cluster file, and a daemon started "
-           "again with the same name after one died resumes from it", "both"),
+           "again with the same name after one died resumes from it (docs/reliability.md)", "both"),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 ALIASES: dict[str, str] = {a: o.name for o in OPTIONS for a in o.aliases}

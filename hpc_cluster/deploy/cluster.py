@@ -34,7 +34,8 @@ from ..protocol.secret import cluster_file_for, read_cluster_file
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
-from .launch import ClusterError, control, job_spec, launch  # noqa: F401  (ClusterError: public)
+from .keeper import DaemonKeeper
+from .launch import ClusterError, _alive, control, job_spec, launch  # noqa: F401  (ClusterError: public)
 
 
 class Status(str, enum.Enum):
@@ -119,6 +120,21 @@ JOB_PARAMETERS = """
 """
 
 
+def cluster_id(name: str, explicit: bool) -> str:
+    """The cluster file's name: what `hpc-cluster status|why|logs|down ID` take. A name the user
+    gave is kept as it is, so that a cluster whose daemon died is resumed by the same name
+    (issue 16), unless a live cluster has it; otherwise a suffix makes it unique."""
+    safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
+    if explicit:
+        try:
+            pid = read_cluster_file(cluster_file_for(safe)).get("pid")
+        except (OSError, ValueError):
+            pid = None
+        if not (pid and _alive(int(pid))):
+            return safe
+    return f"{safe}-{uuid.uuid4().hex[:6]}"
+
+
 class JobQueueCluster:
     __doc__ = ("""Workers as batch jobs, joining one scheduler that explains their deaths.
 
@@ -177,7 +193,7 @@ class JobQueueCluster:
                 stacklevel=2)
         self.name = name or cls
         # The cluster file's name, unique: what `hpc-cluster status|why|logs|down ID` take.
-        self.id = f"{_NAME_SAFE.sub('-', self.name).strip('-.') or 'cluster'}-{uuid.uuid4().hex[:6]}"
+        self.id = cluster_id(self.name, explicit=name is not None)
         self.cluster_file: Path = cluster_file_for(self.id)
         self.processes = v["processes"]
         self.pools = cfg.pools()               # name -> config/pools.py's Pool, "default" first
@@ -188,6 +204,7 @@ class JobQueueCluster:
         self.secret: bytes | None = None
         self.security = None                  # protocol/tls.py's Security once started, with security=
         self._proc: subprocess.Popen | None = None
+        self._keeper: DaemonKeeper | None = None       # restarts a daemon that died, once (keeper.py)
         self._job: dict | None = None
         self._pool_jobs: dict[str, dict] = {}
         self._starting: asyncio.Future | None = None
@@ -248,7 +265,10 @@ class JobQueueCluster:
         info = read_cluster_file(path)
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
+        self.daemon_log = info.get("daemon_log")
         self.status = Status.running
+        self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
+        self._keeper.start()
         if self._n_workers:
             control(self.cluster_file, "scale", jobs=math.ceil(self._n_workers / self.processes))
 
@@ -463,6 +483,8 @@ class JobQueueCluster:
         if self.status is Status.closed:
             return
         self.status = Status.closing
+        if self._keeper is not None:
+            self._keeper.stop()
         try:
             control(self.cluster_file, "shutdown", timeout=timeout)
         except Exception:

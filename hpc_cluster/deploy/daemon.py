@@ -22,7 +22,7 @@ from pathlib import Path
 from ..adapters import get_adapter
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
-from ..protocol.secret import read_cluster_file, write_cluster_file
+from ..protocol.secret import journal_for, read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
 from ..scheduler.journal import Journal, resume_from
 from ..scheduler.server import Scheduler
@@ -30,6 +30,10 @@ from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
 
 logger = logging.getLogger("hpc_cluster.daemon")
+
+# Seconds a resumed scheduler places nothing, so that the workers that kept running report
+# their results and running tasks first (they retry every 2 s at most: worker/reattach.py).
+RESUME_GRACE = 10.0
 
 
 def make_runner(ssh: dict | None):
@@ -47,20 +51,28 @@ async def run(plan: dict) -> int:
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
     journal = recovered = None
     if plan.get("journal"):
-        path = journal_path(cluster_file)
-        recovered = resume_from(path, plan["name"])
+        path = journal_for(cluster_file)
+        recovered = resume_from(path, plan["name"]) if plan.get("resume") else None
         journal = Journal(path, cluster=plan["name"])
-    sched = Scheduler(secret, host=sc["host"], port=sc.get("port", 0),
-                      allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
-                      versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
-                      limits=Limits(max_frame_bytes=sc["max_frame_bytes"], max_message_bytes=sc["max_message_bytes"]),
-                      security=security, journal=journal, recovered=recovered)
-    # The last daemon's jobs, as it wrote them: adopting them is the next step (issue 16,
-    # point 2); until then they are kept in the journal beside ours.
     inherited = dict(recovered.jobs) if recovered is not None and isinstance(recovered.jobs, dict) else {}
-    if journal is not None and inherited:
-        journal.jobs = inherited               # in the new file's first snapshot already
-    address = await sched.start()
+
+    def scheduler(port: int) -> Scheduler:
+        return Scheduler(secret, host=sc["host"], port=port,
+                         allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
+                         versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
+                         limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
+                                       max_message_bytes=sc["max_message_bytes"]),
+                         security=security, journal=journal, recovered=recovered,
+                         # Resumed: nothing is placed until the workers that kept running have
+                         # said what they hold and run (scheduler/reattach.py).
+                         reattach_grace=float(plan.get("reattach_grace", RESUME_GRACE)) if plan.get("resume") else 0.0)
+    sched = scheduler(sc.get("prefer_port") or sc.get("port", 0))
+    try:
+        address = await sched.start()
+    except OSError as exc:                     # the old address is taken: the cluster file names the new one
+        logger.warning("could not listen on the old port %s again (%s); taking another", sc.get("prefer_port"), exc)
+        sched = scheduler(sc.get("port", 0))
+        address = await sched.start()
     runner = make_runner(plan.get("ssh"))
     adapter = get_adapter(plan["batch"], runner)
     meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
@@ -123,11 +135,16 @@ async def run(plan: dict) -> int:
         loop.add_signal_handler(sig, stop.set)
     if plan.get("owner_pid"):
         asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
+    adopted = jm.adopt(inherited) if inherited else {}
+    if adopted:
+        logger.warning("resumed from the journal: adopted %s", ", ".join(
+            f"{n} job(s) of pool {pool}" for pool, n in adopted.items()))
     await jm.start()
     if journal is not None:
-        asyncio.create_task(_journal_jobs(journal, jm, inherited))
+        asyncio.create_task(_journal_jobs(journal, jm))
     for name, p in pools.items():
-        if p.get("n_jobs"):
+        # A resumed cluster keeps the jobs it adopted; it submits only what the command adds.
+        if p.get("n_jobs") and int(p["n_jobs"]) > adopted.get(name, 0):
             await jm.scale(int(p["n_jobs"]), name)
     logger.info("cluster %s up at %s (%s)", plan["name"], address, plan["batch"])
     await stop.wait()
@@ -152,19 +169,14 @@ async def run(plan: dict) -> int:
     return 0
 
 
-def journal_path(cluster_file: Path) -> Path:
-    """NAME.journal beside NAME.json, in the same private directory."""
-    return Path(cluster_file).with_suffix(".journal")
-
-
-async def _journal_jobs(journal, jm, inherited: dict) -> None:
-    """The jobs record: job id -> pool, index, state of every unfinished job (and those a
-    daemon before us left), read every second; the journal writes it when it changed."""
+async def _journal_jobs(journal, jm) -> None:
+    """The jobs record: job id -> what adopting it takes (jobs.py's Job fields) for every
+    unfinished job, read every second; the journal writes it when it changed."""
     while True:
         try:
-            journal.jobs = dict(inherited, **{jid: {"pool": m.pool, "index": j.index, "state": j.state}
-                                              for m in jm.managers.values() for jid, j in m.jobs.items()
-                                              if not j.final})
+            journal.jobs = {jid: {"pool": m.pool, "index": j.index, "state": j.state, "submitted": j.submitted,
+                                  "started": j.started, "registered": j.registered, "retiring": j.retiring}
+                            for m in jm.managers.values() for jid, j in m.jobs.items() if not j.final}
         except Exception:
             logger.exception("recording the jobs in the journal failed")
         await asyncio.sleep(1.0)

@@ -160,6 +160,16 @@ class JobManager:
     async def start(self) -> None:
         self._poller = asyncio.create_task(self._poll_forever())
 
+    def adopt(self, job_id: str, rec: dict) -> Job:
+        """A job a daemon before us submitted (PoolManager.adopt): ours from now on."""
+        now = self.clock()
+        job = self.jobs[job_id] = Job(job_id, submitted=float(rec.get("submitted") or now),
+                                      state=str(rec.get("state") or "pending"), started=rec.get("started"),
+                                      registered=bool(rec.get("registered")), retiring=bool(rec.get("retiring")),
+                                      index=int(rec.get("index") or 0))
+        self._next_index = max(self._next_index, job.index + 1)
+        return job
+
     async def scale(self, jobs: int) -> dict:
         if jobs < 0:
             raise ValueError(f"cannot scale to {jobs} jobs; give a number >= 0")

@@ -24,8 +24,8 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..protocol.secret import (cluster_file_for, new_secret, open_private, private_directory, read_cluster_file,
-                               write_cluster_file)
+from ..protocol.secret import (cluster_file_for, journal_for, new_secret, open_private, private_directory,
+                               read_cluster_file, write_cluster_file)
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
@@ -302,9 +302,15 @@ def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Se
 
 def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
            timeout: float = 60.0, worker_prefix: str | None = None,
-           security=None, pool_jobs: dict[str, int] | None = None) -> tuple[subprocess.Popen, Path]:
+           security=None, pool_jobs: dict[str, int] | None = None,
+           fresh: bool = False) -> tuple[subprocess.Popen, Path]:
     """Start a cluster daemon; return its process and cluster file once it listens. With
-    `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py)."""
+    `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py).
+
+    A daemon of this name that died (SIGKILL, a reboot) and left its journal is *resumed*
+    (issue 16): the new one keeps the secret (its workers authenticate with it), tries the old
+    address first, adopts the jobs still in the queue and rebuilds the state from the journal.
+    `fresh` discards the journal instead."""
     if cfg.values["batch"] not in ("slurm", "pbs"):
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
@@ -313,26 +319,27 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     private_directory(cluster_file.parent, fix=True)
     for pool in cfg.pools():                  # a broken template fails here, not in every submit
         render_job_script(cfg, str(cluster_file), worker_prefix or name, pool)
-    if cluster_file.exists():
-        try:
-            pid = read_cluster_file(cluster_file).get("pid")
-        except (OSError, ValueError):
-            pid = None
-        if pid and _alive(pid):
-            raise ClusterError(f"a cluster named {name!r} is already running (pid {pid}); "
-                               f"use another --name or `hpc-cluster down {name}` first")
-        cluster_file.unlink()
+    old = previous_daemon(cfg, name, cluster_file, fresh)
     run_dir = cluster_file.parent
-    if security is None and cfg.values.get("security"):     # the site's `security: true`
-        security = True
-    sec, tls_dir = tls_for(cfg, name, security, run_dir)
-    write_cluster_file(cluster_file, "", new_secret(), name=name, **({"tls": sec.to_dict()} if sec else {}))
+    if old is not None:
+        # The same secret and certificates: the workers that kept running hold them.
+        secret, sec, tls_dir = old["secret"], Security.from_dict(old.get("tls")), None
+    else:
+        if security is None and cfg.values.get("security"):     # the site's `security: true`
+            security = True
+        sec, tls_dir = tls_for(cfg, name, security, run_dir)
+        secret = new_secret()
+    write_cluster_file(cluster_file, "", secret, name=name, **({"tls": sec.to_dict()} if sec else {}))
     plan_path = run_dir / f".{name}.plan.json"
     try:
         plan = make_plan(cfg, name, cluster_file, n_jobs, worker_prefix, pool_jobs)
     except BaseException:
-        _forget(cluster_file, tls_dir)
+        if old is None:
+            _forget(cluster_file, tls_dir)
         raise
+    if old is not None:
+        plan["resume"] = True
+        plan["scheduler"]["prefer_port"] = _port_of(old.get("address"))
     log_path = run_dir / f"{name}.log"
     plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
                 owner_pid=None if detach else os.getpid())
@@ -355,6 +362,12 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             pass
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
+            if old is not None:                  # what a resumed cluster had stays, to try again
+                write_cluster_file(cluster_file, old.get("address") or "", secret,
+                                   **{k: v for k, v in old.items() if k not in ("address", "secret")})
+                raise ClusterError(f"the cluster daemon exited with code {proc.returncode} while resuming "
+                                   f"{name!r} from its journal (kept: `hpc-cluster up --name {name}` tries "
+                                   f"again, `--fresh` starts anew):\n{tail}")
             _forget(cluster_file, plan_path, tls_dir)
             raise ClusterError(f"the cluster daemon exited with code {proc.returncode}:\n{tail}")
         if time.monotonic() > deadline:
@@ -363,6 +376,35 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             _forget(cluster_file, plan_path, tls_dir)
             raise ClusterError(f"the cluster daemon did not start within {timeout:g} s; see {log_path}")
         time.sleep(0.05)
+
+
+def previous_daemon(cfg: ResolvedConfig, name: str, cluster_file: Path, fresh: bool) -> dict | None:
+    """The cluster file of a daemon of this name that died leaving a journal (to resume), or
+    None (nothing there, or `fresh`: its leftovers are removed). A live daemon is an error."""
+    if not cluster_file.exists():
+        journal_for(cluster_file).unlink(missing_ok=True)   # a journal without its secret resumes nothing
+        return None
+    try:
+        info = read_cluster_file(cluster_file)
+    except (OSError, ValueError):
+        info = {}
+    pid = info.get("pid")
+    if pid and _alive(pid):
+        raise ClusterError(f"a cluster named {name!r} is already running (pid {pid}); "
+                           f"use another --name or `hpc-cluster down {name}` first")
+    journal = journal_for(cluster_file)
+    if fresh or not cfg.values.get("journal") or not info.get("secret") or not journal.exists():
+        cluster_file.unlink()
+        journal.unlink(missing_ok=True)
+        return None
+    return info
+
+
+def _port_of(address: str | None) -> int:
+    try:
+        return int(str(address).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _forget(*paths: Path | None) -> None:

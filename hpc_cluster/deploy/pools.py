@@ -11,11 +11,14 @@ found from its id.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from ..adapters.base import BatchAdapter, JobSpec
 from ..config.pools import DEFAULT_POOL
 from .jobs import JobManager, poll_forever, read_statuses
+
+logger = logging.getLogger("hpc_cluster.jobs")
 
 
 def announce(state, pools: dict[str, dict], escalate: dict | None) -> bool:
@@ -104,6 +107,27 @@ class PoolManager:
         return out
 
     # -- control -------------------------------------------------------------------------------
+    def adopt(self, jobs: dict) -> dict[str, int]:
+        """Take over the jobs a daemon of this cluster left (its journal's jobs record: job id ->
+        pool, index, state, times) instead of submitting new ones; the next poll reads their
+        real states (a job that ended meanwhile is handled as any that ends). Returns the
+        number adopted per pool."""
+        counts: dict[str, int] = {}
+        for jid, rec in jobs.items():
+            rec = rec if isinstance(rec, dict) else {}
+            pool = rec.get("pool") or DEFAULT_POOL
+            if pool not in self.managers:
+                logger.warning("job %s of pool %r, which this cluster's configuration no longer has: "
+                               "adopted into pool %r", jid, pool, DEFAULT_POOL)
+                pool = DEFAULT_POOL
+            counts[pool] = counts.get(pool, 0) + (0 if rec.get("retiring") else 1)
+            self._index = max(self._index, int(rec.get("index") or 0) + 1)
+            self.managers[pool].adopt(str(jid), rec)
+        for pool, n in counts.items():
+            m = self.managers[pool]
+            m.target = m.scaled = max(m.target, n)
+        return counts
+
     async def start(self) -> None:
         self._poller = asyncio.create_task(poll_forever(self))
 

@@ -88,3 +88,8 @@ def clusters_dir() -> Path:
 
 def cluster_file_for(name: str) -> Path:
     return clusters_dir() / f"{name}.json"
+
+
+def journal_for(cluster_file) -> Path:
+    """NAME.journal beside NAME.json (scheduler/journal.py): what a restarted daemon resumes from."""
+    return Path(cluster_file).with_suffix(".journal")

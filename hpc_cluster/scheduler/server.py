@@ -195,7 +195,7 @@ class Scheduler(BacklogMixin):
         if self.journal is not None:
             self.journal.start(self.state)           # a new file: a snapshot of the state we start from
             self._journal_task = asyncio.create_task(self.journal.keep())
-        if self.state.awaited_workers:
+        if self.state.awaited_workers or self.state.clients:        # rebuilt from a journal
             self._recovery_task = asyncio.create_task(self._end_recovery())
         logger.info("scheduler listening at %s", self.address)
         return self.address
@@ -324,7 +324,14 @@ class Scheduler(BacklogMixin):
             logger.warning("%d workers did not come back within %.0f s of the restart (%s); %d results they "
                            "held are recomputed where needed", len(missing), self.recovery_window,
                            ", ".join(sorted(missing)[:5]), len(lost))
-            self._flush()
+        # Clients the journal knew that never reattached are gone: what only they wanted is released.
+        departed = [cid for cid in self.state.clients if cid not in self.comms]
+        for cid in departed:
+            self.state.remove_client(cid)
+        if departed:
+            logger.warning("%d clients of the journal did not reattach within %.0f s of the restart; what only "
+                           "they wanted is released", len(departed), self.recovery_window)
+        self._flush()
 
     def _end_unresponsive(self, info: dict) -> None:
         """A silent worker still holds its job's slot: its nanny (if any) ends it and reports

@@ -83,7 +83,8 @@ def scheduler_address(worker) -> str:
     """The cluster file's address (a restarted scheduler may publish a new one), else the old."""
     if worker.cluster_file:
         try:
-            return read_cluster_file(worker.cluster_file)["address"]
+            # Empty while a resumed daemon starts (deploy/launch.py): the old address may come back.
+            return read_cluster_file(worker.cluster_file)["address"] or worker.scheduler_address
         except (OSError, ValueError, KeyError) as exc:
             logger.info("cluster file %s unreadable (%s); trying %s", worker.cluster_file, exc,
                         worker.scheduler_address)
