@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,19 +75,20 @@ def test_a_killed_daemon_leaves_a_journal_a_new_daemon_rebuilds_from(sim, tmp_pa
                        "the journal to hold the submitted tasks and the job")
             assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.parent == cluster.cluster_file.parent
             worker_name = next(iter(client.scheduler_info()["workers"].values()))["name"]
+            cluster._keeper.stop()                             # this test restarts it by hand, below
             cluster._proc.send_signal(signal.SIGKILL)          # no goodbye, no cleanup
             cluster._proc.wait(30)
             del x, bad, slow, z
-        # Its job runs on (the daemon could not cancel it); end it, so no worker of the old
-        # daemon comes back in this test: reattaching is the other half of the issue.
-        pbssim.cleanup(str(sim))
-        wait_until(lambda: not pbssim.live_pids(str(sim)), 30, "the old job's processes to exit")
+        # Its job runs on (the daemon could not cancel it); end it with qdel, so no worker of
+        # the old daemon comes back in this test (reattaching: the test below, test_reattach.py).
         assert path.exists(), "a SIGKILLed daemon must leave its journal"
         old = load(path)
+        subprocess.run(["qdel", *old.jobs], check=True, capture_output=True)
+        wait_until(lambda: not pbssim.live_pids(str(sim)), 30, "the old job's processes to exit")
         assert set(old.specs) == {"x", "bad", "slow", "z"}
         assert old.jobs and {j["pool"] for j in old.jobs.values()} == {"default"}
 
-        # `hpc-cluster up --name NAME` again (launch(), as up does): the new daemon rebuilds.
+        # `hpc-cluster up --name NAME` again (launch(), as up does): the new daemon resumes.
         proc2, cluster_file = launch(cfg, name, n_jobs=0)
         with Client(cluster_file=str(cluster_file), timeout=30) as client2:
             got = {k: _why(client2, k) for k in ("x", "bad", "slow", "z")}
@@ -97,10 +99,13 @@ def test_a_killed_daemon_leaves_a_journal_a_new_daemon_rebuilds_from(sim, tmp_pa
             assert got["z"]["state"] == "waiting"
             assert _why(client2, "never-submitted") is None
             # Its own journal started as a snapshot of the rebuilt state, with the old jobs kept.
-            wait_until(lambda: _journal_says(path, {"x": "m", "bad": "e", "slow": "p", "z": "p"}, jobs=True), 30,
+            wait_until(lambda: _journal_says(path, {"x": "m", "bad": "e", "slow": "p", "z": "p"}), 30,
                        "the new daemon's journal")
             rec = load(path)
-            assert rec.status["x"][3] == [worker_name] and set(rec.jobs) >= set(old.jobs)
+            assert rec.status["x"][3] == [worker_name]
+            # The old daemon's job is adopted by id (it ended meanwhile: the queue says so), not replaced.
+            table = control(cluster_file, "jobs")
+            assert {str(r["job_id"]) for r in table["jobs"]} == set(old.jobs), table
         control(cluster_file, "shutdown")
         proc2.wait(60)
         assert proc2.returncode == 0
@@ -125,3 +130,39 @@ def test_a_local_cluster_keeps_a_journal_on_request_and_removes_it_when_closed(t
             assert load(path).status["one"][3] == ["worker-0"]          # by the worker's name
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not path.exists(), "a scheduler closed on purpose removes its journal"
+
+
+def test_a_pbscluster_daemon_that_dies_is_restarted_once_and_its_worker_and_client_reattach(sim, tmp_path):
+    """deploy/keeper.py: the daemon a PBSCluster started dies (SIGKILL) while its owner lives:
+    it is started again from its journal, on the same secret; the worker job keeps running
+    (adopted, no new job), the client's pending result arrives. A second death is left dead."""
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                         name="keep-me")
+    try:
+        assert cluster.id == "keep-me"                       # a name given is kept: it resumes by it
+        cluster.scale(1)
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=120)
+            first = cluster._proc
+            jobs_before = set(cluster.jobs)
+            slow = client.submit(time.sleep, 3, key="slow-3")
+            wait_until(lambda: any(w.get("executing") for w in client.scheduler_info()["workers"].values())
+                       or slow.done(), 30, "the task to start")
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            wait_until(lambda: cluster._proc is not first and cluster._proc.poll() is None, 60,
+                       "the keeper to start the daemon again")
+            assert slow.result(timeout=120) is None            # through the restart, nothing resubmitted by hand
+            assert client.submit(_inc, 41).result(timeout=60) == 42
+            assert set(cluster.jobs) == jobs_before            # the same job, adopted
+            assert cluster._keeper.restarts == 1
+            second = cluster._proc
+            second.send_signal(signal.SIGKILL)
+            second.wait(30)
+            wait_until(lambda: cluster._keeper.error is not None, 30, "the keeper to give up")
+            assert cluster._proc is second and "not restarting" in cluster._keeper.error
+    finally:
+        if cluster._proc is not None and cluster._proc.poll() is None:
+            cluster._proc.kill()
+        cluster.close()
+        pbssim.cleanup(str(sim))

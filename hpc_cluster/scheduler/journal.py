@@ -391,7 +391,7 @@ class Journal:
         self.cluster, self.interval = cluster, interval
         self.compact_ratio, self.compact_min_bytes = compact_ratio, compact_min_bytes
         self.recorder: Recorder | None = None
-        self.jobs = None                          # set by the deploy half; written at the next flush
+        self.jobs = None                          # set by the deploy half (or a function): written at the next flush
         self.file_bytes = 0
         self.compactions = 0
         self.error: str | None = None             # the writer's last failure (logged once)
@@ -408,7 +408,7 @@ class Journal:
         self.created = time.time()
         records = [["H", {"version": VERSION, "cluster": self.cluster, "created": self.created}]]
         state.touched.update(state.tasks)                # everything, through the recorder's bookkeeping
-        records += self.recorder.collect(self.jobs)
+        records += self.recorder.collect(self.current_jobs())
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_snapshot(self.path, records)
         self.file_bytes = self.path.stat().st_size
@@ -421,7 +421,7 @@ class Journal:
         Returns the records queued (0: nothing changed)."""
         if self.recorder is None:
             return 0
-        records = self.recorder.collect(self.jobs)
+        records = self.recorder.collect(self.current_jobs())
         if not records:
             return 0
         try:
@@ -445,6 +445,17 @@ class Journal:
             self._queue.put(("compact", None))
             self.file_bytes = live             # about what the snapshot will be
         return len(records)
+
+    def current_jobs(self):
+        """`jobs` as the deploy half set it: a value, or a function giving it (read at every
+        flush, so a job is in the journal within one interval of its submission)."""
+        if callable(self.jobs):
+            try:
+                return self.jobs()
+            except Exception:
+                logger.exception("reading the jobs for the journal failed")
+                return None
+        return self.jobs
 
     async def keep(self) -> None:
         """Every `interval`, on the scheduler's loop: what changed goes to the writer thread,
