@@ -299,7 +299,7 @@ def test_the_nannys_peak_reaches_the_death_record_and_moves_the_task():
 
 def test_the_wire_takes_memory_in_bytes_and_a_pool_by_name():
     from hpc_cluster.protocol.comm import ProtocolError
-    from hpc_cluster.scheduler.server import _check_task
+    from hpc_cluster.scheduler.checks import _check_task
 
     assert _check_task(task("t", memory=2 * GiB, pool="bigmem"))["memory"] == 2 * GiB
     for bad in ({"memory": "2GB"}, {"memory": -1}, {"memory": True}, {"pool": 3}):

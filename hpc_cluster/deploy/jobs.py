@@ -41,6 +41,7 @@ class Job:
     registered: bool = False               # a worker of this job joined at some point
     retiring: bool = False                 # we asked it to go (scale down, close)
     index: int = 0                         # its number in this cluster: its workers are NAME-<index>
+    worker_names: tuple = ()               # adopted from a journal: the names its workers had
 
     @property
     def final(self) -> bool:
@@ -166,7 +167,8 @@ class JobManager:
         job = self.jobs[job_id] = Job(job_id, submitted=float(rec.get("submitted") or now),
                                       state=str(rec.get("state") or "pending"), started=rec.get("started"),
                                       registered=bool(rec.get("registered")), retiring=bool(rec.get("retiring")),
-                                      index=int(rec.get("index") or 0))
+                                      index=int(rec.get("index") or 0),
+                                      worker_names=tuple(str(n) for n in rec.get("workers") or ()))
         self._next_index = max(self._next_index, job.index + 1)
         return job
 
@@ -437,6 +439,15 @@ class JobManager:
         return [line for _path, tail in found for line in tail][-2 * lines:]
 
     def _ended(self, job: Job) -> None:
+        # An adopted job's workers will not reattach: results the journal held on them are
+        # recomputed now, not after the recovery window (scheduler/recovery.py).
+        state = self.scheduler.state
+        gone = [n for n in job.worker_names if n in state.awaited_workers]
+        if gone:
+            lost = state.holders_missing(gone)
+            logger.warning("job %s ended before its workers (%s) reattached: %d results they held are "
+                           "recomputed where needed", job.job_id, ", ".join(gone), len(lost))
+            self.scheduler._flush()
         if job.registered or job.retiring:
             self.failed_starts = 0
             return

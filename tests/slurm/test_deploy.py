@@ -38,20 +38,6 @@ def _square(x):
     return x * x
 
 
-@pytest.fixture
-def own_home(tmp_path, monkeypatch) -> dict:
-    """HOME and XDG_CONFIG_HOME under tmp, here and in every subprocess: no clashes with the
-    user's clusters or config, and Client("name") in this process finds the same files."""
-    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-           "HPC_CLUSTER_SYSTEM_CONFIG_DIR": str(tmp_path / "etc")}
-    Path(env["HOME"]).mkdir()
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(k, raising=False)
-    return env
-
-
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -60,18 +60,6 @@ def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture
-def own_home(tmp_path, monkeypatch) -> dict:
-    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-           "HPC_CLUSTER_SYSTEM_CONFIG_DIR": str(tmp_path / "etc")}
-    Path(env["HOME"]).mkdir()
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(k, raising=False)
-    return env
-
-
 @pytest.mark.parametrize("reboot", [False, True], ids=["sigkill", "reboot"])
 def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home, tmp_path, reboot):
     name = f"t-rs-{'reboot' if reboot else 'kill'}"
