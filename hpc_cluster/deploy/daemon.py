@@ -139,6 +139,7 @@ async def run(plan: dict) -> int:
     if adopted:
         logger.warning("resumed from the journal: adopted %s", ", ".join(
             f"{n} job(s) of pool {pool}" for pool, n in adopted.items()))
+        asyncio.create_task(_end_grace_when_back(sched, inherited))
     await jm.start()
     if journal is not None:
         journal.jobs = lambda: jobs_record(jm)
@@ -167,6 +168,21 @@ async def run(plan: dict) -> int:
         shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])
     return 0
+
+
+async def _end_grace_when_back(sched, jobs: dict, poll: float = 0.2) -> None:
+    """The placement grace of a resumed scheduler ends as soon as every worker the adopted
+    running jobs had is back (each has said what it holds and runs), not at its full length."""
+    want = {str(n) for rec in jobs.values() if isinstance(rec, dict) and rec.get("state") == "running"
+            for n in rec.get("workers") or ()}
+    while sched.state.placement_held_until is not None:
+        back = {ws.name for ws in sched.state.workers.values()}
+        if want and want <= back:
+            logger.info("every worker of the adopted jobs is back (%d): placing tasks again", len(want))
+            sched.state.release_placement()
+            sched._flush()
+            return
+        await asyncio.sleep(poll)
 
 
 def jobs_record(jm) -> dict:

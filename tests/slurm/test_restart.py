@@ -108,6 +108,9 @@ def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home
             assert new["pid"] != old["pid"] and _alive(new["pid"])
             assert new["secret"] == old["secret"]       # what the running workers authenticate with
 
+            # Placement waits for the workers of the adopted jobs, and only as long as they take.
+            wait_until(lambda: "every worker of the adopted jobs is back (2)" in (run_dir / f"{name}.log").read_text(),
+                       60, "the resumed daemon to see both workers back")
             waiter.join(600)
             assert not waiter.is_alive(), "the client's gather did not return"
             assert "error" not in got, repr(got.get("error"))
