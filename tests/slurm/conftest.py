@@ -57,3 +57,17 @@ def submitted(adapter):
     ids: list[str] = []
     yield ids
     adapter.cancel(ids)
+
+
+@pytest.fixture
+def own_home(tmp_path, monkeypatch) -> dict:
+    """HOME and XDG_CONFIG_HOME under tmp, here and in every subprocess: no clashes with the
+    user's clusters or config, and Client("name") in this process finds the same files."""
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+           "HPC_CLUSTER_SYSTEM_CONFIG_DIR": str(tmp_path / "etc")}
+    Path(env["HOME"]).mkdir()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
+        monkeypatch.delenv(k, raising=False)
+    return env

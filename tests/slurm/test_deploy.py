@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from waiting import wait_until  # noqa: E402
+from slurm_jobs import cli, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
@@ -29,32 +30,8 @@ SLURM_STATE_NAMES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLET
                      "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "SUSPENDED"}
 
 
-def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
 def _square(x):
     return x * x
-
-
-@pytest.fixture
-def own_home(tmp_path, monkeypatch) -> dict:
-    """HOME and XDG_CONFIG_HOME under tmp, here and in every subprocess: no clashes with the
-    user's clusters or config, and Client("name") in this process finds the same files."""
-    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-           "HPC_CLUSTER_SYSTEM_CONFIG_DIR": str(tmp_path / "etc")}
-    Path(env["HOME"]).mkdir()
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(k, raising=False)
-    return env
-
-
-def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path):
