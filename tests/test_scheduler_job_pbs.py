@@ -1,0 +1,83 @@
+"""The scheduler as a batch job (issue 16, point 5) through PBSCluster, against the PBS
+simulator (tests/pbs_sim: qsub/qstat/qdel, walltime enforced with SIGTERM then SIGKILL): the
+cluster class's path (keyword, the SchedulerJob handle in place of a Popen, close), and a
+renewal under a pending gather. The real SLURM runs are tests/slurm/test_scheduler_job.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from waiting import wait_until  # noqa: E402
+
+from hpc_cluster import Client  # noqa: E402
+from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
+from hpc_cluster.deploy.scheduler_job import SchedulerJob  # noqa: E402
+
+
+def qstat_states(job_ids) -> dict[str, str]:
+    out = subprocess.run(["qstat", "-x", "-f", "-F", "json", *job_ids], capture_output=True, text=True,
+                         check=True).stdout
+    return {jid: j["job_state"] for jid, j in json.loads(out, strict=False)["Jobs"].items()}
+
+
+def _slow_square(x):
+    time.sleep(1.0)
+    return x * x
+
+
+def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_path):
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                         scheduler_in_job=True, n_workers=1, name="sj-pbs")
+    try:
+        assert isinstance(cluster._proc, SchedulerJob) and cluster._proc.pid is None
+        info = json.loads(cluster.cluster_file.read_text())
+        scheduler_job = info["scheduler_job"]
+        assert qstat_states([scheduler_job]) == {scheduler_job: "R"}
+        with Client(cluster) as client:
+            assert client.gather(client.map(_slow_square, range(4))) == [0, 1, 4, 9]
+        workers = list(cluster.jobs)
+        assert len(workers) == 1 and scheduler_job not in workers
+    finally:
+        cluster.close()
+    assert cluster._proc.poll() is not None and not cluster.cluster_file.exists()
+    assert qstat_states([scheduler_job, *workers]) == {j: "F" for j in [scheduler_job, *workers]}
+
+
+def test_the_scheduler_job_hands_over_to_its_successor_under_a_pending_gather(sim, tmp_path):
+    # PBS reads '40' as 40 seconds: the successor is submitted ~20 s after the job starts.
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                         scheduler_in_job=True, scheduler_job_walltime="40", n_workers=1, name="sj-pbs-renew",
+                         walltime_margin=5)
+    try:
+        first = json.loads(cluster.cluster_file.read_text())["scheduler_job"]
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            workers = sorted(cluster.jobs)
+            futures = client.map(_slow_square, range(40))
+            got = {}
+            waiter = threading.Thread(target=lambda: got.update(result=client.gather(futures, timeout=240)))
+            waiter.start()
+
+            def current():
+                try:
+                    return json.loads(cluster.cluster_file.read_text()).get("scheduler_job")
+                except (OSError, ValueError):
+                    return None
+            wait_until(lambda: current() not in (None, first), 120, "the successor to take over")
+            done_at_handover = sum(f.done() for f in futures)
+            waiter.join(240)
+            assert got.get("result") == [i * i for i in range(40)]
+            assert done_at_handover < 40, "the handover came after the gather: it proved nothing"
+            assert sorted(cluster.jobs) == workers             # the same worker job, adopted
+        second = current()
+        assert qstat_states([first])[first] == "F"
+        assert qstat_states([second])[second] == "R"
+    finally:
+        cluster.close()
+    assert not cluster.cluster_file.exists()
