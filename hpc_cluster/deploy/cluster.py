@@ -35,7 +35,7 @@ from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
-from .launch import ClusterError, _alive, control, job_spec, launch  # noqa: F401  (ClusterError: public)
+from .launch import ClusterError, _alive, control, daemon_running, job_spec, launch  # noqa: F401  (ClusterError: public)
 
 
 class Status(str, enum.Enum):
@@ -127,10 +127,11 @@ def cluster_id(name: str, explicit: bool) -> str:
     safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
     if explicit:
         try:
-            pid = read_cluster_file(cluster_file_for(safe)).get("pid")
+            info = read_cluster_file(cluster_file_for(safe))
         except (OSError, ValueError):
-            pid = None
-        if not (pid and _alive(int(pid))):
+            info = {}
+        # A daemon in a scheduler job (scheduler_in_job) lives while its job does: its pid is another node's.
+        if not (info and daemon_running(info, cluster_file_for(safe))):
             return safe
     return f"{safe}-{uuid.uuid4().hex[:6]}"
 
