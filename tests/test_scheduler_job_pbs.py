@@ -6,17 +6,23 @@ renewal under a pending gather. The real SLURM runs are tests/slurm/test_schedul
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
-from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
+from hpc_cluster.config import resolve  # noqa: E402
+from hpc_cluster.deploy.cluster import ClusterError, PBSCluster  # noqa: E402
+from hpc_cluster.deploy.launch import launch  # noqa: E402
+from hpc_cluster.protocol.secret import cluster_file_for  # noqa: E402
 from hpc_cluster.deploy.scheduler_job import SchedulerJob  # noqa: E402
 
 
@@ -81,3 +87,29 @@ def test_the_scheduler_job_hands_over_to_its_successor_under_a_pending_gather(si
     finally:
         cluster.close()
     assert not cluster.cluster_file.exists()
+
+
+def test_a_scheduler_job_that_ends_before_its_daemon_listens_is_an_error_quoting_its_output(sim, tmp_path):
+    with pytest.raises(ClusterError) as info:
+        PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                   scheduler_in_job=True, name="sj-pbs-broken",
+                   job_script_prologue=["echo 'module python/9 not found' >&2", "false"])
+    text = str(info.value)
+    assert re.search(r"the scheduler job \S+ ended \(failed\) before its daemon listened", text), text
+    assert "module python/9 not found" in text                  # the job's own stderr, quoted
+    assert not cluster_file_for("sj-pbs-broken").exists()
+    job = re.search(r"the scheduler job (\S+) ended", text).group(1)
+    assert qstat_states([job]) == {job: "F"}
+
+
+def test_a_scheduler_job_that_does_not_start_in_time_is_cancelled_and_said_so(sim, tmp_path):
+    # A prologue that outlasts the wait stands for a queue that does not start the job in time.
+    cfg = resolve(batch="pbs", cores=1, memory="1GB", walltime="00:10:00", scheduler_in_job=True,
+                  log_directory=str(tmp_path / "logs"), job_script_prologue=["sleep 30"], jobqueue=False)
+    lines = []
+    with pytest.raises(ClusterError, match=r"did not start its daemon within 2 s .*it was cancelled") as info:
+        launch(cfg, "sj-pbs-slow", detach=True, progress=lines.append, job_timeout=2)
+    job = re.search(r"the scheduler job (\S+) did not", str(info.value)).group(1)
+    assert lines[0].startswith(f"scheduler job {job} submitted")  # progress names the job
+    wait_until(lambda: qstat_states([job]) == {job: "F"}, 30, "the cancelled job to finish")
+    assert not cluster_file_for("sj-pbs-slow").exists()

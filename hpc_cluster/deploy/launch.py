@@ -441,7 +441,7 @@ def _start_in_job(cfg: ResolvedConfig, name: str, cluster_file: Path, plan: dict
             give_up()
             raise ClusterError(f"the scheduler job {job_id} ended ({handle.state}) before its daemon listened; "
                                f"the end of the daemon log {log_path}:\n{tail or '(empty)'}\n"
-                               f"the job's own output: `hpc-cluster logs {job_id}` or the log_directory")
+                               + _job_output(spec, job_id))
         if time.monotonic() > deadline:
             handle.kill()
             give_up()
@@ -449,6 +449,18 @@ def _start_in_job(cfg: ResolvedConfig, name: str, cluster_file: Path, plan: dict
                                f"state: {handle.state}); it was cancelled. A busy queue needs a longer wait, or "
                                f"scheduler_in_job: false to run the daemon here")
         time.sleep(0.2)
+
+
+def _job_output(spec: JobSpec, job_id: str, lines: int = 20) -> str:
+    """The end of a job's own stdout/stderr (a failing prologue writes there, not in the daemon
+    log), from its log_directory or the directory it was submitted from."""
+    from .remote import job_logs
+    from .runner import LocalRunner
+    directory = os.path.expanduser(spec.log_directory or os.getcwd())
+    found = [(path, text) for path, text in job_logs(LocalRunner(), directory, job_id, lines) if text]
+    if not found:
+        return f"the job left no output in {directory}"
+    return "\n".join(f"the end of {path}:\n" + "\n".join(text) for path, text in found)
 
 
 def _tail(path: Path, start: int = 0, size: int = 3000) -> str:
