@@ -37,6 +37,19 @@ def _slow_square(x):
     return x * x
 
 
+def _gather_in_background(client, futures):
+    got: dict = {}
+
+    def gather():
+        try:
+            got["result"] = client.gather(futures, timeout=240)
+        except BaseException as exc:          # the test reads it
+            got["error"] = exc
+    waiter = threading.Thread(target=gather, daemon=True)
+    waiter.start()
+    return waiter, got
+
+
 def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_path):
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
                          scheduler_in_job=True, n_workers=1, name="sj-pbs")
@@ -55,6 +68,7 @@ def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_pa
     assert qstat_states([scheduler_job, *workers]) == {j: "F" for j in [scheduler_job, *workers]}
 
 
+@pytest.mark.slow
 def test_the_scheduler_job_hands_over_to_its_successor_under_a_pending_gather(sim, tmp_path):
     # PBS reads '40' as 40 seconds: the successor is submitted ~20 s after the job starts.
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
@@ -66,9 +80,7 @@ def test_the_scheduler_job_hands_over_to_its_successor_under_a_pending_gather(si
             client.wait_for_workers(1, timeout=60)
             workers = sorted(cluster.jobs)
             futures = client.map(_slow_square, range(40))
-            got = {}
-            waiter = threading.Thread(target=lambda: got.update(result=client.gather(futures, timeout=240)))
-            waiter.start()
+            waiter, got = _gather_in_background(client, futures)
 
             def current():
                 try:
@@ -113,3 +125,42 @@ def test_a_scheduler_job_that_does_not_start_in_time_is_cancelled_and_said_so(si
     assert lines[0].startswith(f"scheduler job {job} submitted")  # progress names the job
     wait_until(lambda: qstat_states([job]) == {job: "F"}, 30, "the cancelled job to finish")
     assert not cluster_file_for("sj-pbs-slow").exists()
+
+
+@pytest.mark.slow
+def test_a_successor_that_starts_after_the_old_jobs_walltime_resumes_from_the_journal(sim, tmp_path):
+    # The first successor's prologue waits 30 s (the marker, made once the first daemon runs, is
+    # taken by the first job that sees it), so the first job (40 s) reaches its walltime before
+    # anyone took over: its SIGTERM must keep the journal and the worker job, and the successor
+    # resumes from them as after a crash (then hands over in time to the next one).
+    marker = tmp_path / "slow-start"
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                         scheduler_in_job=True, scheduler_job_walltime="40", n_workers=1, name="sj-pbs-late",
+                         walltime_margin=5, job_script_prologue=[f"if rm {marker} 2>/dev/null; then sleep 30; fi"])
+    try:
+        first = json.loads(cluster.cluster_file.read_text())["scheduler_job"]
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            marker.touch()
+            workers = sorted(cluster.jobs)
+            futures = client.map(_slow_square, range(60))
+            waiter, got = _gather_in_background(client, futures)
+
+            def current():
+                try:
+                    return json.loads(cluster.cluster_file.read_text()).get("scheduler_job")
+                except (OSError, ValueError):
+                    return None
+            wait_until(lambda: current() not in (None, first), 150, "the late successor to take over")
+            done_at_takeover = sum(f.done() for f in futures)
+            waiter.join(240)
+            assert got.get("result") == [i * i for i in range(60)], got
+            assert done_at_takeover < 60, "the takeover came after the gather: it proved nothing"
+            assert sorted(cluster.jobs) == workers             # the worker job kept and adopted
+        log = Path(json.loads(cluster.cluster_file.read_text())["daemon_log"]).read_text()
+        assert "reached its walltime before a successor took over" in log
+        assert f"taking over from scheduler job {first} (gone)" in log
+    finally:
+        marker.unlink(missing_ok=True)
+        cluster.close()
+    assert not cluster.cluster_file.exists()

@@ -316,7 +316,7 @@ async def await_predecessor(adapter: BatchAdapter, cluster_file, own_id: str, pr
     left, as after a crash). Returns "done", "gone" or "timeout"."""
     write_handover(cluster_file, predecessor=predecessor, successor=own_id, state="ready")
     logger.info("scheduler job %s is ready to take over from %s", own_id, predecessor)
-    start = last_status = time.monotonic()
+    start, last_status = time.monotonic(), -1e9       # the first look at once: it may be long gone
     while time.monotonic() - start < timeout:
         if read_handover(cluster_file).get("state") == "done":
             return "done"
