@@ -117,6 +117,10 @@ JOB_PARAMETERS = """
         (docs/pools-and-retries.md). scale(), adapt() and job_script() take pool=
     escalate : dict
         Retry by cause: {"memory": True, "walltime": True, "margin": 1.5} (the defaults)
+    scheduler_in_job : bool
+        Run the scheduler itself as a small batch job (1 core, scheduler_job_memory, for
+        scheduler_job_walltime), for sites that forbid long processes on login nodes; it hands
+        over to a successor job before its walltime. close() ends it (docs/reliability.md)
 """
 
 

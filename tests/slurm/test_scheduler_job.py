@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -162,4 +163,47 @@ def test_the_scheduler_job_renews_itself_under_a_pending_gather(slurm_cluster, o
         ours.add(current() or second)          # a later renewal may have happened meanwhile
     finally:
         ours |= {j for j in [current()] if j}
+        _cleanup(name, cluster_file, ours)
+
+
+def test_a_killed_scheduler_job_is_resumed_by_up_and_a_silent_one_is_cancelled_by_down(slurm_cluster, own_home,
+                                                                                        tmp_path):
+    name = "t-sj-kill"
+    site = _site(tmp_path, name)
+    cluster_file = Path(own_home["XDG_CONFIG_HOME"]) / "hpc-cluster" / "clusters" / f"{name}.json"
+    ours: set[str] = set()
+    try:
+        up = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
+        ours |= set(re.findall(r"scheduler job (\d+) submitted", up.stdout))
+        assert up.returncode == 0, up.stdout + up.stderr
+        workers = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
+        ours |= workers
+        first = json.loads(cluster_file.read_text())["scheduler_job"]
+        with Client(name) as client:
+            x = client.submit(_square, 7)
+            assert x.result(timeout=60) == 49
+        # The scheduler job's daemon dies without a word (SIGKILL; here its node is ours): the job
+        # ends, the cluster is stopped, not gone.
+        os.kill(json.loads(cluster_file.read_text())["pid"], signal.SIGKILL)
+        wait_until(lambda: sacct_state(first) not in ("", "RUNNING", "COMPLETING"), 60, "the scheduler job to end")
+        status = cli("status", name)
+        assert status.returncode == 3 and "resumes it" in status.stderr, status.stdout + status.stderr
+        again = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
+        ours |= set(re.findall(r"scheduler job (\d+) submitted", again.stdout))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"resuming cluster {name!r} from its journal" in again.stdout, again.stdout
+        second = json.loads(cluster_file.read_text())["scheduler_job"]
+        assert second != first
+        with Client(name) as client:
+            assert client.submit(_square, 8).result(timeout=120) == 64
+        named = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                               check=True).stdout.split()
+        assert set(named) == workers                  # the worker job adopted, none submitted
+        # A daemon that does not answer (stopped): `down` cancels its scheduler job, then its jobs.
+        os.kill(json.loads(cluster_file.read_text())["pid"], signal.SIGSTOP)
+        down = cli("down", name, "--timeout", "120", timeout=300)
+        assert f"cancelling its scheduler job(s) {second}" in down.stderr, down.stdout + down.stderr
+        wait_until(lambda: not (ours & squeue_ids()), 90, "the scheduler job and the worker job to leave squeue")
+        assert not cluster_file.exists()
+    finally:
         _cleanup(name, cluster_file, ours)
