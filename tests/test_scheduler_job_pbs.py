@@ -52,11 +52,13 @@ def _gather_in_background(client, futures):
 
 def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_path):
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
-                         scheduler_in_job=True, n_workers=1, name="sj-pbs")
+                         scheduler_in_job=True, n_workers=1, name="sj-pbs", interface="lo")
     try:
         assert isinstance(cluster._proc, SchedulerJob) and cluster._proc.pid is None
         info = json.loads(cluster.cluster_file.read_text())
         scheduler_job = info["scheduler_job"]
+        # interface= is read in the job, on its node (here lo: 127.0.0.1), not on the login node.
+        assert info["address"].startswith("tcp://127.0.0.1:"), info["address"]
         assert qstat_states([scheduler_job]) == {scheduler_job: "R"}
         with Client(cluster) as client:
             assert client.gather(client.map(_slow_square, range(4))) == [0, 1, 4, 9]

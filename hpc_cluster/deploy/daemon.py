@@ -58,6 +58,9 @@ async def run(plan: dict) -> int:
         # A successor: the old daemon lets go of the journal and the port before we read and bind them.
         how = await await_predecessor(adapter, cluster_file, in_job["id"], str(plan["successor_of"]))
         logger.info("taking over from scheduler job %s (%s)", plan["successor_of"], how)
+    if in_job and sc.get("interface"):
+        from ..worker.__main__ import interface_address    # this node's address on it, not the login node's
+        sc = {**sc, "host": interface_address(sc["interface"])}
     # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
     journal = recovered = None

@@ -359,6 +359,10 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
                               v["scheduler_job_memory"], f"{v['job_name']}-scheduler")
         plan["scheduler_job"] = {"job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
                                  "submitted": time.time()}
+        options = v["scheduler_options"] or {}
+        if not options.get("host") and (options.get("interface") or v["interface"]):
+            # The interface's address is the compute node's, known only there: the daemon reads it.
+            plan["scheduler"]["interface"] = options.get("interface") or v["interface"]
     fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(plan, f)
