@@ -23,7 +23,7 @@ from hpc_cluster.config import resolve  # noqa: E402
 from hpc_cluster.deploy.cluster import ClusterError, PBSCluster  # noqa: E402
 from hpc_cluster.deploy.launch import launch  # noqa: E402
 from hpc_cluster.protocol.secret import cluster_file_for  # noqa: E402
-from hpc_cluster.deploy.scheduler_job import SchedulerJob  # noqa: E402
+from hpc_cluster.deploy.scheduler_job import OWNER_TIMEOUT, SchedulerJob, owner_path  # noqa: E402
 
 
 def qstat_states(job_ids) -> dict[str, str]:
@@ -166,3 +166,35 @@ def test_a_successor_that_starts_after_the_old_jobs_walltime_resumes_from_the_jo
         marker.unlink(missing_ok=True)
         cluster.close()
     assert not cluster.cluster_file.exists()
+
+
+OWNER = """
+import sys, time
+from hpc_cluster.deploy.cluster import PBSCluster
+cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=sys.argv[1], scheduler_in_job=True,
+                     n_workers=1, name="sj-pbs-owner")
+print(cluster.cluster_file, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_sigkilled_python_owner_ends_its_scheduler_job_cluster(sim, tmp_path):
+    # The daemon runs on "another node": it cannot watch its owner's pid, so it watches the
+    # owner's heartbeat file and shuts the cluster down when it stands still (OWNER_TIMEOUT).
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "logs")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        cluster_file = Path(owner.stdout.readline().strip())
+        info = json.loads(cluster_file.read_text())
+        assert info["address"] and info["scheduler_job"]
+        wait_until(lambda: len(qstat_states([])) >= 2, 60, "the worker job to be submitted")
+        jobs = sorted(qstat_states([]))
+        owner.kill()
+        owner.wait()
+        wait_until(lambda: not cluster_file.exists(), OWNER_TIMEOUT + 45, "the daemon to shut the cluster down")
+        wait_until(lambda: set(qstat_states(jobs).values()) == {"F"}, 30, "every job to finish")
+        assert not owner_path(cluster_file).exists()
+    finally:
+        if owner.poll() is None:
+            owner.kill()

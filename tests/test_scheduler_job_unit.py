@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import threading
 import time
@@ -198,3 +199,22 @@ def test_a_successor_waits_for_done_or_for_its_predecessors_end(home):
     sj.handover_path(path).unlink()
     assert asyncio.run(sj.await_predecessor(QueueOf({"1": "timeout"}), path, "2", "1", timeout=30)) == "gone"
     assert asyncio.run(sj.await_predecessor(QueueOf({"1": "running"}), path, "2", "1", timeout=0.3)) == "timeout"
+
+
+def test_a_daemon_in_a_job_takes_a_still_owner_file_for_a_gone_owner(home):
+    path = home / ".c.owner"
+    sj.touch_owner(path)
+
+    async def watch(touching: bool) -> float:
+        stop = asyncio.Event()
+        start = time.monotonic()
+        task = asyncio.create_task(sj.watch_owner_file(path, stop, timeout=0.6))
+        while time.monotonic() - start < 2.0 and not stop.is_set():
+            if touching:
+                os.utime(path, ns=(time.time_ns(), time.time_ns()))
+            await asyncio.sleep(0.05)
+        task.cancel()
+        return time.monotonic() - start if stop.is_set() else -1.0
+    assert asyncio.run(watch(touching=True)) == -1.0          # a live owner: never stopped
+    took = asyncio.run(watch(touching=False))
+    assert 0.6 <= took < 1.5, took                            # a still file: stopped after the timeout

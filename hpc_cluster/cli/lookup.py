@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..deploy.launch import _alive
-from ..deploy.scheduler_job import handover_path, job_alive
+from ..deploy.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 EXIT_CODES = """exit codes:
@@ -134,7 +134,7 @@ def _remove_leftovers(name: str) -> list[Path]:
     removed = []
     # The journal too (issue 16): `down` says the cluster is not to be resumed.
     for p in (cluster_file_for(name), plan_file(name), journal_for(cluster_file_for(name)),
-              handover_path(cluster_file_for(name))):
+              handover_path(cluster_file_for(name)), owner_path(cluster_file_for(name))):
         try:
             p.unlink()
             removed.append(p)

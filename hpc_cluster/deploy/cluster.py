@@ -120,7 +120,8 @@ JOB_PARAMETERS = """
     scheduler_in_job : bool
         Run the scheduler itself as a small batch job (1 core, scheduler_job_memory, for
         scheduler_job_walltime), for sites that forbid long processes on login nodes; it hands
-        over to a successor job before its walltime. close() ends it (docs/reliability.md)
+        over to a successor job before its walltime. close() ends it, or a minute without
+        this process's heartbeat file (docs/reliability.md)
 """
 
 
@@ -271,6 +272,8 @@ class JobQueueCluster:
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
         self.daemon_log = info.get("daemon_log")
+        # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
+        self.owner_file = plan.get("owner_file")
         self.status = Status.running
         self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
         self._keeper.start()

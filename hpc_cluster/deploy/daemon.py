@@ -30,7 +30,8 @@ from ..scheduler.journal import Journal, resume_from
 from ..scheduler.server import Scheduler
 from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
-from .scheduler_job import Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job
+from .scheduler_job import (Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job, owner_path,
+                            watch_owner_file)
 
 logger = logging.getLogger("hpc_cluster.daemon")
 
@@ -162,6 +163,8 @@ async def run(plan: dict) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     if plan.get("owner_pid"):
         asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
+    elif in_job and plan.get("owner_file"):    # on another node: the owner's heartbeat file instead
+        asyncio.create_task(watch_owner_file(plan["owner_file"], stop))
     adopted = jm.adopt(inherited) if inherited else {}
     if adopted:
         logger.warning("resumed from the journal: adopted %s", ", ".join(
@@ -208,6 +211,7 @@ async def run(plan: dict) -> int:
     if plan.get("plan_file"):
         Path(plan["plan_file"]).unlink(missing_ok=True)
     handover_path(cluster_file).unlink(missing_ok=True)
+    owner_path(cluster_file).unlink(missing_ok=True)
     if plan.get("tls_directory"):              # certificates made for this cluster alone
         shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])

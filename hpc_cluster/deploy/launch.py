@@ -30,7 +30,8 @@ from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
-from .scheduler_job import SchedulerJob, daemon_command, handover_path, job_alive, scheduler_spec
+from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
+                            touch_owner)
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -354,6 +355,9 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
                 owner_pid=None if detach or in_job else os.getpid())
     if in_job:
         v = cfg.values
+        if not detach:                         # the Python owner's heartbeat (scheduler_job.py)
+            plan["owner_file"] = str(owner_path(cluster_file))
+            touch_owner(plan["owner_file"])
         command = daemon_command(shell_word(worker_python(cfg)), str(plan_path), str(log_path))
         spec = scheduler_spec(plan["job"], command, v["scheduler_job_walltime"] or v["walltime"],
                               v["scheduler_job_memory"], f"{v['job_name']}-scheduler")

@@ -96,6 +96,45 @@ def own_job(environ=os.environ) -> dict | None:
     return {"id": job_id, "started": number("HPC_CLUSTER_JOB_START"), "walltime": number("HPC_CLUSTER_JOB_WALLTIME")}
 
 
+# -- the Python owner's heartbeat --------------------------------------------------------------------
+# A daemon on another node cannot watch its Python owner's pid. The owner (deploy/keeper.py)
+# touches NAME.owner beside the cluster file every OWNER_BEAT seconds; a daemon that sees the
+# file's mtime unchanged for OWNER_TIMEOUT seconds of its own clock (immune to clock skew
+# between nodes) shuts the cluster down, as the pid watch does on the login node.
+OWNER_BEAT = 5.0
+OWNER_TIMEOUT = 60.0
+
+
+def owner_path(cluster_file) -> Path:
+    return Path(cluster_file).with_suffix(".owner")
+
+
+def touch_owner(path) -> None:
+    try:
+        Path(path).touch(mode=0o600)
+    except OSError as exc:
+        logger.warning("could not touch %s (the cluster daemon takes silence for a gone owner): %s", path, exc)
+
+
+async def watch_owner_file(path, stop: asyncio.Event, timeout: float = OWNER_TIMEOUT,
+                           clock=time.monotonic) -> None:
+    """Set `stop` once `path`'s mtime stood still for `timeout` seconds."""
+    seen, since = None, clock()
+    while not stop.is_set():
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            mtime = None
+        if mtime != seen:
+            seen, since = mtime, clock()
+        elif clock() - since > timeout:
+            logger.warning("the Python process that started this cluster stopped touching %s %.0f s ago (gone, "
+                           "or its machine is); shutting down", path, clock() - since)
+            stop.set()
+            return
+        await asyncio.sleep(min(OWNER_BEAT, timeout / 4))
+
+
 # -- the handover file -------------------------------------------------------------------------
 def handover_path(cluster_file) -> Path:
     return Path(cluster_file).with_suffix(".handover")
