@@ -50,6 +50,33 @@ def _gather_in_background(client, futures):
     return waiter, got
 
 
+def _scheduler_job(cluster_file) -> str | None:
+    try:
+        return json.loads(Path(cluster_file).read_text()).get("scheduler_job")
+    except (OSError, ValueError):
+        return None
+
+
+def _gather_through_a_takeover(cluster, client, n: int, wait: float, before=lambda: None) -> str:
+    """Map `n` tasks of 1 s on the cluster's one worker and gather them while another scheduler
+    job takes over: every result comes back, some of them after the takeover, and the worker
+    job is the same one. Returns the first scheduler job's id."""
+    first = _scheduler_job(cluster.cluster_file)
+    client.wait_for_workers(1, timeout=60)
+    before()
+    workers = sorted(cluster.jobs)
+    futures = client.map(_slow_square, range(n))
+    waiter, got = _gather_in_background(client, futures)
+    wait_until(lambda: _scheduler_job(cluster.cluster_file) not in (None, first), wait,
+               "another scheduler job to take over")
+    done_at_takeover = sum(f.done() for f in futures)
+    waiter.join(240)
+    assert got.get("result") == [i * i for i in range(n)], got
+    assert done_at_takeover < n, "the takeover came after the gather: it proved nothing"
+    assert sorted(cluster.jobs) == workers             # the same worker job, adopted
+    return first
+
+
 def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_path):
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
                          scheduler_in_job=True, n_workers=1, name="sj-pbs", interface="lo")
@@ -77,25 +104,9 @@ def test_the_scheduler_job_hands_over_to_its_successor_under_a_pending_gather(si
                          scheduler_in_job=True, scheduler_job_walltime="40", n_workers=1, name="sj-pbs-renew",
                          walltime_margin=5)
     try:
-        first = json.loads(cluster.cluster_file.read_text())["scheduler_job"]
         with Client(cluster) as client:
-            client.wait_for_workers(1, timeout=60)
-            workers = sorted(cluster.jobs)
-            futures = client.map(_slow_square, range(40))
-            waiter, got = _gather_in_background(client, futures)
-
-            def current():
-                try:
-                    return json.loads(cluster.cluster_file.read_text()).get("scheduler_job")
-                except (OSError, ValueError):
-                    return None
-            wait_until(lambda: current() not in (None, first), 120, "the successor to take over")
-            done_at_handover = sum(f.done() for f in futures)
-            waiter.join(240)
-            assert got.get("result") == [i * i for i in range(40)]
-            assert done_at_handover < 40, "the handover came after the gather: it proved nothing"
-            assert sorted(cluster.jobs) == workers             # the same worker job, adopted
-        second = current()
+            first = _gather_through_a_takeover(cluster, client, 40, 120)
+        second = _scheduler_job(cluster.cluster_file)
         assert qstat_states([first])[first] == "F"
         assert qstat_states([second])[second] == "R"
     finally:
@@ -140,25 +151,8 @@ def test_a_successor_that_starts_after_the_old_jobs_walltime_resumes_from_the_jo
                          scheduler_in_job=True, scheduler_job_walltime="40", n_workers=1, name="sj-pbs-late",
                          walltime_margin=5, job_script_prologue=[f"if rm {marker} 2>/dev/null; then sleep 30; fi"])
     try:
-        first = json.loads(cluster.cluster_file.read_text())["scheduler_job"]
         with Client(cluster) as client:
-            client.wait_for_workers(1, timeout=60)
-            marker.touch()
-            workers = sorted(cluster.jobs)
-            futures = client.map(_slow_square, range(60))
-            waiter, got = _gather_in_background(client, futures)
-
-            def current():
-                try:
-                    return json.loads(cluster.cluster_file.read_text()).get("scheduler_job")
-                except (OSError, ValueError):
-                    return None
-            wait_until(lambda: current() not in (None, first), 150, "the late successor to take over")
-            done_at_takeover = sum(f.done() for f in futures)
-            waiter.join(240)
-            assert got.get("result") == [i * i for i in range(60)], got
-            assert done_at_takeover < 60, "the takeover came after the gather: it proved nothing"
-            assert sorted(cluster.jobs) == workers             # the worker job kept and adopted
+            first = _gather_through_a_takeover(cluster, client, 60, 150, before=marker.touch)
         log = Path(json.loads(cluster.cluster_file.read_text())["daemon_log"]).read_text()
         assert "reached its walltime before a successor took over" in log
         assert f"taking over from scheduler job {first} (gone)" in log

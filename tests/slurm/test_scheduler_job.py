@@ -50,6 +50,18 @@ def _site(tmp_path: Path, name: str, extra: str = "") -> Path:
     return site
 
 
+def _up(site: Path, name: str, ours: set[str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`hpc-cluster up --scheduler-in-job -n 1`; every job id it names goes into `ours` (for the
+    cleanup) before anything is asserted. Returns the output and the worker jobs it started."""
+    up = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
+    ours |= set(re.findall(r"scheduler job (\d+) submitted", up.stdout))
+    workers = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
+    ours |= workers
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert len(workers) == 1, up.stdout
+    return up, workers
+
+
 def _parent_command(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         ppid = int(f.read().rsplit(")", 1)[1].split()[1])
@@ -76,15 +88,11 @@ def test_up_with_the_scheduler_in_a_job_status_why_down(slurm_cluster, own_home,
     cluster_file = Path(own_home["XDG_CONFIG_HOME"]) / "hpc-cluster" / "clusters" / f"{name}.json"
     ours: set[str] = set()
     try:
-        up = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
-        ours |= set(re.findall(r"scheduler job (\d+) submitted", up.stdout))
-        assert up.returncode == 0, up.stdout + up.stderr
+        up, workers = _up(site, name, ours)
         info = json.loads(cluster_file.read_text())
         scheduler_job = info["scheduler_job"]
         assert re.search(rf"daemon pid \d+ in scheduler job {scheduler_job} listening", up.stdout), up.stdout
-        workers = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
-        ours |= workers
-        assert len(workers) == 1 and scheduler_job not in workers, up.stdout
+        assert scheduler_job not in workers, up.stdout
         # The daemon is a SLURM job: squeue shows it, and its process is slurmstepd's, not ours.
         assert squeue_row(scheduler_job) == ("RUNNING", f"{name}-scheduler")
         assert _parent_command(info["pid"]) == "slurmstepd"
@@ -132,13 +140,8 @@ def test_the_scheduler_job_renews_itself_under_a_pending_gather(slurm_cluster, o
         except (OSError, ValueError):
             return None
     try:
-        up = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
-        ours |= set(re.findall(r"scheduler job (\d+) submitted", up.stdout))
-        assert up.returncode == 0, up.stdout + up.stderr
+        up, workers = _up(site, name, ours)
         first = current()
-        workers = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
-        ours |= workers
-        assert len(workers) == 1, up.stdout
         with Client(name) as client:
             futures = client.map(_sleepy, range(N_TASKS))
             waiter, got = gather_in_background(client, futures)
@@ -173,11 +176,7 @@ def test_a_killed_scheduler_job_is_resumed_by_up_and_a_silent_one_is_cancelled_b
     cluster_file = Path(own_home["XDG_CONFIG_HOME"]) / "hpc-cluster" / "clusters" / f"{name}.json"
     ours: set[str] = set()
     try:
-        up = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
-        ours |= set(re.findall(r"scheduler job (\d+) submitted", up.stdout))
-        assert up.returncode == 0, up.stdout + up.stderr
-        workers = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
-        ours |= workers
+        up, workers = _up(site, name, ours)
         first = json.loads(cluster_file.read_text())["scheduler_job"]
         with Client(name) as client:
             x = client.submit(_square, 7)
@@ -188,9 +187,8 @@ def test_a_killed_scheduler_job_is_resumed_by_up_and_a_silent_one_is_cancelled_b
         wait_until(lambda: sacct_state(first) not in ("", "RUNNING", "COMPLETING"), 60, "the scheduler job to end")
         status = cli("status", name)
         assert status.returncode == 3 and "resumes it" in status.stderr, status.stdout + status.stderr
-        again = cli("up", "--config", str(site), "-n", "1", "--name", name, "--scheduler-in-job", "--timeout", "240")
-        ours |= set(re.findall(r"scheduler job (\d+) submitted", again.stdout))
-        assert again.returncode == 0, again.stdout + again.stderr
+        again, shown = _up(site, name, ours)
+        assert shown == workers                       # the worker job, adopted (squeue below: no other)
         assert f"resuming cluster {name!r} from its journal" in again.stdout, again.stdout
         second = json.loads(cluster_file.read_text())["scheduler_job"]
         assert second != first
