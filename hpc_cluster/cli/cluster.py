@@ -162,7 +162,8 @@ def cmd_status(args, out, err) -> int:
         with Client(cluster_file=str(path), timeout=30) as client:
             deaths = client.deaths()
         json.dump({"name": name, "address": info.get("address"), "batch": info.get("batch"),
-                   "site": info.get("site"), "daemon_pid": info.get("pid"), **table, "deaths": deaths},
+                   "site": info.get("site"), "daemon_pid": info.get("pid"),
+                   "scheduler_job": info.get("scheduler_job"), **table, "deaths": deaths},
                   out, indent=1, default=str)
         print(file=out)
         return OK

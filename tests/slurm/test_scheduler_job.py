@@ -162,7 +162,9 @@ def test_the_scheduler_job_renews_itself_under_a_pending_gather(slurm_cluster, o
         assert set(named) == workers, (named, workers)
         status = cli("status", name, "--json")
         assert status.returncode == 0, status.stderr
-        assert {str(j["job_id"]) for j in json.loads(status.stdout)["jobs"]} == workers
+        shown = json.loads(status.stdout)
+        assert {str(j["job_id"]) for j in shown["jobs"]} == workers
+        assert shown["scheduler_job"] not in (None, first)
         ours.add(current() or second)          # a later renewal may have happened meanwhile
     finally:
         ours |= {j for j in [current()] if j}
