@@ -351,7 +351,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     log_path = run_dir / f"{name}.log"
     in_job = bool(cfg.values.get("scheduler_in_job"))
     plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
-                # A daemon on another node cannot watch our pid: a Python owner's close() ends it.
+                # A daemon on another node cannot watch our pid: it watches our heartbeat file instead.
                 owner_pid=None if detach or in_job else os.getpid())
     if in_job:
         v = cfg.values
