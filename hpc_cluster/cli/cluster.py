@@ -14,11 +14,8 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import re
-import signal
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -26,10 +23,11 @@ from ..protocol.secret import cluster_file_for, read_cluster_file
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
                          _remove_leftovers, cluster_names, find_cluster, journal_jobs, plan_file)
+from .down import cmd_down
 from .startup import watch_startup
-from .views import dur, fmt_clock, job_event, jobs_table, mem, pools_tables, print_deaths, tail_lines
+from .views import dur, fmt_clock, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
-from ..deploy.launch import ClusterError, _alive, control
+from ..deploy.launch import ClusterError, control
 from ..config import ConfigError
 from ..deploy.remote import job_log_names, job_logs
 from ..deploy.runner import SSHRunner
@@ -64,7 +62,8 @@ def cmd_up(args, out, err) -> int:
     name = _check_name(args.name)
     if args.workers < 0:
         raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
-    cfg = resolve(site=args.site, config=args.config)
+    cfg = resolve(site=args.site, config=args.config,
+                  **({"scheduler_in_job": True} if args.scheduler_in_job else {}))
     v = cfg.values
     if v["batch"] not in ("slurm", "pbs"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
@@ -98,7 +97,8 @@ def cmd_up(args, out, err) -> int:
     try:
         with _notes(err):
             proc, path = launch(cfg, name, n_jobs=n_jobs, detach=True, pool_jobs=pool_jobs,
-                                    fresh=args.fresh)
+                                fresh=args.fresh, progress=lambda line: print(line, file=out, flush=True),
+                                job_timeout=args.timeout)
     except ClusterError:
         # A daemon that died starting leaves its pid-less placeholder file: not a cluster.
         state, info = _liveness(name)
@@ -106,7 +106,8 @@ def cmd_up(args, out, err) -> int:
             _remove_leftovers(name)
         raise
     info = read_cluster_file(path)
-    print(f"daemon pid {info.get('pid')} listening at {info['address']} (log: {info.get('daemon_log')})",
+    where = f" in scheduler job {info['scheduler_job']}" if info.get("scheduler_job") else ""
+    print(f"daemon pid {info.get('pid')}{where} listening at {info['address']} (log: {info.get('daemon_log')})",
           file=out, flush=True)
     if want and not args.no_wait:
         watch_startup(name, path, info, proc, want, args.timeout, out)
@@ -161,12 +162,14 @@ def cmd_status(args, out, err) -> int:
         with Client(cluster_file=str(path), timeout=30) as client:
             deaths = client.deaths()
         json.dump({"name": name, "address": info.get("address"), "batch": info.get("batch"),
-                   "site": info.get("site"), "daemon_pid": info.get("pid"), **table, "deaths": deaths},
+                   "site": info.get("site"), "daemon_pid": info.get("pid"),
+                   "scheduler_job": info.get("scheduler_job"), **table, "deaths": deaths},
                   out, indent=1, default=str)
         print(file=out)
         return OK
+    in_job = f" in scheduler job {info['scheduler_job']}" if info.get("scheduler_job") else ""
     print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
-          f"daemon pid {info.get('pid')})", file=out)
+          f"daemon pid {info.get('pid')}{in_job})", file=out)
     print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
           + (f"; adaptive {adaptive[0]}..{'no limit' if adaptive[1] is None else adaptive[1]} jobs"
              if adaptive else ""), file=out)
@@ -250,23 +253,6 @@ def cmd_list(args, out, err) -> int:
     for r in [head, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
     return OK
-
-
-def _cancel_left(info: dict, job_ids: list[str], err) -> bool:
-    """Cancel the jobs a dead daemon left (its journal's), with the batch system's own command."""
-    from ..adapters import get_adapter
-    from ..adapters.base import BatchError
-    cancel = "scancel" if info.get("batch") == "slurm" else "qdel"
-    if info.get("ssh") or info.get("batch") not in ("slurm", "pbs"):
-        print(f"cancel its jobs with `{cancel} {' '.join(job_ids)}`", file=err)
-        return False
-    try:
-        get_adapter(info["batch"]).cancel(job_ids)
-        return True
-    except BatchError as exc:
-        print(f"could not cancel {', '.join(job_ids)} ({exc}); cancel them with `{cancel} {' '.join(job_ids)}`",
-              file=err)
-        return False
 
 
 _JOB_ID_RE = re.compile(r"^\d+([._\[].*)?$")      # 123, 123_4 (array), 123.server, 123[].server
@@ -399,78 +385,6 @@ def cmd_job_script(args, out, err) -> int:
     return OK
 
 
-def cmd_down(args, out, err) -> int:
-    if args.all:
-        names = cluster_names()
-        if not names:
-            raise _not_found(None)
-    else:
-        if args.name is None:
-            names = [find_cluster(None)[0]]
-        else:
-            _check_name(args.name)
-            if not cluster_file_for(args.name).exists():
-                raise _not_found(args.name)
-            names = [args.name]
-    return max(_down_one(n, args.timeout, out, err) for n in names)
-
-
-def _down_one(name: str, timeout: float, out, err) -> int:
-    state, info = _liveness(name)
-    pid = (info or {}).get("pid")
-    if state != "running":
-        if state == "starting":
-            print(f"cluster {name!r} is still starting (no daemon pid yet); try again in a moment",
-                  file=err)
-            return FAILED
-        left = journal_jobs(name) if state == "stopped" else []
-        cancelled = _cancel_left(info or {}, left, err) if left else True
-        _remove_leftovers(name)
-        print(f"cluster {name!r} was not running (its daemon{f', pid {pid},' if pid else ''} is gone); "
-              f"removed its stale cluster file{' and journal' if state == 'stopped' else ''}. "
-              + (f"Cancelled the {len(left)} job(s) its journal named: {', '.join(left)}" if left and cancelled
-                 else "Jobs it left behind, if any, show in `squeue --me` / `qstat -u $USER`"), file=out)
-        return OK if cancelled else FAILED
-    path = cluster_file_for(name)
-    print(f"stopping cluster {name!r} (daemon pid {pid}): retiring workers, cancelling jobs ...",
-          file=out, flush=True)
-    table = None
-    try:
-        table = control(path, "shutdown", timeout=timeout)
-    except Exception as exc:
-        print(f"the daemon does not answer ({exc}); sending it SIGTERM", file=err)
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout
-    while _alive(int(pid)):
-        if time.monotonic() > deadline:
-            print(f"the daemon (pid {pid}) is still running after {timeout:g} s; stop it with "
-                  f"`kill {pid}` and check the queue for its jobs", file=err)
-            return FAILED
-        time.sleep(0.1)
-    leftovers = _remove_leftovers(name)     # the daemon removes its cluster file; the plan is ours
-    if path in leftovers:
-        print(f"removed the cluster file the daemon left behind: {path}", file=err)
-    if table is None:
-        print(f"cluster {name!r} is down (daemon gone, cluster file removed); could not read its "
-              "final job states: check `squeue --me` / `qstat -u $USER`", file=out)
-        return FAILED
-    rows = table.get("jobs") or []
-    for r in rows:
-        print("  " + job_event(r), file=out)
-    left = [r["job_id"] for r in rows if r["state"] in ("pending", "running", "unknown")]
-    if left:
-        cancel = "scancel" if info.get("batch") == "slurm" else "qdel"
-        print(f"these jobs may still be in the queue: {', '.join(left)}; cancel them with "
-              f"`{cancel} {' '.join(left)}`", file=err)
-        return FAILED
-    print(f"cluster {name!r} is down: {len(rows)} job(s) ended, daemon gone, cluster file removed",
-          file=out)
-    return OK
-
-
 # ----------------------------------------------------------------------------- argparse
 
 def _sub(subparsers, name: str, help: str, examples: str, handler):
@@ -489,6 +403,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up -n 16 --no-wait           submit and return; watch with `hpc-cluster status`
   hpc-cluster up -n 8 --pool bigmem=1      and 1 job of the site's pool 'bigmem'
   hpc-cluster up --name big                after its daemon died: resumes it from its journal
+  hpc-cluster up -n 4 --scheduler-in-job   the scheduler too runs as a batch job (no login-node process)
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
@@ -500,6 +415,9 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the jobs are submitted")
     p.add_argument("--pool", action="append", metavar="NAME=JOBS",
                    help="jobs of the site's pool NAME to start with (repeat for several pools)")
+    p.add_argument("--scheduler-in-job", action="store_true",
+                   help="run the scheduler itself as a batch job, not on this machine (the site's "
+                        "scheduler_in_job: true); for sites that forbid long processes on login nodes")
     p.add_argument("--fresh", action="store_true",
                    help="start anew even if a daemon of this name died leaving its journal (default: resume it)")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..deploy.launch import _alive
+from ..deploy.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 EXIT_CODES = """exit codes:
@@ -78,6 +79,11 @@ def _liveness(name: str) -> tuple[str, dict | None]:
     except ValueError:
         return "stale", None
     pid = info.get("pid")
+    in_job = job_alive(info, path)            # a daemon in a scheduler job: its job's state tells
+    if in_job is not None:
+        if in_job:
+            return ("running" if pid and info.get("address") else "starting"), info
+        return ("stopped" if journal_for(path).exists() else "stale"), info
     if pid:
         if _alive(int(pid)):
             return "running", info
@@ -127,7 +133,8 @@ def journal_jobs(name: str) -> list[str]:
 def _remove_leftovers(name: str) -> list[Path]:
     removed = []
     # The journal too (issue 16): `down` says the cluster is not to be resumed.
-    for p in (cluster_file_for(name), plan_file(name), journal_for(cluster_file_for(name))):
+    for p in (cluster_file_for(name), plan_file(name), journal_for(cluster_file_for(name)),
+              handover_path(cluster_file_for(name)), owner_path(cluster_file_for(name))):
         try:
             p.unlink()
             removed.append(p)

@@ -273,6 +273,27 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
         merged["walltime"] = Entry(wall.raw, seconds, wall.source)
     except UnitError as e:
         problems.append(f"{e} ({wall.source})")
+    sched_wall = merged["scheduler_job_walltime"]
+    if sched_wall.raw is not None:
+        try:
+            seconds = parse_walltime(sched_wall.raw, what="scheduler_job_walltime",
+                                     batch=batch if batch in ("slurm", "pbs") else None)
+            merged["scheduler_job_walltime"] = Entry(sched_wall.raw, seconds, sched_wall.source)
+        except UnitError as e:
+            problems.append(f"{e} ({sched_wall.source})")
+    in_job = merged["scheduler_in_job"]
+    if in_job.value and batch == "local":
+        problems.append(f"scheduler_in_job: true ({in_job.source}) needs a batch system to submit the scheduler "
+                        "to, and this site has batch: local; set batch: slurm or batch: pbs, or remove "
+                        "scheduler_in_job")
+    elif in_job.value and not merged["journal"].value:
+        problems.append(f"scheduler_in_job: true ({in_job.source}) needs journal: true ({merged['journal'].source}): "
+                        "the scheduler job hands its tasks and worker jobs to its successor through the journal "
+                        "before its walltime; remove journal: false, or scheduler_in_job")
+    elif in_job.value and merged["ssh"].value:
+        problems.append(f"scheduler_in_job: true ({in_job.source}) with ssh is not supported yet: the scheduler "
+                        "job's plan and cluster file would have to be on the login node; run `hpc-cluster up "
+                        "--scheduler-in-job` on the login node itself, or remove one of them")
     cores, processes = merged["cores"].value, merged["processes"].value
     if processes is None and cores is not None:
         merged["processes"] = Entry(None, default_processes(cores), "default:sqrt(cores)")

@@ -360,6 +360,15 @@ OPTIONS: tuple[Option, ...] = (
            aliases=("drain_margin",)),
     Option("startup_failures", "int >= 0", _int(0), 3,
            "jobs ending before their worker registers, in a row, before resubmission stops", "both"),
+    Option("scheduler_in_job", "bool", _bool, False,
+           "run the cluster daemon (the scheduler) itself as a small batch job instead of a process on this "
+           "machine, for sites that forbid long processes on login nodes; it renews its own job before its "
+           "walltime (docs/reliability.md)"),
+    Option("scheduler_job_walltime", "duration", _walltime, None,
+           "with scheduler_in_job: the scheduler job's time limit, read as walltime is; unset: the workers' "
+           "walltime. A successor job takes over before it ends", example="04:00:00"),
+    Option("scheduler_job_memory", "size", _size, "2GB",
+           "with scheduler_in_job: the memory the scheduler job asks for (it runs on 1 core)"),
     Option("journal", "bool", _bool, True,
            "the cluster daemon keeps a journal of its state beside the cluster file, and a daemon started "
            "again with the same name after one died resumes from it (docs/reliability.md)", "both"),

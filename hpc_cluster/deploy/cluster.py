@@ -35,7 +35,7 @@ from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
-from .launch import ClusterError, _alive, control, job_spec, launch  # noqa: F401  (ClusterError: public)
+from .launch import ClusterError, control, daemon_running, job_spec, launch  # noqa: F401  (ClusterError: public)
 
 
 class Status(str, enum.Enum):
@@ -117,6 +117,11 @@ JOB_PARAMETERS = """
         (docs/pools-and-retries.md). scale(), adapt() and job_script() take pool=
     escalate : dict
         Retry by cause: {"memory": True, "walltime": True, "margin": 1.5} (the defaults)
+    scheduler_in_job : bool
+        Run the scheduler itself as a small batch job (1 core, scheduler_job_memory, for
+        scheduler_job_walltime), for sites that forbid long processes on login nodes; it hands
+        over to a successor job before its walltime. close() ends it, or a minute without
+        this process's heartbeat file (docs/reliability.md)
 """
 
 
@@ -127,10 +132,11 @@ def cluster_id(name: str, explicit: bool) -> str:
     safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
     if explicit:
         try:
-            pid = read_cluster_file(cluster_file_for(safe)).get("pid")
+            info = read_cluster_file(cluster_file_for(safe))
         except (OSError, ValueError):
-            pid = None
-        if not (pid and _alive(int(pid))):
+            info = {}
+        # A daemon in a scheduler job (scheduler_in_job) lives while its job does: its pid is another node's.
+        if not (info and daemon_running(info, cluster_file_for(safe))):
             return safe
     return f"{safe}-{uuid.uuid4().hex[:6]}"
 
@@ -266,6 +272,8 @@ class JobQueueCluster:
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
         self.daemon_log = info.get("daemon_log")
+        # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
+        self.owner_file = plan.get("owner_file")
         self.status = Status.running
         self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
         self._keeper.start()

@@ -16,7 +16,9 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 
 from ..adapters import get_adapter
@@ -28,6 +30,8 @@ from ..scheduler.journal import Journal, resume_from
 from ..scheduler.server import Scheduler
 from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
+from .scheduler_job import (Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job, owner_path,
+                            watch_owner_file)
 
 logger = logging.getLogger("hpc_cluster.daemon")
 
@@ -47,6 +51,17 @@ async def run(plan: dict) -> int:
     info = read_cluster_file(cluster_file)
     secret, security = info["secret"], Security.from_dict(info.get("tls"))
     sc = plan["scheduler"]
+    runner = make_runner(plan.get("ssh"))
+    adapter = get_adapter(plan["batch"], runner)
+    # Run as a scheduler job (scheduler_in_job, deploy/scheduler_job.py): this job's id and times.
+    in_job = own_job() if plan.get("scheduler_job") else None
+    if in_job and plan.get("successor_of"):
+        # A successor: the old daemon lets go of the journal and the port before we read and bind them.
+        how = await await_predecessor(adapter, cluster_file, in_job["id"], str(plan["successor_of"]))
+        logger.info("taking over from scheduler job %s (%s)", plan["successor_of"], how)
+    if in_job and sc.get("interface"):
+        from ..worker.__main__ import interface_address    # this node's address on it, not the login node's
+        sc = {**sc, "host": interface_address(sc["interface"])}
     # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
     journal = recovered = None
@@ -73,11 +88,11 @@ async def run(plan: dict) -> int:
         logger.warning("could not listen on the old port %s again (%s); taking another", sc.get("prefer_port"), exc)
         sched = scheduler(sc.get("port", 0))
         address = await sched.start()
-    runner = make_runner(plan.get("ssh"))
-    adapter = get_adapter(plan["batch"], runner)
     meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
+    if in_job:                                 # status shows it; down cancels it if the daemon does not answer
+        meta.update(scheduler_job=in_job["id"], host=socket.gethostname())
     if security is not None:                   # the workers and clients that read the file use it
         meta["tls"] = security.to_dict()
     pools = plan.get("pools") or {"default": {"job": plan["job"], "job_lifetime": plan.get("job_lifetime"),
@@ -94,6 +109,10 @@ async def run(plan: dict) -> int:
     sched.expecting_workers = lambda: bool(jm.active())
     meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
+    # Why we stop: "shutdown" (down, SIGTERM, the owner gone: the cluster ends), or "handover" /
+    # "walltime" (a scheduler job's end: everything is kept for the next daemon).
+    reason = {"why": "shutdown"}
+    renewal: Renewal | None = None
 
     async def scale(msg):
         return await jm.scale(int(msg["jobs"]), msg.get("pool"))
@@ -103,6 +122,8 @@ async def run(plan: dict) -> int:
         return jm.table()
 
     async def shutdown(msg):
+        if renewal is not None:
+            renewal.cancel_successor()
         await jm.close()
         asyncio.get_running_loop().call_soon(stop.set)
         return jm.table()
@@ -131,10 +152,19 @@ async def run(plan: dict) -> int:
         text = json.dumps({"address": address, "secret": secret.hex(), **meta})
         await asyncio.to_thread(runner.write_file, remote, text, 0o600)
     loop = asyncio.get_running_loop()
+    def on_signal(sig):
+        if in_job and sig == signal.SIGTERM and is_walltime_sigterm(time.time(), in_job["started"], in_job["walltime"]):
+            logger.warning("scheduler job %s reached its walltime before a successor took over; leaving the "
+                           "journal and the worker jobs for the next daemon (`hpc-cluster up --name %s`)",
+                           in_job["id"], plan["name"])
+            reason["why"] = "walltime"
+        stop.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     if plan.get("owner_pid"):
         asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
+    elif in_job and plan.get("owner_file"):    # on another node: the owner's heartbeat file instead
+        asyncio.create_task(watch_owner_file(plan["owner_file"], stop))
     adopted = jm.adopt(inherited) if inherited else {}
     if adopted:
         logger.warning("resumed from the journal: adopted %s", ", ".join(
@@ -147,8 +177,25 @@ async def run(plan: dict) -> int:
         # A resumed cluster keeps the jobs it adopted; it submits only what the command adds.
         if p.get("n_jobs") and int(p["n_jobs"]) > adopted.get(name, 0):
             await jm.scale(int(p["n_jobs"]), name)
-    logger.info("cluster %s up at %s (%s)", plan["name"], address, plan["batch"])
+    if in_job and in_job.get("walltime"):
+        async def hand_over():
+            reason["why"] = "handover"
+            await _let_go(sched, journal, jm)
+            stop.set()
+        renewal = Renewal(adapter, plan, in_job, _port(address), hand_over)
+        renewal_task = asyncio.create_task(renewal.run())
+        renewal_task.add_done_callback(_log_failure)
+    logger.info("cluster %s up at %s (%s%s)", plan["name"], address, plan["batch"],
+                f", scheduler job {in_job['id']}" if in_job else "")
     await stop.wait()
+    if reason["why"] != "shutdown":
+        if reason["why"] == "walltime":
+            await _let_go(sched, journal, jm)
+        await asyncio.sleep(0.1)
+        logger.info("cluster %s: scheduler job %s let go (%s)", plan["name"], in_job and in_job["id"], reason["why"])
+        return 0
+    if renewal is not None:
+        renewal.cancel_successor()
     await jm.close()
     await sched.close()
     if journal is not None:
@@ -164,6 +211,8 @@ async def run(plan: dict) -> int:
             logger.warning("could not remove %s on the login node: %s", remote, exc)
     if plan.get("plan_file"):
         Path(plan["plan_file"]).unlink(missing_ok=True)
+    handover_path(cluster_file).unlink(missing_ok=True)
+    owner_path(cluster_file).unlink(missing_ok=True)
     if plan.get("tls_directory"):              # certificates made for this cluster alone
         shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])
@@ -196,6 +245,32 @@ def jobs_record(jm) -> dict:
                   "started": j.started, "registered": j.registered, "retiring": j.retiring,
                   "workers": sorted(set(names.get(jid, ())) | set(j.worker_names))}
             for m in jm.managers.values() for jid, j in m.jobs.items() if not j.final}
+
+
+async def _let_go(sched, journal, jm) -> None:
+    """A scheduler job's end: the next daemon takes over. The job manager stops watching (its
+    jobs stay in the queue: the next daemon adopts them from the journal's jobs record), the
+    journal gets the last changes, and the scheduler closes without telling its workers and
+    clients to leave, so they reattach to the successor."""
+    if sched.closed.is_set():
+        return
+    jm.stop_watching()
+    if journal is not None:
+        journal.jobs = jobs_record(jm)
+    await sched.close(restarting=True)        # flushes and closes the journal, frees the port
+
+
+def _port(address: str) -> int:
+    try:
+        return int(address.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("renewing the scheduler job failed: %r; the job ends at its walltime and "
+                     "`hpc-cluster up` resumes the cluster from its journal", task.exception())
 
 
 async def _watch_owner(pid: int, stop: asyncio.Event) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+
+from .scheduler_job import OWNER_BEAT, touch_owner
 
 logger = logging.getLogger("hpc_cluster.cluster")
 
@@ -37,7 +40,13 @@ class DaemonKeeper:
         self._stop.set()
 
     def _watch(self) -> None:
+        beat = 0.0
         while not self._stop.wait(POLL):
+            owner = getattr(self.cluster, "owner_file", None)
+            if owner is not None and time.monotonic() - beat >= OWNER_BEAT:
+                # A daemon in a scheduler job, on another node, takes a still file for a gone owner.
+                touch_owner(owner)
+                beat = time.monotonic()
             proc = self.cluster._proc
             if proc is None or proc.poll() is None:
                 continue

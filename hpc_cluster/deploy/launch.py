@@ -30,6 +30,8 @@ from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
+from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
+                            touch_owner)
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -303,9 +305,15 @@ def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Se
 def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False,
            timeout: float = 60.0, worker_prefix: str | None = None,
            security=None, pool_jobs: dict[str, int] | None = None,
-           fresh: bool = False) -> tuple[subprocess.Popen, Path]:
+           fresh: bool = False, progress=None,
+           job_timeout: float = 600.0) -> tuple[subprocess.Popen | SchedulerJob, Path]:
     """Start a cluster daemon; return its process and cluster file once it listens. With
     `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py).
+
+    With `scheduler_in_job` the daemon is submitted as a batch job instead (scheduler_job.py)
+    and the process returned is a `SchedulerJob` handle (Popen's poll/wait/kill, pid None);
+    `progress(line)` hears its job's states while it waits in the queue (`job_timeout`
+    seconds at most: then the job is cancelled).
 
     A daemon of this name that died (SIGKILL, a reboot) and left its journal is *resumed*
     (issue 16): the new one keeps the secret (its workers authenticate with it), tries the old
@@ -341,11 +349,29 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         plan["resume"] = True
         plan["scheduler"]["prefer_port"] = _port_of(old.get("address"))
     log_path = run_dir / f"{name}.log"
+    in_job = bool(cfg.values.get("scheduler_in_job"))
     plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
-                owner_pid=None if detach else os.getpid())
+                # A daemon on another node cannot watch our pid: it watches our heartbeat file instead.
+                owner_pid=None if detach or in_job else os.getpid())
+    if in_job:
+        v = cfg.values
+        if not detach:                         # the Python owner's heartbeat (scheduler_job.py)
+            plan["owner_file"] = str(owner_path(cluster_file))
+            touch_owner(plan["owner_file"])
+        command = daemon_command(shell_word(worker_python(cfg)), str(plan_path), str(log_path))
+        spec = scheduler_spec(plan["job"], command, v["scheduler_job_walltime"] or v["walltime"],
+                              v["scheduler_job_memory"], f"{v['job_name']}-scheduler")
+        plan["scheduler_job"] = {"job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
+                                 "submitted": time.time()}
+        options = v["scheduler_options"] or {}
+        if not options.get("host") and (options.get("interface") or v["interface"]):
+            # The interface's address is the compute node's, known only there: the daemon reads it.
+            plan["scheduler"]["interface"] = options.get("interface") or v["interface"]
     fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(plan, f)
+    if in_job:
+        return _start_in_job(cfg, name, cluster_file, plan, spec, old, secret, tls_dir, progress, job_timeout)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
     log = open_private(log_path, "wb")         # this run's log only: failures quote its tail
@@ -378,6 +404,92 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         time.sleep(0.05)
 
 
+def _start_in_job(cfg: ResolvedConfig, name: str, cluster_file: Path, plan: dict, spec: JobSpec, old: dict | None,
+                  secret: bytes, tls_dir: Path | None, progress, timeout: float) -> tuple[SchedulerJob, Path]:
+    """Submit the daemon as a batch job, then wait for its address in the cluster file,
+    saying how its job stands meanwhile."""
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    plan_path, log_path = Path(plan["plan_file"]), Path(plan["daemon_log"])
+    adapter = get_adapter(cfg.values["batch"])
+    handover_path(cluster_file).unlink(missing_ok=True)     # a renewal's, from an earlier run of this name
+
+    def give_up() -> None:
+        if old is None:
+            _forget(cluster_file, plan_path, tls_dir)
+        else:                                  # what a resumed cluster had stays, to try again
+            write_cluster_file(cluster_file, old.get("address") or "", secret,
+                               **{k: v for k, v in old.items() if k not in ("address", "secret")})
+    open_private(log_path, "ab").close()       # the job appends; it is ours alone (0600)
+    log_start = log_path.stat().st_size        # failures quote this run's part only
+    try:
+        job_id = adapter.submit(adapter.render(spec))
+    except BatchError as exc:
+        give_up()
+        raise ClusterError(f"could not submit the scheduler job (scheduler_in_job: true): {exc}") from None
+    # The placeholder names the job, so that `list` and `down` know the cluster while it queues.
+    placeholder = {k: v for k, v in read_cluster_file(cluster_file).items() if k not in ("address", "secret")}
+    write_cluster_file(cluster_file, "", secret, **{**placeholder, "batch": cfg.values["batch"], "scheduler_job": job_id})
+    handle = SchedulerJob(adapter, job_id, cluster_file)
+    say(f"scheduler job {job_id} submitted ({spec.job_name}, 1 core, walltime {spec.walltime} s); waiting for "
+        "it to start")
+    deadline, seen = time.monotonic() + timeout, None
+    while True:
+        try:
+            if read_cluster_file(cluster_file)["address"]:
+                return handle, cluster_file
+        except (OSError, ValueError, KeyError):
+            pass
+        code = handle.poll()
+        shown = f"{handle.state}"
+        if shown != seen:
+            seen = shown
+            say(f"scheduler job {job_id}: {shown}")
+        if code is not None:
+            tail = _tail(log_path, log_start)
+            give_up()
+            raise ClusterError(f"the scheduler job {job_id} ended ({handle.state}) before its daemon listened; "
+                               f"the end of the daemon log {log_path}:\n{tail or '(empty)'}\n"
+                               + _job_output(spec, job_id))
+        if time.monotonic() > deadline:
+            handle.kill()
+            give_up()
+            raise ClusterError(f"the scheduler job {job_id} did not start its daemon within {timeout:g} s (last "
+                               f"state: {handle.state}); it was cancelled. A busy queue needs a longer wait, or "
+                               f"scheduler_in_job: false to run the daemon here")
+        time.sleep(0.2)
+
+
+def _job_output(spec: JobSpec, job_id: str, lines: int = 20) -> str:
+    """The end of a job's own stdout/stderr (a failing prologue writes there, not in the daemon
+    log), from its log_directory or the directory it was submitted from."""
+    from .remote import job_logs
+    from .runner import LocalRunner
+    directory = os.path.expanduser(spec.log_directory or os.getcwd())
+    found = [(path, text) for path, text in job_logs(LocalRunner(), directory, job_id, lines) if text]
+    if not found:
+        return f"the job left no output in {directory}"
+    return "\n".join(f"the end of {path}:\n" + "\n".join(text) for path, text in found)
+
+
+def _tail(path: Path, start: int = 0, size: int = 3000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(start, path.stat().st_size - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def daemon_running(info: dict, cluster_file: Path) -> bool:
+    """Whether a cluster's daemon lives: its scheduler job's state when it runs as a job (a pid
+    means nothing on another node), else its pid."""
+    in_job = job_alive(info, cluster_file)
+    if in_job is not None:
+        return in_job
+    pid = info.get("pid")
+    return bool(pid) and _alive(int(pid))
+
+
 def previous_daemon(cfg: ResolvedConfig, name: str, cluster_file: Path, fresh: bool) -> dict | None:
     """The cluster file of a daemon of this name that died leaving a journal (to resume), or
     None (nothing there, or `fresh`: its leftovers are removed). A live daemon is an error."""
@@ -389,8 +501,9 @@ def previous_daemon(cfg: ResolvedConfig, name: str, cluster_file: Path, fresh: b
     except (OSError, ValueError):
         info = {}
     pid = info.get("pid")
-    if pid and _alive(pid):
-        raise ClusterError(f"a cluster named {name!r} is already running (pid {pid}); "
+    if daemon_running(info, cluster_file):
+        where = f"scheduler job {info['scheduler_job']}" if info.get("scheduler_job") else f"pid {pid}"
+        raise ClusterError(f"a cluster named {name!r} is already running ({where}); "
                            f"use another --name or `hpc-cluster down {name}` first")
     journal = journal_for(cluster_file)
     if fresh or not cfg.values.get("journal") or not info.get("secret") or not journal.exists():

@@ -155,6 +155,14 @@ class PoolManager:
             if ids[name]:
                 m.apply_statuses(ids[name], statuses)
 
+    def stop_watching(self) -> None:
+        """Leave the jobs as they are (no poll, no adapt, no cancel): another daemon takes them
+        over from the journal's jobs record (a scheduler job's handover, deploy/scheduler_job.py)."""
+        if self._poller:
+            self._poller.cancel()
+        for m in self.managers.values():
+            m.stop_adapting()
+
     async def close(self) -> None:
         if self._poller:
             self._poller.cancel()

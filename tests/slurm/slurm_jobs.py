@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -145,3 +147,30 @@ def restore_node(node: str) -> None:
         states = node_states(node)
         return states and states <= {"idle", "mixed", "allocated"}
     wait_for(in_service, 60, f"node {node} back in service")
+
+
+def squeue_ids() -> set[str]:
+    """The ids squeue lists now (pending, running, completing)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`hpc-cluster ARGS` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def gather_in_background(client, futures, timeout: float = 600) -> tuple[threading.Thread, dict]:
+    """`client.gather(futures)` in a thread (the test does something meanwhile); the dict gets
+    "result", or "error" with what it raised."""
+    got: dict = {}
+
+    def gather():
+        try:
+            got["result"] = client.gather(futures, timeout=timeout)
+        except BaseException as exc:      # the test reads it
+            got["error"] = exc
+    waiter = threading.Thread(target=gather, daemon=True)
+    waiter.start()
+    return waiter, got

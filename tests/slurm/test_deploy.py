@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from waiting import wait_until  # noqa: E402
+from slurm_jobs import cli, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
@@ -29,18 +30,8 @@ SLURM_STATE_NAMES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLET
                      "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "SUSPENDED"}
 
 
-def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
 def _square(x):
     return x * x
-
-
-def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path):

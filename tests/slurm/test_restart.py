@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from waiting import wait_until  # noqa: E402
+from slurm_jobs import cli, gather_in_background, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.launch import _alive  # noqa: E402
@@ -50,16 +50,6 @@ def _runs(log: Path) -> list[int]:
         return []
 
 
-def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
-def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 @pytest.mark.parametrize("reboot", [False, True], ids=["sigkill", "reboot"])
 def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home, tmp_path, reboot):
     name = f"t-rs-{'reboot' if reboot else 'kill'}"
@@ -77,17 +67,9 @@ def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home
         assert len(jobs) == 2, up.stdout
         old = json.loads(cluster_file.read_text())
 
-        got: dict = {}
         with Client(name) as client:
             futures = client.map(_task, range(N_TASKS), log=str(log))
-
-            def gather():
-                try:
-                    got["result"] = client.gather(futures, timeout=600)
-                except BaseException as exc:      # the test reads it below
-                    got["error"] = exc
-            waiter = threading.Thread(target=gather, daemon=True)
-            waiter.start()
+            waiter, got = gather_in_background(client, futures)
             wait_until(lambda: len(_runs(log)) >= KILL_AFTER, 240, f"{KILL_AFTER} tasks to have started")
             os.kill(old["pid"], signal.SIGKILL)
             wait_until(lambda: not _alive(old["pid"]), 30, "the daemon to die")
