@@ -144,7 +144,7 @@ def test_a_pbscluster_daemon_that_dies_is_restarted_once_and_its_worker_and_clie
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
                          name="keep-me")
     try:
-        assert cluster.id == "keep-me"                       # a name given is kept: it resumes by it
+        assert cluster.id.startswith("keep-me-")
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=120)
@@ -171,3 +171,24 @@ def test_a_pbscluster_daemon_that_dies_is_restarted_once_and_its_worker_and_clie
             cluster._proc.kill()
         cluster.close()
         pbssim.cleanup(str(sim))
+
+
+def test_a_name_resumes_its_stopped_cluster_and_two_live_ones_never_share_an_id(isolated_home):
+    """cluster_id: SLURMCluster(name=N) started twice at once (the SLURM scenarios do) gets two
+    ids; one started after a cluster N whose daemon died leaving its journal takes that id
+    again (once), so it resumes."""
+    import subprocess as sp
+    import sys as _sys
+    from hpc_cluster.deploy.cluster import cluster_id
+    from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
+    a, b = cluster_id("sc-x", explicit=True), cluster_id("sc-x", explicit=True)
+    assert a != b and a.startswith("sc-x-") and b.startswith("sc-x-")
+    dead = sp.Popen([_sys.executable, "-c", "pass"])
+    dead.wait()
+    stopped = cluster_file_for("sc-x-abc123")
+    write_cluster_file(stopped, "tcp://127.0.0.1:1", new_secret(), name="sc-x-abc123", pid=dead.pid)
+    assert cluster_id("sc-x", explicit=True).startswith("sc-x-")        # no journal: nothing to resume
+    journal_path(stopped).write_bytes(b"")
+    assert cluster_id("sc-x", explicit=True) == "sc-x-abc123"
+    assert cluster_id("sc-x", explicit=True) != "sc-x-abc123"             # claimed once, by one cluster
+    assert cluster_id("sc-x", explicit=False) != "sc-x-abc123"

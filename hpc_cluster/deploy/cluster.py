@@ -20,6 +20,7 @@ import math
 import re
 import signal
 import subprocess
+import threading
 import uuid
 import warnings
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..adapters.base import JobSpec
 from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
 from ..config.jobqueue import DEPRECATED
 from ..config.pools import DEFAULT_POOL
-from ..protocol.secret import cluster_file_for, read_cluster_file
+from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
@@ -82,6 +83,7 @@ class Adaptive:
 
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_SUFFIXED = re.compile(r"-[0-9a-f]{6}")
 _CLUSTER_KEYWORDS = ("n_workers", "job_cls", "loop", "security", "shared_temp_directory", "silence_logs",
                      "name", "asynchronous", "dashboard_address", "host", "scheduler_options",
                      "scheduler_cls", "interface", "protocol", "config_name", "site", "config")
@@ -125,19 +127,33 @@ JOB_PARAMETERS = """
 """
 
 
+_CLAIMED: set[str] = set()              # ids resumed by a cluster of this process: not twice
+_CLAIM_LOCK = threading.Lock()
+
+
 def cluster_id(name: str, explicit: bool) -> str:
-    """The cluster file's name: what `hpc-cluster status|why|logs|down ID` take. A name the user
-    gave is kept as it is, so that a cluster whose daemon died is resumed by the same name
-    (issue 16), unless a live cluster has it; otherwise a suffix makes it unique."""
+    """The cluster file's name: what `hpc-cluster status|why|logs|down ID` take: the name and a
+    random suffix, unique even for clusters of one name started at the same moment. A name the
+    user gave resumes a cluster of that name whose daemon died leaving its journal (issue 16):
+    the most recent such id is taken again."""
     safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
     if explicit:
-        try:
-            info = read_cluster_file(cluster_file_for(safe))
-        except (OSError, ValueError):
-            info = {}
-        # A daemon in a scheduler job (scheduler_in_job) lives while its job does: its pid is another node's.
-        if not (info and daemon_running(info, cluster_file_for(safe))):
-            return safe
+        with _CLAIM_LOCK:
+            stopped = []
+            for path in clusters_dir().glob(f"{safe}*.json"):
+                if path.stem != safe and not _SUFFIXED.fullmatch(path.stem[len(safe):]):
+                    continue
+                try:
+                    info = read_cluster_file(path)
+                except (OSError, ValueError):
+                    continue
+                # A daemon that never wrote its pid is starting, not stopped.
+                if (info.get("pid") or info.get("scheduler_job")) and journal_for(path).exists() \
+                        and path.stem not in _CLAIMED and not daemon_running(info, path):
+                    stopped.append((path.stat().st_mtime, path.stem))
+            if stopped:
+                _CLAIMED.add(max(stopped)[1])
+                return max(stopped)[1]
     return f"{safe}-{uuid.uuid4().hex[:6]}"
 
 
