@@ -321,28 +321,15 @@ def test_a_copy_lost_with_its_worker_leaves_the_journal():
     assert rec.status["k"][2:4] == ["m", ["wb"]] and rec.deaths[0]["name"] == "wa"
 
 
-def test_a_worker_registering_under_a_held_name_keeps_what_it_still_holds():
-    holder, new = rebuilt_workload()
-    assert new.awaited_workers == set(holder.values())
-    new.add_worker("tcp://other:1", nthreads=1, now=11, name="someone-else")
-    assert new.worker_returned("tcp://other:1", "someone-else", ["x"]) == []      # not awaited: nothing
-    assert new.tasks["x"].state == "held"
-    new.add_worker("tcp://y2:1", nthreads=1, now=11, name=holder["y"])
-    assert new.worker_returned("tcp://y2:1", holder["y"], ["y", "stale"]) == ["stale"]
-    assert new.tasks["y"].state == "memory" and new.awaited_workers == {holder["x"]}
-    # x's worker comes back empty (a restarted process): x is recomputed, on any worker.
-    new.take_outbox()
-    new.add_worker("tcp://x2:1", nthreads=1, now=12, name=holder["x"])
-    assert new.worker_returned("tcp://x2:1", holder["x"], None) == []
-    assert new.tasks["x"].state == "processing" and not new.awaited_workers
-
-
 def test_a_reattaching_worker_confirms_what_the_journal_held_for_it_by_name():
     """The two halves of issue 16 meet here: a worker reattaching (reattach.py: held results
     key -> nbytes, running keys) to a scheduler rebuilt from its journal (recovery.py: results
     held by worker name) has its results confirmed; what it no longer holds is recomputed."""
     holder, new = rebuilt_workload()
     new.take_outbox()
+    assert new.awaited_workers == set(holder.values())
+    new.add_reattached_worker("tcp://other:1", 1, 11.0, held={}, running=[], name="someone-else")
+    assert new.tasks["x"].state == "held" and new.awaited_workers == set(holder.values())   # not awaited: nothing
     new.add_reattached_worker("tcp://y2:1", 1, 11.0, held={"y": 8}, running=[], name=holder["y"])
     assert new.tasks["y"].state == "memory" and {w.address for w in new.tasks["y"].who_has} == {"tcp://y2:1"}
     assert holder["y"] not in new.awaited_workers

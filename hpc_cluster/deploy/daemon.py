@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..adapters import get_adapter
 from ..protocol.admission import raise_open_file_limit
+from ..protocol.comm import port_of
 from ..protocol.frames import Limits
 from ..protocol.secret import journal_for, read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
@@ -182,7 +183,7 @@ async def run(plan: dict) -> int:
             reason["why"] = "handover"
             await _let_go(sched, journal, jm)
             stop.set()
-        renewal = Renewal(adapter, plan, in_job, _port(address), hand_over)
+        renewal = Renewal(adapter, plan, in_job, port_of(address), hand_over)
         renewal_task = asyncio.create_task(renewal.run())
         renewal_task.add_done_callback(_log_failure)
     logger.info("cluster %s up at %s (%s%s)", plan["name"], address, plan["batch"],
@@ -258,13 +259,6 @@ async def _let_go(sched, journal, jm) -> None:
     if journal is not None:
         journal.jobs = jobs_record(jm)
     await sched.close(restarting=True)        # flushes and closes the journal, frees the port
-
-
-def _port(address: str) -> int:
-    try:
-        return int(address.rsplit(":", 1)[1])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _log_failure(task: asyncio.Task) -> None:

@@ -26,6 +26,7 @@ from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.secret import (cluster_file_for, journal_for, new_secret, open_private, private_directory,
                                read_cluster_file, write_cluster_file)
+from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
@@ -347,7 +348,7 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         raise
     if old is not None:
         plan["resume"] = True
-        plan["scheduler"]["prefer_port"] = _port_of(old.get("address"))
+        plan["scheduler"]["prefer_port"] = port_of(old.get("address"))
     log_path = run_dir / f"{name}.log"
     in_job = bool(cfg.values.get("scheduler_in_job"))
     plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
@@ -511,13 +512,6 @@ def previous_daemon(cfg: ResolvedConfig, name: str, cluster_file: Path, fresh: b
         journal.unlink(missing_ok=True)
         return None
     return info
-
-
-def _port_of(address: str | None) -> int:
-    try:
-        return int(str(address).rsplit(":", 1)[1])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _forget(*paths: Path | None) -> None:

@@ -68,6 +68,14 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def port_of(address: str | None) -> int:
+    """The port of an address, or 0 (any port) when there is none to read."""
+    try:
+        return parse_address(str(address))[1]
+    except ValueError:
+        return 0
+
+
 def _proof(secret: bytes, side: bytes, c_nonce: bytes, s_nonce: bytes) -> bytes:
     return hmac.new(secret, side + b"|" + c_nonce + b"|" + s_nonce, hashlib.sha256).digest()
 

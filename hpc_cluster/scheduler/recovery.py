@@ -41,17 +41,6 @@ class RecoveryMixin:
         """The workers (names) whose return some results still wait for."""
         return {name for ts in self.tasks.values() if ts.state == "held" for name in ts.held_by}
 
-    def worker_returned(self, address: str, name: str, held=None) -> list[str]:
-        """Call after add_worker: a worker registered under `name`. If results were held by
-        that name, the keys in `held` (what it says it still holds; None: it did not say) are
-        confirmed on it and the rest it was said to hold are lost (recomputed where needed).
-        Returns the keys it should free (held, but not known or wanted here)."""
-        if name not in self.awaited_workers:
-            return []
-        dropped = self.confirm_held(address, held)[1] if held is not None else []
-        self.holders_missing([name])
-        return dropped
-
     def confirm_held(self, address: str, keys) -> tuple[list[str], list[str]]:
         """Worker `address` (registered again) says it holds `keys`. Returns (accepted,
         dropped): the results we know and want, now in memory on it; the rest, which the
