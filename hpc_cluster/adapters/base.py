@@ -153,6 +153,10 @@ class BatchAdapter:
     name = "base"
     template_name = ""
     submit_command = ""
+    cancel_command = ""           # named to users who must cancel jobs by hand (`hpc-cluster down`)
+    # Where `template_name` is: ours are in hpc_cluster/templates; a plugin's adapter ships its
+    # own beside its module and sets this (docs/writing-an-adapter.md).
+    template_dir: Path | None = None
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
@@ -166,8 +170,9 @@ class BatchAdapter:
         return {}
 
     def render(self, spec: JobSpec) -> str:
+        own = Path(self.template_dir) if self.template_dir else _TEMPLATES
         env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader([str(_TEMPLATES)]),
+            loader=jinja2.FileSystemLoader([str(own)]),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
             trim_blocks=True,
@@ -183,11 +188,11 @@ class BatchAdapter:
                                  f"template or remove it to use the built-in {self.template_name}")
             what = f"template={spec.template!r}" + (f" ({path})" if str(path) != spec.template else "")
         else:
-            path = _TEMPLATES / self.template_name
+            path = own / self.template_name
             what = f"the built-in template {path}"
         try:
             # Loaded by its path, so errors carry its file name and line.
-            env.loader = jinja2.FileSystemLoader([str(path.parent), str(_TEMPLATES)])
+            env.loader = jinja2.FileSystemLoader([str(path.parent), str(own)])
             return env.get_template(path.name).render(**context)
         except jinja2.TemplateSyntaxError as e:
             raise BatchError(f"{what}, line {e.lineno}: {e.message}") from None

@@ -372,6 +372,7 @@ class PBSAdapter(BatchAdapter):
     name = "pbs"
     template_name = "pbs.sh.j2"
     submit_command = "qsub"
+    cancel_command = "qdel"
 
     def __init__(self, runner=None):
         super().__init__(runner)

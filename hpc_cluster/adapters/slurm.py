@@ -340,6 +340,7 @@ class SLURMAdapter(BatchAdapter):
     name = "slurm"
     template_name = "slurm.sh.j2"
     submit_command = "sbatch"
+    cancel_command = "scancel"
 
     def template_context(self, spec: JobSpec) -> dict:
         for key in spec.env:

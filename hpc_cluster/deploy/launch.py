@@ -320,9 +320,10 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     (issue 16): the new one keeps the secret (its workers authenticate with it), tries the old
     address first, adopts the jobs still in the queue and rebuilds the state from the journal.
     `fresh` discards the journal instead."""
-    if cfg.values["batch"] not in ("slurm", "pbs"):
+    if cfg.values["batch"] in (None, "local"):
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
-                           "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
+                           "a batch system ('slurm', 'pbs', 'sge' or a plugin's; use LocalCluster for this "
+                           "machine alone)")
     cluster_file = cluster_file_for(name)
     # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
     private_directory(cluster_file.parent, fix=True)
