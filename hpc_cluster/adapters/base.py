@@ -8,6 +8,7 @@ The records here are what the scheduler's diagnosis reads: keep them plain data.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import traceback
 from dataclasses import dataclass, field
@@ -136,6 +137,27 @@ def kept_directives(directives: Sequence[Sequence[str]], skip: Sequence[str]) ->
     ('--job-name') both work. Only our lines are skipped: what the user adds, they meant."""
     return [spellings[0] for spellings in directives
             if not any(s in line for s in skip for line in spellings)]
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_names(env: dict) -> None:
+    """env= keys go into `export KEY=...` lines: a bad name is refused here, not by the job's shell."""
+    for key in env:
+        if not _ENV_NAME.match(key):
+            raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
+                             f"variable name (letters, digits, '_', not starting with a digit)")
+
+
+def fill_resource_spec(spec: "JobSpec", memory: str, example: str) -> str:
+    """resource_spec with {cores}, {memory} (as the batch system writes sizes) and {processes}
+    filled in; a bad placeholder names itself and shows `example`."""
+    try:
+        return spec.resource_spec.format(cores=spec.cores, memory=memory, processes=spec.processes)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise BatchError(f"resource_spec={spec.resource_spec!r}: {type(exc).__name__}: {exc}; it may use "
+                         f"{{cores}}, {{memory}} and {{processes}}, e.g. {example!r}") from None
 
 
 def _template_line(error: BaseException, path: Path) -> int | None:

@@ -212,7 +212,7 @@ def _import_jobqueue(args, out, err) -> int:
         return 2
     sites, notes = import_jobqueue(tree, batches)
     if not sites:
-        print(f"nothing to import from {where}: no SLURM or PBS section", file=err)
+        print(f"nothing to import from {where}: no SLURM, PBS or SGE section", file=err)
         for note in notes:
             print(f"  {note}", file=err)
         return 1

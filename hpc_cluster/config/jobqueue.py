@@ -242,7 +242,7 @@ JOBQUEUE_DEFAULTS = {
     "job-script-prologue": [], "job-extra-directives": [], "job-directives-skip": [],
     "scheduler-options": {}, "use-stdin": True,
 }
-SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs"}
+SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs", "sge": "sge"}
 
 
 def customized(section: Mapping[str, Any]) -> dict:
@@ -302,12 +302,12 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
     return settings, notes
 
 
-OTHER_SECTIONS = ("sge", "lsf", "oar", "htcondor", "moab", "local")
+OTHER_SECTIONS = ("lsf", "oar", "htcondor", "moab", "local")
 
 
 def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, dict], list[str]]:
-    """Sites from a whole `jobqueue:` tree: one per SLURM or PBS section (named after it),
+    """Sites from a whole `jobqueue:` tree: one per SLURM, PBS or SGE section (named after it),
     and notes on everything left behind, sections of other batch systems included.
     `batches` names the batch system of sections with names of the user's own."""
     sites: dict[str, dict] = {}
@@ -327,7 +327,7 @@ def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None =
                              f"({', '.join(customized(section))}) were left out")
             else:
                 notes.append(f"jobqueue.{name}: cannot tell which batch system it is for; name it with "
-                             f"--section {name}=slurm (or =pbs)")
+                             f"--section {name}=slurm (or =pbs, =sge)")
             continue
         if name not in SUPPORTED_SECTIONS and not customized(section):
             continue

@@ -8,17 +8,16 @@ with hpc-cluster's adapter kit on outputs captured from real runs (tests/fixture
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 from typing import Sequence
 
-from hpc_cluster.adapters.base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, kept_directives
+from hpc_cluster.adapters.base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
+                                      check_env_names, kept_directives)
 
 FIELDS = ("ID", "NAME", "STATE", "EXIT", "SIGNAL", "ELAPSED", "LIMIT", "START", "END", "NODE")
 # fakebatch's states are already ours (hpc_cluster.adapters.base.JOB_STATES).
 STATES = {"pending", "running", "completed", "failed", "timeout", "cancelled"}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _int(text: str) -> int | None:
@@ -60,9 +59,7 @@ class FakeBatchAdapter(BatchAdapter):
     cancel_command = "fbdel"
 
     def template_context(self, spec: JobSpec) -> dict:
-        for key in spec.env:
-            if not _ENV_NAME.match(key):
-                raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment variable name")
+        check_env_names(spec.env)
         ours = [(f"#FB --name={spec.job_name}",), (f"#FB --time={int(spec.walltime)}",)]
         if spec.log_directory:
             ours.append((f"#FB --output={spec.log_directory.rstrip('/')}/{spec.job_name}-%j.out",))
