@@ -113,8 +113,10 @@ configure() {
     local tmp changed=0
     tmp=$(mktemp -d)
     # Global: root may run jobs; accounting written at once; finished jobs kept briefly.
+    # execd's PDC checks h_vmem (and collects usage): every second, said explicitly.
     qconf -sconf global | sed -e 's/^min_uid .*/min_uid                      0/' \
-        -e 's/^min_gid .*/min_gid                      0/' >"$tmp/global"
+        -e 's/^min_gid .*/min_gid                      0/' \
+        -e 's/^execd_params .*/execd_params                 PDC_INTERVAL=1/' >"$tmp/global"
     if ! grep -q 'accounting_flush_time=00:00:00' "$tmp/global"; then
         sed -i 's/flush_time=00:00:15/flush_time=00:00:15 accounting_flush_time=00:00:00/' "$tmp/global"
     fi
