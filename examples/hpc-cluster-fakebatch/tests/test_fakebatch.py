@@ -87,3 +87,32 @@ def test_real_jobs_end_as_the_adapter_says(tmp_path, monkeypatch):
     assert (records[long_id].state, records[long_id].time_limit) == ("timeout", 1)
     assert (records[exit_id].state, records[exit_id].exit_code) == ("failed", 3)
     assert "time limit of 1 s reached" in (logs / f"too-long-{long_id}.out").read_text()
+
+
+def test_a_cluster_of_fakebatch_workers_through_the_entry_point(tmp_path, monkeypatch):
+    """The whole stack on a plugin's batch system: JobQueueCluster(batch='fakebatch') renders
+    the plugin's template, submits with fbsub, polls with fbstat, and its workers compute."""
+    from hpc_cluster import Client
+    from hpc_cluster.deploy.cluster import JobQueueCluster
+    for var, value in (("HOME", tmp_path), ("XDG_CONFIG_HOME", tmp_path / "xdg"),   # no user config
+                       ("HPC_CLUSTER_SYSTEM_CONFIG_DIR", tmp_path / "etc"), ("FAKEBATCH_SPOOL", tmp_path / "spool")):
+        monkeypatch.setenv(var, str(value))
+    monkeypatch.delenv("HPC_CLUSTER_CONFIG", raising=False)
+    monkeypatch.delenv("HPC_CLUSTER_SITE", raising=False)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    with JobQueueCluster(batch="fakebatch", cores=1, memory="1GB", walltime="00:05:00",
+                         log_directory=str(tmp_path / "logs"), name="fb") as cluster:
+        assert "#FB --time=300" in cluster.job_script()
+        cluster.scale(2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            assert client.gather(client.map(lambda x: x + 1, range(50))) == list(range(1, 51))
+            assert {j["state"] for j in cluster.jobs.values()} == {"running"}
+    records = get_adapter("fakebatch", LocalRunner()).accounting(["1", "2"])
+    deadline = time.monotonic() + 30
+    while not all(r.final for r in records.values()) or len(records) < 2:
+        assert time.monotonic() < deadline, records
+        time.sleep(0.2)
+        records = get_adapter("fakebatch", LocalRunner()).accounting(["1", "2"])
+    assert {r.state for r in records.values()} <= {"cancelled", "completed"}, records
