@@ -261,6 +261,7 @@ class SGEAdapter(BatchAdapter):
         # Grid Engine writes no accounting for a job deleted before it started, so a job we
         # deleted that leaves the queue without a record ended by that deletion.
         self._deleted: set[str] = set()
+        self._errors: dict[str, str] = {}    # job id -> why it was in error state (Eqw), once deleted
 
     # -- rendering -----------------------------------------------------------------------------
     def template_context(self, spec: JobSpec) -> dict:
@@ -329,11 +330,24 @@ class SGEAdapter(BatchAdapter):
         ids = list(dict.fromkeys(job_ids))
         queued = self._queue()
         out = {i: queued[i] for i in ids if i in queued}
+        for job_id, st in out.items():
+            if st.state == "failed":
+                self._retire_error(job_id, st)
         gone = [i for i in ids if i not in queued]
         for job_id, record in self._finished(gone).items():
             out[job_id] = JobStatus(job_id, record.state, record.raw_state, node=record.node,
                                     elapsed=record.elapsed, time_limit=record.time_limit)
         return {i: out.get(i) or JobStatus(i, "unknown", "") for i in ids}
+
+    def _retire_error(self, job_id: str, st: JobStatus) -> None:
+        """A job in error state (Eqw) never runs: Grid Engine keeps it queued for an admin to
+        clear (qmod -cj). We report it failed, so nothing would delete it later: keep its
+        reason (qstat -j) for the accounting, then delete it."""
+        if job_id in self._errors:
+            return
+        reason = parse_qstat_j_error(self._run(["qstat", "-j", job_id]).stdout)
+        self._errors[job_id] = f"{st.raw_state}: {reason}" if reason else st.raw_state
+        self.cancel([job_id])
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:
         """qacct's record of each job that ended; a queued job's state (not final) from qstat;
@@ -345,16 +359,15 @@ class SGEAdapter(BatchAdapter):
         out = {}
         for job_id in ids:
             st = queued.get(job_id)
-            if st is None:
-                continue
-            raw, reason = st.raw_state, None
-            if st.state == "failed":
-                detail = self._run(["qstat", "-j", job_id])
-                reason = parse_qstat_j_error(detail.stdout)
-                raw = f"{st.raw_state}: {reason}" if reason else st.raw_state
-            out[job_id] = AccountingRecord(job_id=job_id, state=st.state, raw_state=raw, node=st.node,
-                                           raw=raw)
-        out.update(self._finished([i for i in ids if i not in queued]))
+            if st is not None and st.state == "failed":
+                self._retire_error(job_id, st)
+            if job_id in self._errors:     # never ran: no accounting will ever say more
+                out[job_id] = AccountingRecord(job_id=job_id, state="failed", raw_state=self._errors[job_id],
+                                               raw=self._errors[job_id])
+            elif st is not None:
+                out[job_id] = AccountingRecord(job_id=job_id, state=st.state, raw_state=st.raw_state,
+                                               node=st.node, raw=st.raw_state)
+        out.update(self._finished([i for i in ids if i not in queued and i not in self._errors]))
         return out
 
     def _finished(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:

@@ -41,7 +41,8 @@ class TestSGE(AdapterConformance):
     submit_output = Captured("qsub", read("qsub.txt"))
     submitted_job_id = JOBS["completed"]
     status_outputs = [Captured("qstat", read("qstat_j_eqw.txt"), match="-j"),
-                      Captured("qstat", read("qstat_xml.txt"))]
+                      Captured("qstat", read("qstat_xml.txt")),
+                      Captured("qdel", f"root has deleted job {JOBS['eqw']}\n")]     # the Eqw job goes
     status_expected = {JOBS["walltime"]: "running", JOBS["qdel_pending"]: "pending", JOBS["eqw"]: "failed",
                        JOBS["exit3"]: "failed", JOBS["completed"]: "completed"}
     # Accounting asks the queue first: by then these jobs had left it (the queue captured
@@ -122,13 +123,19 @@ def test_qstat_xml_states_and_hosts():
     assert parse_qstat_xml(read("qstat_xml_empty.txt")) == []
 
 
-def test_error_state_job_has_its_reason():
+def test_error_state_job_is_failed_with_its_reason_and_deleted():
     reason = parse_qstat_j_error(read("qstat_j_eqw.txt"))
     assert "can't open output file \"/nonexistent/dir/\"" in reason
     runner = ReplayRunner([Captured("qstat", read("qstat_j_eqw.txt"), match="-j"),
-                           Captured("qstat", read("qstat_xml.txt"))])
-    rec = SGEAdapter(runner).accounting([JOBS["eqw"]])[JOBS["eqw"]]
+                           Captured("qstat", read("qstat_xml.txt")), Captured("qdel", "root has deleted job 9\n")])
+    adapter = SGEAdapter(runner)
+    assert adapter.status([JOBS["eqw"]])[JOBS["eqw"]].state == "failed"
+    # It would sit in the queue for ever: reported failed, it is deleted, its reason kept.
+    assert (["qdel", JOBS["eqw"]], None) in runner.calls
+    runner.outputs.insert(0, Captured("qstat", read("qstat_xml_empty.txt"), match="-xml"))
+    rec = adapter.accounting([JOBS["eqw"]])[JOBS["eqw"]]
     assert rec.state == "failed" and rec.raw_state.startswith("Eqw: ") and "can't open output file" in rec.raw_state
+    assert not any(argv[0] == "qacct" for argv, _ in runner.calls)          # it never ran: nothing to ask
     assert diagnose(Evidence(accounting=dataclasses.asdict(rec), registered=False)).cause == "startup"
 
 

@@ -218,3 +218,16 @@ def test_a_job_whose_prologue_fails_is_a_startup_failure_with_its_log(gridengine
         assert "before its worker registered" in death["text"], death["text"]
         assert any("No module named 'no_such_module_for_sge_test'" in e for e in death["evidence"]), death["evidence"]
         assert "exit_status 1" in qacct_words(death), death["evidence"]
+
+
+def test_a_job_grid_engine_cannot_start_is_a_startup_failure_and_leaves_no_error_job(gridengine, isolated_home):
+    """Its output file cannot be opened: Grid Engine holds the job in error state (Eqw) for
+    ever; we report why (qstat -j's reason) and delete it, so nothing is left in the queue."""
+    with deployed(isolated_home, "eqw", wait=False, job_directives_skip=["-o ", "-e "],
+                  job_extra_directives=["-o /nonexistent/dir/"]) as run:
+        death = run.death(lambda d: True)
+        assert death["cause"] == "startup", death
+        assert "Eqw: " in death["text"] and "before its worker registered" in death["text"], death["text"]
+        assert "can't open output file" in qacct_words(death), death["evidence"]
+        gone = death["job_id"]
+        wait_until(lambda: gone not in queued_ids(), 60, f"the error-state job {gone} to be deleted", interval=0.5)
