@@ -154,7 +154,8 @@ def test_the_nanny_report_and_the_accounting_refine_the_memory_record():
     memory = s.death_memory(record["id"])
     assert memory["terminate_at"] == 380 * MiB and memory["memory_limit"] == 400 * MiB
     samples = memory["samples"]
-    assert [t for t, _ in samples] == sorted(t for t, _ in samples) and len(samples) == 5 + 5 + 1   # [4.0, 100 MiB] once
+    # 5 heartbeats, 5 nanny samples, and of the nanny's timeline the point no heartbeat had
+    assert [t for t, _ in samples] == sorted(t for t, _ in samples) and len(samples) == 5 + 5 + 1
     assert samples[-1] == [4.9, 380 * MiB] and samples[0] == [0.0, 100 * MiB]
     assert s.touched_deaths == {record["id"]}                   # the journal writes it again
     s.refine_death_memory(record["id"], batch_limit=512 * MiB)
