@@ -47,6 +47,12 @@ def memory_evidence(state: SchedulerState, ws) -> dict:
         if ws.memory_at is None or (latest.started_at or 0) > ws.memory_at:
             out["managed"] = latest.start_memory.get("managed", out.get("managed"))
             out["rss"] = max(out.get("rss") or 0, latest.start_memory.get("rss") or 0)
+    # The results it holds as the scheduler counts them (each task-finished says its size) are
+    # newer than its last heartbeat: a worker stopped between two quick tasks, after storing
+    # results no heartbeat has reported yet, still held them. Less what it says it spilled.
+    known = sum(ts.nbytes or 0 for ts in ws.has_what) - (ws.memory.get("spilled") or 0)
+    if known > (out.get("managed") or 0):
+        out["managed"] = known
     return out
 
 
