@@ -37,13 +37,24 @@ logger = logging.getLogger("hpc_cluster.worker")
 # that starts more nested levels than this waits for a thread, as in dask's own pools.
 SECEDED_THREADS = 64
 
+# Inputs held by peers are fetched, highest priority first, for the tasks a thread is free for,
+# and ahead of a free thread (for the tasks the scheduler's prefetch slots sent) only while what
+# is fetched ahead stays under this many bytes (dask's transfer message-bytes-limit, 50 MB). A
+# fetched input takes memory from its arrival until its task ends: fetching for every task held
+# made a rechunk's workers hold the remote pieces of three output blocks (70-80 MB each) while
+# they could assemble one (benchmarks/collections.py, workload b); small inputs, whose round
+# trip is the cost, are still fetched ahead (never fetching ahead cost tiny tasks 10-15%).
+FETCH_AHEAD_BYTES = 50_000_000
+
 
 class _Task:
-    __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing")
+    __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing", "sizes", "fetched")
 
-    def __init__(self, key, func, args, deps, priority):
+    def __init__(self, key, func, args, deps, priority, sizes=None):
         self.key, self.func, self.args, self.deps, self.priority = key, func, args, deps, priority
-        self.state = "fetching"
+        self.sizes: dict = sizes or {}           # bytes of the inputs held elsewhere, as the scheduler knows them
+        self.fetched = 0                         # bytes asked for this task's inputs
+        self.state = "waiting"                   # inputs elsewhere, not asked for yet (_fetch_more)
         self.missing: set[str] = set()
 
 
@@ -76,6 +87,7 @@ class Worker:
         self.borrowed: collections.Counter = collections.Counter()
         self.tasks: dict[str, _Task] = {}
         self.ready: list = []
+        self.waiting: list = []                  # heap of (priority, key): fetches not started yet
         self.executing: set[str] = set()
         self.seceded: set[str] = set()           # running, but gave up their slot (worker_client)
         self._rejoining: collections.deque = collections.deque()   # (key, event): waiting for a slot
@@ -215,7 +227,7 @@ class Worker:
         if paused:
             # Tasks waiting here for a thread go back to the scheduler, for a worker with room
             # (or for this one once it resumes): none is stranded on a worker that stays paused.
-            self._hand_back([k for k, ts in self.tasks.items() if ts.state == "ready"], paused=True)
+            self._hand_back([k for k, ts in self.tasks.items() if ts.state in ("waiting", "ready")], paused=True)
         else:
             self._run_ready()
 
@@ -269,16 +281,46 @@ class Worker:
         if key in self.nbytes:                   # we already hold it: say so again
             self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})
             return
-        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()))
+        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()),
+                   msg.get("sizes"))
         self.tasks[key] = ts
         for dep in ts.deps:
             self.borrowed[dep] += 1
             if dep not in self.data:
                 ts.missing.add(dep)
         if ts.missing:
-            self._fetch_for(ts)
+            heapq.heappush(self.waiting, (ts.priority, key))   # _run_ready, after the batch, fetches
         else:
             self._make_ready(ts)
+
+    def _committed(self) -> tuple[int, int]:
+        """(tasks running (not seceded), ready to run, or with their inputs on the way; the bytes
+        fetched for those of them not running: what waits for a thread)."""
+        count, ahead = self._busy(), 0
+        for ts in self.tasks.values():
+            if ts.state in ("ready", "fetching"):
+                count, ahead = count + 1, ahead + ts.fetched
+        return count, ahead
+
+    def _fetch_more(self) -> None:
+        """Start fetching the inputs of waiting tasks, highest priority first: for a task a
+        thread will be free for, or ahead of one within FETCH_AHEAD_BYTES."""
+        while self.waiting:
+            ts = self.tasks.get(self.waiting[0][1])
+            if ts is None or ts.state != "waiting":
+                heapq.heappop(self.waiting)
+                continue
+            ts.missing = {dep for dep in ts.missing if dep not in self.data}   # some came meanwhile
+            need = sum(ts.sizes.get(dep, 0) for dep in ts.missing)
+            count, ahead = self._committed()
+            if count >= self.nthreads and ahead + need > FETCH_AHEAD_BYTES:
+                return                           # when a thread frees (_run_ready calls again)
+            heapq.heappop(self.waiting)
+            if ts.missing:
+                ts.state, ts.fetched = "fetching", need
+                self._fetch_for(ts)
+            else:
+                self._make_ready(ts)
 
     def _make_ready(self, ts: _Task) -> None:
         ts.state = "ready"
@@ -303,7 +345,7 @@ class Worker:
         given = []
         for key in keys:
             ts = self.tasks.get(key)
-            if ts is not None and ts.state in ("fetching", "ready"):
+            if ts is not None and ts.state in ("waiting", "fetching", "ready"):
                 self._forget_task(ts)
                 given.append(key)
         if given or not paused:
@@ -408,6 +450,7 @@ class Worker:
             key, event = self._rejoining.popleft()        # a seceded task first: it holds memory
             self._take_slot_again(key)
             event.set()
+        self._fetch_more()                # a thread may have freed: tasks made ready here start below
         starting = []
         while self.ready and self._busy() < self.nthreads and not self.memory.paused and not self.memory.behind():
             _, key = heapq.heappop(self.ready)
@@ -420,6 +463,7 @@ class Worker:
                 start = self.memory.at_task_start()
             self.scheduler.send({"op": "task-started", "key": key, "memory": start})
             starting.append(ts)
+        self._fetch_more()                # and again, with the tasks just started running
         if starting:
             # Put "started" on the wire before the task can crash this process: the
             # scheduler charges a death only to tasks it knows were executing.
