@@ -2,7 +2,7 @@
 
 The scheduler sends a worker up to nthreads + prefetch tasks. Inputs held elsewhere are
 fetched for the tasks a thread is free for, and ahead of that only while the bytes fetched
-ahead stay under worker.FETCH_AHEAD_BYTES: a fetched input takes memory until its task ends.
+ahead stay under fetch.FETCH_AHEAD_BYTES: a fetched input takes memory until its task ends.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.worker import worker as worker_module
+from hpc_cluster.worker import fetch as fetch_module
 from hpc_cluster.worker.logs import LogBuffer
-from hpc_cluster.worker.worker import FETCH_AHEAD_BYTES, Worker
+from hpc_cluster.worker.fetch import FETCH_AHEAD_BYTES, FETCH_REQUEST_BYTES, request_batches
+from hpc_cluster.worker.worker import Worker
 
 LARGE = FETCH_AHEAD_BYTES // 2 + 1          # two of them ahead are over the limit
 SMALL = 1_000
@@ -136,4 +137,51 @@ def test_without_sizes_every_task_held_fetches_as_before(worker):
                           "deps": {f"x{i}": ["tcp://127.0.0.1:3"]}, "priority": [i]})
     worker._run_ready()
     assert worker.fetched_for == ["t0", "t1", "t2"]
-    assert worker_module.FETCH_AHEAD_BYTES > 0
+    assert fetch_module.FETCH_AHEAD_BYTES > 0
+
+
+def test_request_batches_keep_each_request_under_the_limit():
+    sizes = {"a": 15, "b": 15, "c": 15, "d": 40, "e": 1}
+    assert request_batches(list("abcde"), sizes, 30) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert request_batches(["x", "y"], {}, 30) == [["x", "y"]]          # sizes unknown: one request
+    assert request_batches([], sizes, 30) == []
+
+
+def test_large_inputs_from_one_holder_are_asked_for_one_request_at_a_time(monkeypatch):
+    # Five 15 MB pieces from one holder (a rechunk's): not one reply of 75 MB, whose copies the
+    # holder and we would each hold at once, but requests of at most FETCH_REQUEST_BYTES, the
+    # next sent only when the last reply was taken in.
+    import asyncio
+
+    monkeypatch.setattr(LogBuffer, "install", classmethod(lambda cls: None))
+    w = Worker("tcp://127.0.0.1:1", b"s" * 32, nthreads=1)
+    piece = 15_000_000
+    keys = [f"p{i}" for i in range(5)]
+    asked, open_requests = [], []
+
+    async def request(address, msg):
+        open_requests.append(msg["keys"])
+        assert len(open_requests) == 1, open_requests      # never two at a time to one holder
+        asked.append(list(msg["keys"]))
+        await asyncio.sleep(0)
+        open_requests.pop()
+        from hpc_cluster.protocol import serialize
+        return {"data": {k: Opaque(serialize.dumps(k)) for k in msg["keys"]}}
+
+    async def run():
+        w.loop = asyncio.get_running_loop()
+        monkeypatch.setattr(w, "request", request)
+        for k in keys:
+            w.borrowed[k] += 1
+        fut = w.loop.create_future()
+        await w._fetch("tcp://127.0.0.1:3", keys, fut, {k: piece for k in keys})
+        return fut.result()
+
+    try:
+        missing = asyncio.run(run())
+    finally:
+        w.executor.shutdown(wait=False)
+    assert missing == []
+    assert all(sum(piece for _ in batch) <= max(FETCH_REQUEST_BYTES, piece) for batch in asked), asked
+    assert len(asked) >= 3 and [k for b in asked for k in b] == keys, asked
+    assert all(k in w.data for k in keys)

@@ -13,7 +13,6 @@ import collections
 import heapq
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -26,6 +25,7 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
+from .fetch import FetchMixin
 from .logs import LogBuffer
 from .reattach import reattach
 from .sizeof import sizeof
@@ -36,16 +36,6 @@ logger = logging.getLogger("hpc_cluster.worker")
 # Threads beyond nthreads for tasks that seceded (each waits on its own subtasks): a task
 # that starts more nested levels than this waits for a thread, as in dask's own pools.
 SECEDED_THREADS = 64
-
-# Inputs held by peers are fetched, highest priority first, for the tasks a thread is free for,
-# and ahead of a free thread (for the tasks the scheduler's prefetch slots sent) only while what
-# is fetched ahead stays under this many bytes (dask's transfer message-bytes-limit, 50 MB). A
-# fetched input takes memory from its arrival until its task ends: fetching for every task held
-# made a rechunk's workers hold the remote pieces of three output blocks (70-80 MB each) while
-# they could assemble one (benchmarks/collections.py, workload b); small inputs, whose round
-# trip is the cost, are still fetched ahead (never fetching ahead cost tiny tasks 10-15%).
-FETCH_AHEAD_BYTES = 50_000_000
-
 
 class _Task:
     __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing", "sizes", "fetched")
@@ -58,7 +48,7 @@ class _Task:
         self.missing: set[str] = set()
 
 
-class Worker:
+class Worker(FetchMixin):
     def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
                  name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
@@ -293,35 +283,6 @@ class Worker:
         else:
             self._make_ready(ts)
 
-    def _committed(self) -> tuple[int, int]:
-        """(tasks running (not seceded), ready to run, or with their inputs on the way; the bytes
-        fetched for those of them not running: what waits for a thread)."""
-        count, ahead = self._busy(), 0
-        for ts in self.tasks.values():
-            if ts.state in ("ready", "fetching"):
-                count, ahead = count + 1, ahead + ts.fetched
-        return count, ahead
-
-    def _fetch_more(self) -> None:
-        """Start fetching the inputs of waiting tasks, highest priority first: for a task a
-        thread will be free for, or ahead of one within FETCH_AHEAD_BYTES."""
-        while self.waiting:
-            ts = self.tasks.get(self.waiting[0][1])
-            if ts is None or ts.state != "waiting":
-                heapq.heappop(self.waiting)
-                continue
-            ts.missing = {dep for dep in ts.missing if dep not in self.data}   # some came meanwhile
-            need = sum(ts.sizes.get(dep, 0) for dep in ts.missing)
-            count, ahead = self._committed()
-            if count >= self.nthreads and ahead + need > FETCH_AHEAD_BYTES:
-                return                           # when a thread frees (_run_ready calls again)
-            heapq.heappop(self.waiting)
-            if ts.missing:
-                ts.state, ts.fetched = "fetching", need
-                self._fetch_for(ts)
-            else:
-                self._make_ready(ts)
-
     def _make_ready(self, ts: _Task) -> None:
         ts.state = "ready"
         if self.memory.paused:
@@ -361,85 +322,9 @@ class Worker:
                     self.data.pop(dep, None)
 
     # -- fetching inputs from peers -------------------------------------------------
-    def _fetch_for(self, ts: _Task) -> None:
-        by_holder: dict[str, list[str]] = collections.defaultdict(list)
-        for dep in ts.missing:
-            if dep in self._fetching:
-                continue
-            holders = [h for h in ts.deps[dep] if h != self.address]
-            if not holders:
-                self._missing(ts, dep, ts.deps[dep])
-                return
-            by_holder[random.choice(holders)].append(dep)
-        for holder, keys in by_holder.items():
-            fut = self.loop.create_future()
-            fut.holder = holder
-            for k in keys:
-                self._fetching[k] = fut
-            asyncio.create_task(self._fetch(holder, keys, fut))
-        asyncio.create_task(self._await_inputs(ts))
-
-    async def _fetch(self, holder: str, keys: list[str], fut: asyncio.Future) -> None:
-        try:
-            reply = await self.request(holder, {"op": "get-data", "keys": keys})
-            for k, blob in reply["data"].items():
-                if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
-                    self.data.put(k, serialize.loads_value(blob), spill=False)
-            self.memory.spill_soon()
-            if len(self._unsendable) > 10_000:
-                self._unsendable.clear()
-            self._unsendable.update((k, str(why)) for k, why in (reply.get("errors") or {}).items())
-            fut.set_result(reply.get("missing") or [])
-        except Exception as exc:
-            logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
-            fut.set_result(list(keys))
-        finally:
-            for k in keys:
-                if self._fetching.get(k) is fut:
-                    del self._fetching[k]
-
-    async def _await_inputs(self, ts: _Task) -> None:
-        while ts.missing:
-            dep = next(iter(ts.missing))
-            fut = self._fetching.get(dep)
-            if fut is not None:
-                await fut
-            if self.tasks.get(ts.key) is not ts:
-                return
-            if dep in self.data:
-                ts.missing.discard(dep)
-            elif dep in self._unsendable and dep not in self._fetching:
-                # Its holder cannot send it (see _payloads): fetching again fails alike.
-                self._forget_task(ts)
-                exc = RuntimeError(f"input of {ts.key!r}: {self._unsendable[dep]}")
-                self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
-                                     "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
-                return
-            elif dep not in self._fetching:
-                self._missing(ts, dep, [getattr(fut, "holder", None) or h for h in ts.deps[dep]][:1])
-                return
-        if self.tasks.get(ts.key) is ts and ts.state == "fetching":
-            self._make_ready(ts)
-            self._run_ready()
-
-    async def _fetch_replica(self, key: str, holders: list[str]) -> None:
-        """Keep a copy the scheduler asked for (client.replicate)."""
-        for holder in random.sample(holders, len(holders)):
-            try:
-                reply = await self.request(holder, {"op": "get-data", "keys": [key]})
-            except Exception as exc:
-                logger.warning("could not copy %r from %s: %s", key, holder, exc)
-                continue
-            if key in reply["data"]:
-                self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]), spill=False)
-                self.memory.spill_soon()
-                self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
-                return
-        self.scheduler.send({"op": "replica-failed", "key": key})
-
-    def _missing(self, ts: _Task, dep: str, holders: list[str]) -> None:
-        self._forget_task(ts)
-        self.scheduler.send({"op": "missing-data", "key": ts.key, "dep": dep, "holders": holders})
+    def _input_erred(self, ts: _Task, exc: Exception) -> None:
+        self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
+                             "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
 
     # -- execution -------------------------------------------------------------------
     def _busy(self) -> int:
