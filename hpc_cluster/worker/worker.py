@@ -29,7 +29,8 @@ from .fetch import FetchMixin
 from .logs import LogBuffer
 from .reattach import reattach
 from .sizeof import sizeof
-from .store import MONITOR_INTERVAL, MemoryFractions, MemoryManager
+from .memory import MemoryManager
+from .store import MONITOR_INTERVAL, MemoryFractions
 
 logger = logging.getLogger("hpc_cluster.worker")
 
