@@ -416,3 +416,36 @@ def test_the_scheduler_lost_exit_code_is_the_workers():
     from hpc_cluster.scheduler.diagnosis import EXIT_SCHEDULER_LOST
     from hpc_cluster.worker.worker import EXIT_LOST_SCHEDULER
     assert EXIT_SCHEDULER_LOST == EXIT_LOST_SCHEDULER
+
+
+def test_results_stored_since_the_last_heartbeat_count_as_held_at_a_death_between_tasks():
+    # A worker that stores 30 MB results from quick tasks is stopped by its nanny between two
+    # of them: its last heartbeat reported none held, but the scheduler was told of each result.
+    import asyncio
+
+    from hpc_cluster.protocol.frames import Opaque
+    from hpc_cluster.scheduler.evidence import memory_evidence
+
+    col = _collector_with_a_nanny_worker()
+    state, mb = col.state, 2**20
+    state.workers["tcp://w:1"].memory_limit = 300 * mb
+    state.heartbeat("tcp://w:1", 991.0)
+    state.workers["tcp://w:1"].memory = {"rss": 60 * mb, "managed": 0}
+    state.update_graph("c", [{"key": f"fill-{i}", "func": Opaque(b"f"), "args": Opaque(b"a"), "deps": [],
+                              "priority": i, "retries": 0, "resources": {}} for i in range(9)],
+                       [f"fill-{i}" for i in range(9)])
+    for i in range(9):
+        state.task_started("tcp://w:1", f"fill-{i}", 992.0 + i / 10)
+        state.task_finished("tcp://w:1", f"fill-{i}", 30 * mb)
+    assert memory_evidence(state, state.workers["tcp://w:1"])["managed"] == 270 * mb
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        col.exit_report({"nanny_id": "n1", "signal": None, "exit_code": None, "killed_by_nanny": True,
+                         "peak_rss": 290 * mb, "memory_limit": 300 * mb, "memory_budget": 285 * mb})
+        return record
+
+    record = asyncio.run(run())
+    assert record["cause"] == "memory-nanny" and not record["blame"], record
+    assert "it held 270.00 MiB of stored results in memory" in record["text"], record["text"]
+    assert "stored results filled the worker" in record["advice"], record["advice"]

@@ -47,6 +47,12 @@ def memory_evidence(state: SchedulerState, ws) -> dict:
         if ws.memory_at is None or (latest.started_at or 0) > ws.memory_at:
             out["managed"] = latest.start_memory.get("managed", out.get("managed"))
             out["rss"] = max(out.get("rss") or 0, latest.start_memory.get("rss") or 0)
+    # The results it holds as the scheduler counts them (each task-finished says its size) are
+    # newer than its last heartbeat: a worker stopped between two quick tasks, after storing
+    # results no heartbeat has reported yet, still held them. Less what it says it spilled.
+    known = sum(ts.nbytes or 0 for ts in ws.has_what) - (ws.memory.get("spilled") or 0)
+    if known > (out.get("managed") or 0):
+        out["managed"] = known
     return out
 
 
@@ -96,6 +102,7 @@ class EvidenceCollector:
             "final_at": None if asking or awaiting_nanny else now})
         if ev.nanny:
             record["log_tail"] = ev.log_tail[-40:]
+            self.state.refine_death_memory(record["id"], nanny=ev.nanny)
         self.evidence[record["id"]] = ev
         if awaiting_nanny:
             self._death_of_nanny[nanny_id] = record["id"]
@@ -122,6 +129,8 @@ class EvidenceCollector:
         if not ev.log_tail:
             ev.log_tail = list(report.get("log_tail") or [])
         self.state.deaths[death_id]["log_tail"] = (report.get("log_tail") or [])[-40:]
+        # Its 10 Hz samples of the last seconds join the heartbeats' timeline.
+        self.state.refine_death_memory(death_id, nanny=report)
         self._refine(death_id)
 
     def nanny_gone(self, nanny_id: str) -> None:
@@ -153,6 +162,8 @@ class EvidenceCollector:
         record = self.state.deaths[death_id]
         changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
         final = not self._expecting(death_id)
+        if ev.accounting:
+            self.state.refine_death_memory(death_id, batch_limit=ev.accounting.get("requested_memory"))
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
                                 peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
         if changed:
