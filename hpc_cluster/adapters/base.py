@@ -71,6 +71,9 @@ class JobSpec:
     job_cpu: int | None = None              # SLURM: --cpus-per-task instead of cores
     job_mem: str | None = None              # SLURM: --mem as written, instead of memory
     worker_index: int = 0                   # the job's number in its cluster: workers are NAME-<index>
+    job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/arrays.py)
+    array_size: int = 0                     # this submission is an array of so many elements (0: one job);
+                                            # element i's workers are NAME-<worker_index + i>
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -179,6 +182,12 @@ class BatchAdapter:
     # Where `template_name` is: ours are in hpc_cluster/templates; a plugin's adapter ships its
     # own beside its module and sets this (docs/writing-an-adapter.md).
     template_dir: Path | None = None
+    # Job arrays (the site's `job_array`): an adapter that can submit k jobs in one command
+    # sets this, renders `array_size` as its array directive and the element's index from the
+    # batch system's variable (the template), and names the elements in `array_element_ids`.
+    # Without it, a scale-up of k jobs is k submissions, as always.
+    supports_arrays = False
+    array_index_variable: str | None = None   # the element's index inside the job (SLURM_ARRAY_TASK_ID)
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
@@ -229,6 +238,12 @@ class BatchAdapter:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         raise NotImplementedError
+
+    def array_element_ids(self, array_id: str, count: int) -> list[str]:
+        """The ids of an array's `count` elements, in index order, as status, cancel and the
+        accounting take them and as the job's HPC_CLUSTER_JOB_ID says (`array_id` is what
+        `submit` returned for the array). Only for adapters with `supports_arrays`."""
+        raise NotImplementedError(f"{self.name}: no job arrays")
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         raise NotImplementedError

@@ -339,6 +339,7 @@ def parse_qstat_full_attrs(text: str) -> dict[str, dict[str, str]]:
 
 
 # -- qsub ------------------------------------------------------------------------------
+_ARRAY_ID = re.compile(r"^(\d+)\[\](.*)$")
 _QSUB_RE = re.compile(r"^(\d+(?:\[\d*\])?(?:\.[\w.-]+)?)\s*$")
 
 
@@ -403,16 +404,34 @@ class PBSAdapter(BatchAdapter):
             log_dir = spec.log_directory.rstrip("/")
             ours += [(f"#PBS -e {log_dir}/",), (f"#PBS -o {log_dir}/",)]
         kept = kept_directives(ours, spec.directives_skip)
+        if spec.array_size:
+            # PBS Pro / OpenPBS's array range (Torque spells it -t and is not covered: docs/pbs.md).
+            kept.append(f"#PBS -J 0-{spec.array_size - 1}")
         extra = [d if d.lstrip().startswith("#PBS") else f"#PBS {d.strip()}"
                  for d in spec.extra_directives]
         return {"directives": kept + extra, "pbs_job_name": sanitize_job_name(spec.job_name)}
 
     # -- commands ------------------------------------------------------------------
+    supports_arrays = True
+    array_index_variable = "PBS_ARRAY_INDEX"
+
+    def array_element_ids(self, array_id: str, count: int) -> list[str]:
+        """qsub prints an array as '4120[].server'; its subjobs are '4120[0].server' ..., the ids
+        qstat, qdel and the subjob's own $PBS_JOBID use."""
+        m = _ARRAY_ID.match(array_id)
+        if not m:
+            raise BatchError(f"qsub printed {array_id!r} for a job array; expected '<number>[].<server>'")
+        return [f"{m.group(1)}[{i}]{m.group(2)}" for i in range(count)]
+
     def submit(self, script: str) -> str:
         result = self.runner.run(["qsub"], input=script, timeout=COMMAND_TIMEOUT, check=False)
         if result.returncode != 0:
-            raise BatchError(f"qsub failed (exit {result.returncode}): "
-                             f"{(result.stderr or result.stdout).strip()}")
+            said = (result.stderr or result.stdout).strip()
+            if "\n#PBS -J " in script and _NO_JSON_RE.search(said):
+                # Torque's qsub has no -J (its arrays are -t, which we do not write).
+                raise BatchError(f"qsub refused the job array's -J ({said}): this looks like Torque, whose "
+                                 "arrays hpc-cluster does not submit; remove job_array from the site")
+            raise BatchError(f"qsub failed (exit {result.returncode}): {said}")
         return parse_qsub(result.stdout)
 
     def cancel(self, job_ids: Sequence[str]) -> None:

@@ -145,8 +145,27 @@ def parse_qstat_xml(text: str) -> list[JobStatus]:
             raise BatchError("qstat -xml listed a job without JB_job_number")
         raw = (job.findtext("state") or "").strip()
         queue = (job.findtext("queue_name") or "").strip()
-        out.append(JobStatus(job_id=job_id, state=map_qstat_state(raw), raw_state=raw,
-                             node=queue.split("@", 1)[1] if "@" in queue else None))
+        tasks = (job.findtext("tasks") or "").strip()
+        # An array's tasks: a running one is a job_list of its own (<tasks>3</tasks>), pending
+        # ones share one (<tasks>4-8:1</tasks>); each is a job to us, named <job>.<task>.
+        for element in ([f"{job_id}.{t}" for t in expand_task_range(tasks)] if tasks else [job_id]):
+            out.append(JobStatus(job_id=element, state=map_qstat_state(raw), raw_state=raw,
+                                 node=queue.split("@", 1)[1] if "@" in queue else None))
+    return out
+
+
+_TASK_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def expand_task_range(text: str) -> list[int]:
+    """Grid Engine's task list: '3', '4-8:1', '1-7:2', '1,3-4:1' -> the task numbers."""
+    out = []
+    for part in text.split(","):
+        m = _TASK_RANGE.match(part.strip())
+        if not m:
+            raise BatchError(f"cannot read the array tasks {text!r} in qstat's output")
+        first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        out += list(range(first, last + 1, max(1, step)))
     return out
 
 
@@ -290,11 +309,22 @@ class SGEAdapter(BatchAdapter):
         ours.append((f"#$ -wd {spec.working_directory}",) if spec.working_directory else ("#$ -cwd",))
         ours.append(("#$ -j y",))
         extra = [d if d.lstrip().startswith("#$") else f"#$ {d.strip()}" for d in spec.extra_directives]
-        return {"directives": kept_directives(ours, spec.directives_skip) + extra}
+        kept = kept_directives(ours, spec.directives_skip)
+        if spec.array_size:
+            kept.append(f"#$ -t 1-{spec.array_size}")     # Grid Engine's tasks count from 1
+        return {"directives": kept + extra}
 
     # -- commands --------------------------------------------------------------------------------
     def _run(self, argv: list[str], input: str | None = None):
         return self.runner.run(argv, input=input, timeout=COMMAND_TIMEOUT, check=False)
+
+    supports_arrays = True
+    array_index_variable = "SGE_TASK_ID"
+
+    def array_element_ids(self, array_id: str, count: int) -> list[str]:
+        """qsub names the array's number ('Your job-array 123.1-4:1'); its tasks are 123.1 .. 123.<count>,
+        as qstat's tasks column, qdel and qacct's taskid (parse_qacct) name them."""
+        return [f"{array_id}.{i}" for i in range(1, count + 1)]
 
     def submit(self, script: str) -> str:
         result = self._run(["qsub"], input=script)
@@ -371,10 +401,11 @@ class SGEAdapter(BatchAdapter):
         return out
 
     def _finished(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:
-        """qacct -j, one job per call (it takes one id)."""
+        """qacct -j, one job per call (it takes one id); an array task's is `qacct -j JOB -t TASK`."""
         out = {}
         for job_id in job_ids:
-            result = self._run(["qacct", "-j", job_id])
+            number, dot, task = job_id.partition(".")
+            result = self._run(["qacct", "-j", number, "-t", task] if dot else ["qacct", "-j", job_id])
             if result.returncode != 0:
                 if not _NOT_FOUND.search(result.stderr):
                     raise BatchError(f"qacct -j {job_id} failed (exit {result.returncode}): {result.stderr.strip()}")

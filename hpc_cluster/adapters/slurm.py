@@ -143,6 +143,25 @@ def parse_slurm_duration(text: str) -> int | None:
     return int(days * 86400 + h * 3600 + m * 60 + s)
 
 
+_ARRAY_RANGE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
+
+
+def expand_array_id(job_id: str) -> list[str]:
+    """'2012_[0-3,7]' -> ['2012_0', ... '2012_3', '2012_7']: squeue (and sacct) print an array's
+    pending elements as one line in this range form (`%N`, a throttle, may follow the range),
+    while each running or finished element has its own line, `2012_4`. Any other id: itself."""
+    m = _ARRAY_RANGE.match(job_id)
+    if not m:
+        return [job_id]
+    out = []
+    for part in m.group(2).split(","):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise BatchError(f"cannot read the array range in job id {job_id!r}")
+        out += [f"{m.group(1)}_{i}" for i in range(int(first), int(last or first) + 1)]
+    return out
+
+
 def _none_if_unset(text: str) -> str | None:
     text = (text or "").strip()
     return None if text in ("", "None", "None assigned", "Unknown", "(null)", "N/A") else text
@@ -193,14 +212,14 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
     for row in _table(text, SQUEUE_FIELDS):
         raw = row["STATE"].strip()
         state, _ = map_state(raw)
-        job_id = row["JOBID"].strip()
-        out[job_id] = JobStatus(
-            job_id=job_id, state=state, raw_state=raw,
-            node=_none_if_unset(row.get("NODELIST", "")),
-            reason=_none_if_unset(row.get("REASON", "")),
-            elapsed=parse_slurm_duration(row.get("TIME", "")),
-            time_limit=parse_slurm_duration(row.get("TIME_LIMIT", "")),
-        )
+        for job_id in expand_array_id(row["JOBID"].strip()):
+            out[job_id] = JobStatus(
+                job_id=job_id, state=state, raw_state=raw,
+                node=_none_if_unset(row.get("NODELIST", "")),
+                reason=_none_if_unset(row.get("REASON", "")),
+                elapsed=parse_slurm_duration(row.get("TIME", "")),
+                time_limit=parse_slurm_duration(row.get("TIME_LIMIT", "")),
+            )
     return out
 
 
@@ -209,13 +228,18 @@ def parse_sacct(text: str) -> list[AccountingRecord]:
 
     Memory use is only reported on step lines (.batch, .extern, .0), so a job's max_rss
     is the largest of its steps'. A step line whose job line is missing (sacct can omit
-    it for jobs of other clusters) still gets a record, built from the step.
+    it for jobs of other clusters) still gets a record, built from the step. Array elements
+    keep their own ids (`2013_4`, steps `2013_4.batch`): each element is a job of its own to
+    the job manager and the diagnosis; a pending array's range line gives each element one.
     """
     records: dict[str, AccountingRecord] = {}
     lines: dict[str, list[str]] = {}
+    rows = []
     for row in _table(text, SACCT_FIELDS):
         full_id = row["JobID"].strip()
-        job_id, dot, step_id = full_id.partition(".")
+        job_part, dot, step_id = full_id.partition(".")
+        rows += [(job_id, dot, step_id, row) for job_id in expand_array_id(job_part)]
+    for job_id, dot, step_id, row in rows:
         raw = row.get("State", "").strip()
         state, cancelled_by = map_state(raw)
         exit_code, signal = parse_exit_code(row.get("ExitCode", ""))
@@ -358,7 +382,10 @@ class SLURMAdapter(BatchAdapter):
         ours = [(f"#SBATCH -J {name}", f"#SBATCH --job-name={name}")]
         if spec.log_directory:
             log_dir = spec.log_directory.rstrip("/") or "/"
-            err, out = _value(f"{log_dir}/%x-%j.err"), _value(f"{log_dir}/%x-%j.out")
+            # An array element's %j is a number of its own (its SLURM_JOB_ID), not the element
+            # id we know it by: name its logs %A_%a (2013_4), as job_logs looks them up.
+            job = "%A_%a" if spec.array_size else "%j"
+            err, out = _value(f"{log_dir}/%x-{job}.err"), _value(f"{log_dir}/%x-{job}.out")
             ours += [(f"#SBATCH -e {err}", f"#SBATCH --error={err}"),
                      (f"#SBATCH -o {out}", f"#SBATCH --output={out}")]
         if spec.queue:
@@ -374,12 +401,17 @@ class SLURMAdapter(BatchAdapter):
             # manager submits its own replacements, and sacct keeps the real end (NODE_FAIL).
             ("#SBATCH --no-requeue",),
         ]
+
         if spec.working_directory:
             wd = _value(spec.working_directory)
             ours.append((f"#SBATCH --chdir={wd}", f"#SBATCH -D {wd}"))
         extra = [d if d.lstrip().startswith("#SBATCH") else f"#SBATCH {d.strip()}"
                  for d in spec.extra_directives]
-        return {"directives": kept_directives(ours, spec.directives_skip) + extra,
+        kept = kept_directives(ours, spec.directives_skip)
+        if spec.array_size:
+            # Never skipped: the job manager counts on one element per index it handed out.
+            kept.append(f"#SBATCH --array=0-{spec.array_size - 1}")
+        return {"directives": kept + extra,
                 "slurm_walltime_seconds": minutes * 60}
 
     # -- commands ------------------------------------------------------------------
@@ -392,6 +424,14 @@ class SLURMAdapter(BatchAdapter):
             raise BatchError(f"sbatch refused the job (exit {result.returncode}): "
                              f"{(result.stderr or result.stdout).strip()}")
         return parse_sbatch(result.stdout)
+
+    supports_arrays = True
+    array_index_variable = "SLURM_ARRAY_TASK_ID"
+
+    def array_element_ids(self, array_id: str, count: int) -> list[str]:
+        """sbatch --parsable prints the array's id (2013); its elements are 2013_0 .. 2013_<count-1>,
+        names squeue, sacct and scancel all take."""
+        return [f"{array_id}_{i}" for i in range(count)]
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if not job_ids:

@@ -332,6 +332,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("ssh", "map", _ssh, None, "submit through a login node: host (required), user, key, port, "
            "known_hosts, host_key_policy (reject|auto-add|warn)",
            example={"host": "login.cluster.org", "user": "alice"}),
+    Option("job_array", "bool", _bool, False, "a scale-up of several jobs is submitted as one job array "
+           "(sbatch --array, qsub -J or -t) instead of one submission each; every element is still a job of its "
+           "own (id, workers, cancel, accounting, diagnosis). A batch system without arrays submits jobs one by "
+           "one and says so in the daemon's log (docs/configuration.md)"),
     Option("max_jobs_in_queue", "int > 0", _int(1), None, "at most this many of our jobs queued or running", example=50),
     Option("scheduler_options", "map", _scheduler_options, {}, "the scheduler's host, port and interface "
            "(dask-jobqueue's scheduler_options; other keys are reported, not used)", example={"port": 8786}),

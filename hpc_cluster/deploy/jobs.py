@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 from ..config.pools import DEFAULT_POOL
 from ..scheduler.placement import workload
+from .arrays import submit_array, use_array
 from .remote import job_logs
 
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
@@ -307,20 +308,26 @@ class JobManager:
             n = min(n, max(0, self.max_jobs_in_queue - in_queue))
         if self.max_jobs is not None:
             n = min(n, max(0, self.max_jobs - len(self.active())))
+        if use_array(self, n):                # job_array: one submission, n jobs (deploy/arrays.py)
+            await submit_array(self, n, Job)
+            return
         for _ in range(n):
             index = self.pools.next_index() if self.pools else self._next_index
             script = self.adapter.render(self.spec.replace(worker_index=index))
             try:
                 job_id = await asyncio.to_thread(self.adapter.submit, script)
             except BatchError as exc:
-                self.errors.append(SubmitError(self.clock(), str(exc)))
-                logger.error("job submission failed: %s", exc)
-                if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
-                    self._halt(f"3 submissions failed in a row; last: {exc}")
+                self.submit_failed(exc)
                 return
             self._next_index = index + 1
             self.jobs[job_id] = Job(job_id, self.clock(), index=index)
             logger.info("submitted job %s of pool %s (workers' index %d)", job_id, self.pool, index)
+
+    def submit_failed(self, exc: BatchError) -> None:
+        self.errors.append(SubmitError(self.clock(), str(exc)))
+        logger.error("job submission failed: %s", exc)
+        if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
+            self._halt(f"3 submissions failed in a row; last: {exc}")
 
     async def _shrink(self, n: int, candidates: list[Job]) -> None:
         """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""

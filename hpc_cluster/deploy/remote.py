@@ -81,11 +81,16 @@ def make_directories(runner, login: LoginNode, name: str, others: Sequence[str])
 def job_log_names(names: Sequence[str], job_id: str) -> list[str]:
     """Which of a directory's file names are the job's stdout/stderr. Pure.
 
-    SLURM (our template): <name>-<id>.out/.err, or slurm-<id>.out without a log_directory;
-    PBS: <name>.o<seq> / <name>.e<seq>.
+    SLURM (our template): <name>-<id>.out/.err, or slurm-<id>.out without a log_directory (an
+    array element's id, 2013_4, is in its names as %A_%a); PBS: <name>.o<seq> / <name>.e<seq>, a
+    subjob 4120[3].server's <name>.o4120.3; a Grid Engine array task 123.4's <name>.o123.4.
     """
     seq = re.escape(job_id.split(".")[0])
     pattern = re.compile(rf"(?:-{seq}\.(?:out|err)|\.[oe]{seq})$")
+    element = re.match(r"^(\d+)(?:\[(\d+)\]|\.(\d+)$)", job_id)
+    if element:
+        number, index = element.group(1), element.group(2) or element.group(3)
+        pattern = re.compile(rf"(?:-{seq}\.(?:out|err)|\.[oe]{seq}|\.[oe]{number}\.{index})$")
     return sorted(n for n in names if pattern.search(n))
 
 
