@@ -1,6 +1,6 @@
 """Job arrays (issue 18 point 5), deploy side: the `job_array` setting, and the job manager
 submitting a scale-up as one array whose elements are jobs of their own. No batch system: a
-fake adapter numbers submissions; tests/slurm/test_arrays.py runs the real SLURM.
+fake adapter numbers submissions; tests/slurm/test_job_arrays_slurm.py runs the real SLURM.
 """
 
 from __future__ import annotations
