@@ -313,3 +313,14 @@ def test_the_circle_check_sees_a_type_checking_import(tmp_path, monkeypatch):
     src = tmp_path / "m.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .client import Client\n")
     assert "hpc_cluster.client" in [n for _, n in imports_of(src, "hpc_cluster.m", at_import_only=True)]
+
+
+def test_test_file_names_are_unique_across_the_suite():
+    # tests/ has no __init__.py files: pytest imports test modules by basename, and two of one
+    # name in different folders stop the whole run at collection (CI collects them all).
+    from collections import Counter
+    from pathlib import Path
+
+    root = Path(__file__).parent
+    names = Counter(p.name for p in root.rglob("test_*.py"))
+    assert not [n for n, c in names.items() if c > 1], sorted(n for n, c in names.items() if c > 1)
