@@ -300,3 +300,33 @@ def test_status_prints_the_dashboard_link(capsys, monkeypatch, tmp_path, as_json
         assert json.loads(out)["dashboard"] == link
     else:
         assert f"\ndashboard: {link}\n" in out
+
+
+def test_up_and_status_print_the_daemons_dashboard_link_and_it_serves_the_jobs(sim, capsys):
+    # `hpc-cluster up` on the PBS simulator: the daemon's dashboard, where scheduler_options say.
+    from hpc_cluster.cli import main
+    site = sim.parent / "site.yaml"
+    site.write_text("default: sim\nsites:\n  sim:\n    batch: pbs\n    cores: 1\n    memory: 1GB\n"
+                    "    walltime: '00:10:00'\n    scheduler_options: {host: 127.0.0.1, dashboard_address: ':0'}\n")
+    assert main(["up", "--config", str(site), "--name", "dash", "-n", "1", "--no-wait"]) == 0
+    try:
+        out = capsys.readouterr().out
+        found = re.search(r"dashboard \(the link carries its access token\): (http://127\.0\.0\.1:\d+/status"
+                          r"\?token=[0-9a-f]{32})\n", out)
+        assert found, out
+        link = found.group(1)
+        jobs = wait_until(lambda: [j for j in api(link, "jobs")["jobs"] if j["state"] == "running"], 60,
+                          "the job to run, on the dashboard")
+        assert jobs[0]["pool"] == "default" and api(link, "jobs")["batch"] is True
+        assert main(["status", "dash"]) == 0
+        assert f"\ndashboard: {link}\n" in capsys.readouterr().out
+    finally:
+        assert main(["down", "dash"]) == 0
+
+    def closed():
+        try:
+            request(link, "/api/jobs", split_link(link)[2])
+        except OSError:
+            return True
+        return False
+    wait_until(closed, 30, "the dashboard to stop with its daemon")
