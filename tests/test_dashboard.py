@@ -330,3 +330,14 @@ def test_up_and_status_print_the_daemons_dashboard_link_and_it_serves_the_jobs(s
             return True
         return False
     wait_until(closed, 30, "the dashboard to stop with its daemon")
+
+
+def test_a_nan_from_a_peer_is_sent_as_null_not_as_invalid_json():
+    st = with_deaths(None)
+    st.deaths[0]["peak_memory"] = float("nan")
+    st.deaths[0]["time"] = float("inf")
+    with serving(fake_scheduler(st), new_secret()) as d:
+        status, _, body = request(d.link, "/api/deaths", d.token)
+        death = json.loads(body)["deaths"][0]                    # strict JSON: NaN would not parse in a browser
+        assert status == 200 and b"NaN" not in body and b"Infinity" not in body
+        assert death["peak_memory"] is None and death["time"] is None and death["cause"] == "memory-nanny"

@@ -66,8 +66,11 @@ class _Handler(RequestHandler):
 
     def send_json(self, value) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        # NaN/inf are not JSON; a number from a peer could be one.
-        self.finish(json.dumps(value, default=str, allow_nan=False, separators=(",", ":")))
+        try:
+            text = json.dumps(value, default=str, allow_nan=False, separators=(",", ":"))
+        except ValueError:             # NaN or inf (not JSON) from a peer's number: null instead, the slow way
+            text = json.dumps(_finite(value), default=str, allow_nan=False, separators=(",", ":"))
+        self.finish(text)
 
 
 class PageHandler(_Handler):
@@ -90,7 +93,7 @@ class ApiHandler(_Handler):
         answer = {"workers": views.workers, "tasks": views.tasks, "jobs": views.jobs, "deaths": views.deaths}.get(what)
         if answer is None:
             raise HTTPError(404)
-        self.send_json(_finite(answer()))
+        self.send_json(answer())
 
 
 class MemoryHandler(_Handler):
@@ -98,7 +101,7 @@ class MemoryHandler(_Handler):
         found = self.dashboard.views.death_memory(int(death_id))
         if found is None:
             raise HTTPError(404)
-        self.send_json(_finite(found))
+        self.send_json(found)
 
 
 def _finite(value):

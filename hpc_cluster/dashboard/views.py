@@ -128,11 +128,16 @@ class Views:
             lanes[ws.name] = ws.nthreads
         for entry in (*done, *running):
             lanes[entry[0]] = max(lanes.get(entry[0], 0), entry[1] + 1)
-        return {"now": now, **self._count_prefixes(now),
+        counts = self._count_prefixes(now)
+        known = self._prefix_of                       # most keys shown were counted a moment ago
+
+        def prefix(key: str) -> str:
+            return known.get(key) or key_prefix(key)
+        return {"now": now, **counts,
                 "stream": {"since": since, "window": STREAM_WINDOW, "lanes": lanes,
-                           "done": [{"worker": w, "lane": lane, "key": k, "prefix": key_prefix(k), "start": a,
+                           "done": [{"worker": w, "lane": lane, "key": k, "prefix": prefix(k), "start": a,
                                      "stop": b, "outcome": o} for w, lane, k, a, b, o in done],
-                           "running": [{"worker": w, "lane": lane, "key": k, "prefix": key_prefix(k), "start": a}
+                           "running": [{"worker": w, "lane": lane, "key": k, "prefix": prefix(k), "start": a}
                                        for w, lane, k, a in running]}}
 
     # -- jobs ------------------------------------------------------------------------------

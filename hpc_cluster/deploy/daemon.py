@@ -185,6 +185,8 @@ async def run(plan: dict) -> int:
     if in_job and in_job.get("walltime"):
         async def hand_over():
             reason["why"] = "handover"
+            if dashboard is not None:
+                dashboard.stop()               # its port too is the successor's to take
             await _let_go(sched, journal, jm)
             stop.set()
         renewal = Renewal(adapter, plan, in_job, port_of(address), hand_over)
@@ -234,7 +236,7 @@ def start_dashboard(sched, secret: bytes, sc: dict, jm) -> Dashboard | None:
     if not sc.get("dashboard"):
         return None
     host, port = sc["dashboard"]
-    dashboard = Dashboard(sched, secret, host=host or sc["host"], port=int(port), jobs=jm.table)
+    dashboard = Dashboard(sched, secret, host=host or sc["host"], port=int(port), jobs=lambda: jm.table(demand=False))
     try:
         dashboard.start()
     except OSError as exc:

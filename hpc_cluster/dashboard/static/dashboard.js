@@ -261,9 +261,13 @@ async function drawDeaths(data, root) {
   // Timelines of the newest deaths, fetched once each when final (they do not change after).
   const timelines = new Map();
   await Promise.all(data.deaths.slice(0, 20).filter((d) => d.memory_samples).map(async (d) => {
-    const m = memoryCache.get(d.id) || await getJSON(`api/deaths/${d.id}/memory`);
-    timelines.set(d.id, m);
-    if (d.final) memoryCache.set(d.id, m);
+    try {
+      const m = memoryCache.get(d.id) || await getJSON(`api/deaths/${d.id}/memory`);
+      timelines.set(d.id, m);
+      if (d.final) memoryCache.set(d.id, m);
+    } catch (e) {
+      timelines.set(d.id, {memory: null});           // drawn as "no samples"; the rest of the page still is
+    }
   }));
   for (const d of data.deaths) root.append(deathBox(d, timelines.get(d.id)));
 }
