@@ -271,37 +271,7 @@ def test_api_deaths_and_the_memory_of_one(died):
     json.dumps(out, allow_nan=False)
 
 
-# -- `hpc-cluster status` prints the link the daemon wrote into the cluster file -----------------
-@pytest.mark.parametrize("as_json", [False, True])
-def test_status_prints_the_dashboard_link(capsys, monkeypatch, tmp_path, as_json):
-    from hpc_cluster.cli import cluster as cli_cluster
-    from hpc_cluster.cli import main
-    link = "http://login1:8787/status?token=" + "ab" * 16
-    info = {"address": "tcp://login1:1", "batch": "pbs", "pid": 1, "dashboard": link}
-    monkeypatch.setattr(cli_cluster, "find_cluster", lambda name: ("c", tmp_path / "c.json", info))
-    monkeypatch.setattr(cli_cluster, "_jobs", lambda *a, **k: {"jobs": [], "target": 0})
-
-    class NoDeaths:
-        def __init__(self, **kw):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            pass
-
-        def deaths(self):
-            return []
-    monkeypatch.setattr("hpc_cluster.client.Client", NoDeaths)
-    assert main(["status", "--json"] if as_json else ["status"]) == 0
-    out = capsys.readouterr().out
-    if as_json:
-        assert json.loads(out)["dashboard"] == link
-    else:
-        assert f"\ndashboard: {link}\n" in out
-
-
+# -- `hpc-cluster up` and `status` print the link the daemon wrote into the cluster file ---------
 def test_up_and_status_print_the_daemons_dashboard_link_and_it_serves_the_jobs(sim, capsys):
     # `hpc-cluster up` on the PBS simulator: the daemon's dashboard, where scheduler_options say.
     from hpc_cluster.cli import main
@@ -320,6 +290,8 @@ def test_up_and_status_print_the_daemons_dashboard_link_and_it_serves_the_jobs(s
         assert jobs[0]["pool"] == "default" and api(link, "jobs")["batch"] is True
         assert main(["status", "dash"]) == 0
         assert f"\ndashboard: {link}\n" in capsys.readouterr().out
+        assert main(["status", "dash", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["dashboard"] == link
     finally:
         assert main(["down", "dash"]) == 0
 
