@@ -209,11 +209,12 @@ function memoryChart(m) {
   svg.append(el("svg:text", {x: 4, y: y(top_value / 1.08) + 4, text: bytes(top_value / 1.08)}));
   svg.append(el("svg:text", {x: 4, y: y(0), text: "0"}));
   svg.append(el("svg:text", {x: left, y: h - 6, text: `${(t1 - t0).toFixed(1)} s before the death`}));
-  for (const [v, label, c] of limits) {
+  limits.forEach(([v, label, c], i) => {
     svg.append(el("svg:line", {x1: left, x2: w - right, y1: y(v), y2: y(v), stroke: c, "stroke-dasharray": "5 3",
       class: "limit"}));
-    svg.append(el("svg:text", {x: left + 4, y: y(v) - 3, text: `${label} ${bytes(v)}`}));
-  }
+    // Side by side, above and below their lines in turn: limits are often a few percent apart.
+    svg.append(el("svg:text", {x: left + 4 + i * 185, y: i % 2 ? y(v) + 12 : y(v) - 3, text: `${label} ${bytes(v)}`}));
+  });
   for (const [t, key] of m.task_starts) {
     if (t < t0 || t > t1) continue;
     const tick = el("svg:line", {x1: x(t), x2: x(t), y1: h - bottom, y2: h - bottom - 8, stroke: "#3b7dd8",
