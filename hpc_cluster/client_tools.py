@@ -32,7 +32,8 @@ class ClusterToolsMixin:
     def deaths(self) -> list[dict]:
         """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail;
         in a cluster with pools, the dead worker's `pool`, and `escalation` when the death moved
-        the task it was running to another pool ("attempt 2 on bigmem (64 GB) after ...")."""
+        the task it was running to another pool ("attempt 2 on bigmem (64 GB) after ..."); and
+        `memory`, the worker's memory over its life (docs/cli-json.md, "Death records")."""
         return self._lt.run(self._request({"op": "deaths"}), self.timeout)
 
     def why(self, future: Future) -> str:

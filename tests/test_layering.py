@@ -215,7 +215,7 @@ IO_BUILTINS = {"open", "input", "print"}
 STATE_MACHINE = ["scheduler/state.py", "scheduler/placement.py", "scheduler/drain.py",
                  "scheduler/replicas.py", "scheduler/blame.py", "scheduler/diagnosis.py",
                  "scheduler/clients.py", "scheduler/records.py", "scheduler/pools.py",
-                 "scheduler/recovery.py"]
+                 "scheduler/recovery.py", "scheduler/timeline.py"]
 
 
 def parser_modules() -> list[str]:
@@ -230,7 +230,7 @@ def parser_modules() -> list[str]:
 
 # Also pure: the memory/walltime parsers and the dask-worker flag table (the cluster classes
 # check a user's worker_extra_args with it before any job is submitted).
-PURE = STATE_MACHINE + parser_modules() + ["units.py", "worker/flags.py"]
+PURE = STATE_MACHINE + parser_modules() + ["units.py", "memseries.py", "worker/flags.py"]
 
 
 def impurities(path: Path, module: str | None = None) -> list[str]:

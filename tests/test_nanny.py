@@ -82,6 +82,10 @@ def test_the_nanny_samples_at_10_hz_or_more_over_a_workers_life():
     assert report["peak_rss"] > 150 * MB
     assert report["peak_rss"] == max(rss for _, rss in samples)
     assert all(rss > 0 for _, rss in samples), [rss for _, rss in samples]
+    # Its whole-life timeline (bounded, downsampled keeping maxima) holds the peak too, in time order.
+    timeline = report["timeline"]
+    assert 0 < len(timeline) <= 720 and [t for t, _ in timeline] == sorted(t for t, _ in timeline)
+    assert max(rss for _, rss in timeline) == report["peak_rss"] and timeline[0][0] >= report["started"]
 
 
 def test_the_process_tree_counts_descendants_found_at_the_last_look():

@@ -25,7 +25,8 @@ from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, 
                          _remove_leftovers, cluster_names, find_cluster, journal_jobs, plan_file)
 from .down import cmd_down
 from .startup import watch_startup
-from .views import dur, fmt_clock, jobs_table, mem, pools_tables, print_deaths, tail_lines
+from .chart import memory_chart
+from .views import dur, fmt_clock, indent, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, control
 from ..config import ConfigError
@@ -225,38 +226,50 @@ def cmd_scale(args, out, err) -> int:
 
 
 def cmd_list(args, out, err) -> int:
-    rows = []
+    clusters = []
     for name in cluster_names():
         state, info = _liveness(name)
-        if state == "stopped":                # resumable: kept, and said so
-            rows.append((name, f"(daemon gone; `hpc-cluster up --name {name}` resumes it)", info.get("batch") or "?",
-                         info.get("site") or "-", "-", f"{len(journal_jobs(name))} left by the daemon"))
-            continue
         if state == "stale":
             removed = _remove_leftovers(name)
             pid = (info or {}).get("pid")
             print(f"removed the stale cluster file of {name!r} (its daemon{f', pid {pid},' if pid else ''} "
                   f"is gone): {', '.join(map(str, removed))}", file=err)
             continue
-        jobs = "?"
+        entry = {"name": name, "state": state, "address": info.get("address"), "batch": info.get("batch"),
+                 "site": info.get("site"), "pid": info.get("pid"), "scheduler_job": info.get("scheduler_job"),
+                 "answering": None, "jobs": None, "left_jobs": journal_jobs(name) if state == "stopped" else None}
         if state == "running":
             try:
                 t = control(cluster_file_for(name), "jobs", timeout=20)
-                run = sum(r["state"] == "running" for r in t["jobs"])
-                pend = sum(r["state"] == "pending" for r in t["jobs"])
-                jobs = f"{run} running, {pend} pending"
+                entry["jobs"] = {"running": sum(r["state"] == "running" for r in t["jobs"]),
+                                 "pending": sum(r["state"] == "pending" for r in t["jobs"])}
+                entry["answering"] = True
             except Exception:
-                jobs = "not answering"
-        rows.append((name, info.get("address") or "(starting)", info.get("batch") or "?",
-                     info.get("site") or "-", str(info.get("pid") or "-"), jobs))
-    if not rows:
+                entry["answering"] = False
+        clusters.append(entry)
+    if args.json:                              # docs/cli-json.md: `list`
+        json.dump({"clusters": clusters}, out, indent=1, default=str)
+        print(file=out)
+        return OK if clusters else NOT_FOUND
+    if not clusters:
         print("no cluster is running; start one with `hpc-cluster up`", file=err)
         return NOT_FOUND
+    rows = [_list_row(c) for c in clusters]
     head = ("NAME", "ADDRESS", "BATCH", "SITE", "PID", "JOBS")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
     return OK
+
+
+def _list_row(c: dict) -> tuple:
+    name = c["name"]
+    if c["state"] == "stopped":               # resumable: kept, and said so
+        return (name, f"(daemon gone; `hpc-cluster up --name {name}` resumes it)", c["batch"] or "?",
+                c["site"] or "-", "-", f"{len(c['left_jobs'] or [])} left by the daemon")
+    jobs = "?" if c["answering"] is None else "not answering" if not c["answering"] else \
+        f"{c['jobs']['running']} running, {c['jobs']['pending']} pending"
+    return (name, c["address"] or "(starting)", c["batch"] or "?", c["site"] or "-", str(c["pid"] or "-"), jobs)
 
 
 _JOB_ID_RE = re.compile(r"^\d+([._\[].*)?$")      # 123, 123_4 (array), 123.server, 123[].server
@@ -350,11 +363,22 @@ def cmd_why(args, out, err) -> int:
             raise CommandError(f"no worker death in cluster {name!r} matches {target!r} (a worker "
                                "name or address, a job id or a task key); `hpc-cluster why "
                                f"{name}` lists them all")
+    deaths = sorted(deaths, key=lambda d: d.get("time") or 0)
+    if args.json:                              # docs/cli-json.md: `why`
+        json.dump({"cluster": name, "target": target, "deaths": deaths}, out, indent=1, default=str)
+        print(file=out)
+        return OK
     if not deaths:
         print(f"no worker has died in cluster {name!r}", file=out)
         return OK
-    deaths = sorted(deaths, key=lambda d: d.get("time") or 0)
-    print_deaths(deaths, out, detail=True, tail=args.tail)
+    for d in deaths:
+        print_deaths([d], out, detail=True, tail=args.tail)
+        # One worker, job or task asked about: its memory over its life too.
+        if target is not None and d.get("memory"):
+            print("", file=out)
+            print(indent(memory_chart(d["memory"]), "    "), file=out)
+    if target is None and any(d.get("memory") for d in deaths):
+        print(f"\n`hpc-cluster why WORKER {name}` charts that worker's memory over its life", file=out)
     return OK
 
 
@@ -429,9 +453,10 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster status                       the only running cluster
   hpc-cluster status big
   hpc-cluster status big --finished 50     also the last 50 finished jobs
-  hpc-cluster status --json                the same as JSON, for scripts
+  hpc-cluster status --json                the same as JSON, for scripts (docs/cli-json.md)
 """, cmd_status)
-    p.add_argument("--json", action="store_true", help="print JSON (jobs, workers' memory, deaths) instead")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON (jobs, workers' memory, deaths) instead (schema: docs/cli-json.md)")
     p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
     p.add_argument("--finished", type=int, default=10, metavar="K", help="finished jobs to show (default 10)")
     p.add_argument("--deaths", type=int, default=10, metavar="K", help="recent deaths to show (default 10)")
@@ -447,9 +472,11 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--jobs", action="store_true", help="N counts jobs, not workers")
     p.add_argument("--pool", metavar="NAME", help="scale this pool of the cluster (default: its default pool)")
 
-    _sub(sub, "list", "list the running clusters (and remove stale cluster files)", """\
+    p = _sub(sub, "list", "list the running clusters (and remove stale cluster files)", """\
   hpc-cluster list
+  hpc-cluster list --json                  the same as JSON, for scripts (docs/cli-json.md)
 """, cmd_list)
+    p.add_argument("--json", action="store_true", help="print JSON instead (schema: docs/cli-json.md)")
 
     p = _sub(sub, "logs", "print a job's stdout/stderr, a worker's log, or the daemon's log", """\
   hpc-cluster logs 1234                    job 1234's .out/.err files from log_directory
@@ -464,9 +491,12 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster why                          every death in the only running cluster, latest last
   hpc-cluster why big                      the same for cluster 'big'
   hpc-cluster why 1234 big                 the deaths of job 1234's workers
-  hpc-cluster why default-0                one worker (name or tcp:// address)
+  hpc-cluster why default-0                one worker (name or tcp:// address), with a chart of its memory
   hpc-cluster why 'parse-3a9c0e'           deaths while that task was executing
+  hpc-cluster why default-0 --json         the death records as JSON, memory timeline included
 """, cmd_why)
+    p.add_argument("--json", action="store_true",
+                   help="print the matching death records as JSON instead (schema: docs/cli-json.md)")
     p.add_argument("target", nargs="?", metavar="WORKER|JOB|KEY")
     p.add_argument("name", nargs="?", metavar="NAME", help="cluster name (optional if only one runs)")
     p.add_argument("--tail", type=int, default=20, metavar="N", help="log lines per death (default 20)")

@@ -96,6 +96,7 @@ class EvidenceCollector:
             "final_at": None if asking or awaiting_nanny else now})
         if ev.nanny:
             record["log_tail"] = ev.log_tail[-40:]
+            self.state.refine_death_memory(record["id"], nanny=ev.nanny)
         self.evidence[record["id"]] = ev
         if awaiting_nanny:
             self._death_of_nanny[nanny_id] = record["id"]
@@ -122,6 +123,8 @@ class EvidenceCollector:
         if not ev.log_tail:
             ev.log_tail = list(report.get("log_tail") or [])
         self.state.deaths[death_id]["log_tail"] = (report.get("log_tail") or [])[-40:]
+        # Its 10 Hz samples of the last seconds join the heartbeats' timeline.
+        self.state.refine_death_memory(death_id, nanny=report)
         self._refine(death_id)
 
     def nanny_gone(self, nanny_id: str) -> None:
@@ -153,6 +156,8 @@ class EvidenceCollector:
         record = self.state.deaths[death_id]
         changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
         final = not self._expecting(death_id)
+        if ev.accounting:
+            self.state.refine_death_memory(death_id, batch_limit=ev.accounting.get("requested_memory"))
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
                                 peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
         if changed:

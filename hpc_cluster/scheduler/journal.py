@@ -51,6 +51,7 @@ import msgpack
 
 from ..protocol.frames import Opaque
 from .recovery import opaque_in
+from .timeline import journal_death
 
 logger = logging.getLogger("hpc_cluster.journal")
 
@@ -258,7 +259,7 @@ def snapshot(state, cluster: str | None = None, created: float | None = None, jo
         rec.specs[ts.key] = spec_record(ts)
         rec.status[ts.key] = status_record(ts)
     for d in state.deaths:
-        rec.deaths[d["id"]] = d
+        rec.deaths[d["id"]] = journal_death(d)
     return rec
 
 
@@ -336,8 +337,11 @@ class Recorder:
         self._deaths_seen = len(st.deaths)
         for i in sorted(touched_deaths):
             if 0 <= i < len(st.deaths):
-                out.append(["D", st.deaths[i]])
-                self.death_sizes[i] = 256 + 64 * len(st.deaths[i].get("evidence") or ())
+                d = journal_death(st.deaths[i])          # its memory as a summary: bounded
+                out.append(["D", d])
+                memory = d.get("memory") or {}
+                self.death_sizes[i] = (256 + 64 * len(d.get("evidence") or ()) + 20 * len(memory.get("samples") or ())
+                                       + 40 * len(memory.get("task_starts") or ()))
         if jobs is not None and jobs != self._jobs:
             self._jobs = jobs
             out.append(["J", jobs])

@@ -3,7 +3,12 @@ The state machine (state.py and its mixins) changes them."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+from ..memseries import MemoryTimeline
+
+MAX_STARTS = 500                # task starts kept per worker for its death record (timeline.py)
 
 
 @dataclass(eq=False)
@@ -67,6 +72,10 @@ class WorkerState:
     memory: dict = field(default_factory=dict)
     memory_at: float | None = None                   # when that report came
     paused: bool = False                             # over its pause fraction: no new tasks
+    # Its memory over its whole life and the latest tasks it started, (time, key): what its
+    # death record shows (timeline.py); both bounded.
+    timeline: MemoryTimeline = field(default_factory=MemoryTimeline)
+    task_starts: deque = field(default_factory=lambda: deque(maxlen=MAX_STARTS))
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"

@@ -32,6 +32,7 @@ from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
+from .timeline import TimelineMixin
 from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
                         wait_for_holder, worker_pool)
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
@@ -40,7 +41,7 @@ ACTIVE = ("waiting", "queued", "processing")
 
 
 class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
-                     RecoveryMixin):
+                     RecoveryMixin, TimelineMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True):
         self.tasks: dict[str, TaskState] = {}
@@ -131,6 +132,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         if ws is None:
             return
         ws.memory, ws.memory_at = memory, now
+        self._note_memory(ws, memory, now)
         paused = bool(memory.get("paused"))
         if paused != ws.paused:
             ws.paused = paused
@@ -159,8 +161,10 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                   "peak_memory": death.get("peak_memory"),
                   "evidence": death.get("evidence") or [], "advice": death.get("advice", ""),
                   # None while more evidence may change the verdict; only final verdicts end tasks.
-                  "final_at": death.get("final_at", now)}
+                  "final_at": death.get("final_at", now),
+                  "memory": self._memory_record(ws, now)}       # its whole life's memory (timeline.py)
         self.deaths.append(record)
+        self._summarise_old_deaths()
         # Its tasks leave it first (charged if they were executing), so that what follows
         # sends nothing to the dead worker.
         running = sorted(ws.processing, key=lambda t: t.priority)
@@ -207,6 +211,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         record.setdefault("executing", [])
         record.setdefault("processing", [])
         self.deaths.append(record)
+        self._summarise_old_deaths()
         return record
 
     def _data_lost(self, ts: TaskState) -> None:
@@ -235,6 +240,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             ts.executing = True
             ts.started_at, ts.start_memory = now, memory
             ws.executing.add(ts)
+            self._note_start(ws, key, now, memory)
 
     def task_seceded(self, address: str, key: str, seceded: bool = True) -> None:
         """A running task gave up its thread slot (secede), or took one again (rejoin)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from ..lifeline import watch_owner
+from ..memseries import MemoryTimeline
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -129,6 +130,9 @@ class Nanny:
         self.local_directory = local_directory      # where the worker spills (store.spill_directory)
         self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
+        # The whole life at 10 Hz, downsampled in bounded space (the scheduler's heartbeats see
+        # ~1 Hz): the report carries it for the death's memory record (scheduler/timeline.py).
+        self.timeline = MemoryTimeline()
         self.reports: list[dict] = []
         self.stopping = False
         self.restarting = False
@@ -171,6 +175,7 @@ class Nanny:
         started, peak, killed_by_nanny = time.time(), 0, False
         self.unresponsive = None
         self.samples.clear()
+        self.timeline = MemoryTimeline()
         try:
             ps = psutil.Process(pid)
         except psutil.Error:
@@ -184,7 +189,9 @@ class Nanny:
             rss = tree.rss(time.monotonic())        # None: it is exiting; not a sample
             if rss is not None:
                 peak = max(peak, rss)
-                self.samples.append((round(time.time(), 3), rss))
+                sampled_at = round(time.time(), 3)
+                self.samples.append((sampled_at, rss))
+                self.timeline.add(sampled_at, rss)
             if budget and rss is not None and rss > budget and not killed_by_nanny:
                 pct = round(self.terminate_fraction * 100)
                 logger.warning("Worker exceeded %d%% memory budget. Restarting", pct)
@@ -216,6 +223,7 @@ class Nanny:
             "nanny_id": self.id, "pid": pid, "name": self.name, "started": started, "ended": ended,
             "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
             "peak_rss": peak, "memory_limit": self.memory_limit, "samples": list(self.samples),
+            "timeline": self.timeline.points(),
             "killed_by_nanny": killed_by_nanny, "memory_budget": budget, "unresponsive": self.unresponsive,
             "cgroup_oom": (oom_after - oom_before) > 0 if None not in (oom_before, oom_after) else None,
             "cgroup": str(cgroup) if cgroup else None, "stopping": self.stopping,
