@@ -35,6 +35,17 @@ def load_part(i):
     return b"x" * (2 * 2**20)          # touched pages: resident memory, as real data is
 
 
+def grow(step, steps, pause):
+    """Memory that grows by `step` bytes every `pause` seconds: the nanny's 10 Hz samples see
+    it pass its terminate level before the job's limit (a memory-nanny death, charted)."""
+    import time
+    held = []
+    for _ in range(steps):
+        held.append(b"x" * step)
+        time.sleep(pause)
+    return sum(map(len, held))
+
+
 def check(x):
     if x % 7 == 3:
         raise ValueError(f"bad record {x}")
@@ -65,7 +76,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hpc-cluster-screenshots-") as tmp:
         isolate(Path(tmp))                  # before dask and our package load: they read the environment
-        from dashboard_helpers import MB, hog
+        from dashboard_helpers import MB
         from hpc_cluster import Client
         from hpc_cluster.deploy.cluster import PBSCluster
         from pbs_sim import pbssim
@@ -79,9 +90,10 @@ def main(argv=None) -> int:
                 client.wait_for_workers(3, timeout=180)
                 kept = client.map(slowinc, range(12), delay=0.05)
                 client.gather(kept)
+                time.sleep(3)                                 # some life before, on the memory chart
                 # Stopped by the nanny over its 1 GB; the final verdict moves it to pool bigmem, whose
                 # job is held: it waits there (the deaths page shows the escalation).
-                hogged = client.submit(hog, 1500 * MB, pure=False)
+                hogged = client.submit(grow, 40 * MB, 40, 0.12, pure=False)
                 wait_until(lambda: [d for d in client.deaths() if d["final_at"]], 120, "a final verdict")
                 client.wait_for_workers(3, timeout=180)
                 work = [client.map(load_part, range(60)), client.map(slowinc, range(300)), client.map(check, range(40))]

@@ -260,13 +260,18 @@ def test_api_deaths_and_the_memory_of_one(died):
     assert d["cause"] == "memory-nanny" and d["blame"] is True and d["final"] is True
     assert d["name"] == "worker-0" and d["executing"] and d["executing"][0].startswith("hog-")
     assert any("over its memory budget" in e for e in d["evidence"]) and d["advice"]
-    assert isinstance(d["memory_samples"], int)
+    assert d["memory_samples"] >= 20                  # the record's timeline (scheduler/timeline.py)
     m = api(cluster.dashboard_link, f"deaths/{d['id']}/memory")
     assert m["id"] == d["id"] and m["worker"] == "worker-0" and m["cause"] == "memory-nanny"
-    if d["memory_samples"]:           # the timeline work (death records' "memory") is in
-        assert len(m["memory"]["samples"]) == d["memory_samples"] and m["memory"]["died_at"]
-    else:
-        assert m["memory"] is None
+    memory = m["memory"]
+    assert set(memory) == {"worker", "samples", "memory_limit", "terminate_at", "batch_limit", "task_starts",
+                           "died_at"}
+    assert len(memory["samples"]) == d["memory_samples"] and memory["memory_limit"] == 400 * 10**6
+    assert memory["terminate_at"] == 380 * 10**6 and memory["batch_limit"] is None
+    times = [t for t, _ in memory["samples"]]
+    assert times == sorted(times) and times[-1] <= memory["died_at"] + 1
+    assert max(v for _, v in memory["samples"]) > 380 * 10**6 * 0.9          # it grew to the nanny's line
+    assert any(k.startswith("hog-") for _, k in memory["task_starts"])
     # JSON, all of it, even where a peer's number could have been NaN.
     json.dumps(out, allow_nan=False)
 

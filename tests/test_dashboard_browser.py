@@ -3,7 +3,7 @@
 Against a LocalCluster whose worker the nanny stopped over its memory budget: every page
 loads with the link's token and draws something (a screenshot that is not one colour), the
 deaths page shows that death with its verdict, evidence and fix, and its memory timeline as an
-SVG chart. Without the token the browser gets the 403 page. Run alone:
+SVG chart (a polyline of its samples, limit lines, task starts, the death). Without the token the browser gets the 403 page. Run alone:
 
     .venv/bin/python -m pytest tests/test_dashboard_browser.py
 
@@ -77,12 +77,15 @@ def test_the_deaths_page_shows_the_memory_death_with_its_evidence_and_timeline(c
     assert 'data-cause="memory-nanny"' in dom and '<span class="cause">memory-nanny</span>' in box
     assert "charged to the task" in box and "over its memory budget" in html.unescape(box)
     assert "fix: " in box and "running: hog-" in box
-    if death["memory_samples"]:        # death records carry their memory timeline (the timeline work)
-        (line,) = elements(dom, "polyline", "samples")
-        assert len(line["points"].split()) >= min(20, death["memory_samples"])
-        assert elements(dom, "line", "died") and elements(dom, "line", "limit")
-    else:
-        assert "memory timeline: no samples" in dom and not elements(dom, "polyline")
+    # Its memory timeline (the death record's "memory": heartbeats, then the nanny's 10 Hz
+    # samples of the last seconds), drawn: the samples, the limit and terminate lines, the death.
+    assert death["memory_samples"] >= 20, death
+    (chart,) = elements(dom, "svg", "memory-chart")
+    assert int(chart["data-points"]) == death["memory_samples"]
+    (line,) = elements(dom, "polyline", "samples")
+    assert len(line["points"].split()) == death["memory_samples"]
+    assert len(elements(dom, "line", "limit")) == 2 and elements(dom, "line", "died")
+    assert elements(dom, "line", "task-start") and "nanny terminates 362.4 MiB" in dom
 
 
 def test_a_death_with_a_timeline_is_drawn_as_an_svg_chart(chromium, tmp_path):

@@ -230,7 +230,7 @@ function memoryChart(m) {
   if (m.died_at) {
     svg.append(el("svg:line", {x1: x(m.died_at), x2: x(m.died_at), y1: top, y2: h - bottom, stroke: "#d8463b",
       "stroke-width": 2, class: "died"}));
-    svg.append(el("svg:text", {x: x(m.died_at) - 30, y: top + 10, text: "died"}));
+    svg.append(el("svg:text", {x: x(m.died_at) - 30, y: h - bottom - 12, text: "died"}));
   }
   return svg;
 }
