@@ -131,10 +131,15 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
             assert names == ["surf-0-0", "surf-0-1", "surf-1-0", "surf-1-1"]
             assert client.gather(client.map(_inc, range(10))) == list(range(1, 11))
             assert client.dashboard_link == link
-            jobs = _dashboard_api(link, "jobs")                   # the job manager's table, as the page reads it
+            # The job manager's table as of its last poll (as the page reads it): the jobs show
+            # running once a poll saw them so, which may be after their workers connected.
+            def all_running():
+                table = _dashboard_api(link, "jobs")
+                return table if {j["state"] for j in table["jobs"]} == {"running"} else None
+            jobs = wait_until(all_running, 30, "both jobs running on the dashboard")
             assert jobs["batch"] is True and jobs["target"] == 2 and set(jobs["pools"]) == {"default"}
             assert sorted(j["index"] for j in jobs["jobs"]) == [0, 1]
-            assert {j["state"] for j in jobs["jobs"]} == {"running"} and all(j["raw_state"] for j in jobs["jobs"])
+            assert all(j["raw_state"] for j in jobs["jobs"])
             assert sorted(n for j in jobs["jobs"] for n in j["worker_names"]) == names
             workers = _dashboard_api(link, "workers")["workers"]
             assert {w["job_id"] for w in workers} == {j["job_id"] for j in jobs["jobs"]}
