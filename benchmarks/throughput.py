@@ -137,7 +137,7 @@ class DashboardViewer:
         self.host, self.port = url.hostname, url.port
         self.token = urllib.parse.parse_qs(url.query)["token"][0]
         self.interval, self.max_rounds = interval, max_rounds
-        self.rounds, self.errors, self.bytes = 0, 0, 0
+        self.rounds, self.errors, self.bytes, self.seconds, self.slowest = 0, 0, 0, 0.0, 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard-viewer", daemon=True)
 
@@ -145,6 +145,7 @@ class DashboardViewer:
         import http.client
         while not self._stop.is_set() and self.rounds < self.max_rounds:
             for path in self.PATHS:
+                t0 = time.perf_counter()
                 try:
                     conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
                     conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}"})
@@ -154,6 +155,9 @@ class DashboardViewer:
                     conn.close()
                 except OSError:
                     self.errors += 1
+                took = time.perf_counter() - t0
+                self.seconds += took
+                self.slowest = max(self.slowest, took)
             self.rounds += 1
             self._stop.wait(self.interval)
 
@@ -164,8 +168,10 @@ class DashboardViewer:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(15)
+        n = max(1, self.rounds * len(self.PATHS))
         print(f"dashboard viewer: {self.rounds} rounds of {len(self.PATHS)} requests, {self.errors} errors, "
-              f"{self.bytes / max(1, self.rounds * len(self.PATHS)) / 1024:.1f} KiB per answer", file=sys.stderr)
+              f"{self.bytes / n / 1024:.1f} KiB per answer, {self.seconds / n * 1e3:.1f} ms per request "
+              f"(slowest {self.slowest * 1e3:.1f} ms)", file=sys.stderr)
 
 
 def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
