@@ -14,7 +14,8 @@ ours then dask, so that load from other processes hits both alike):
 
 Both clusters run `--workers` worker processes with `--threads` threads each, under a
 nanny. dask's scheduler runs inside this (the client's) process, as dask's LocalCluster
-always does; ours runs in its own process. dask's dashboard is turned off.
+always does; ours runs in its own process. dask's dashboard is turned off; ours serves its
+dashboard (on a free port) unless the system is "ours-nodash", and "ours-viewed" polls it.
 """
 
 from __future__ import annotations
