@@ -318,3 +318,15 @@ def test_a_nan_from_a_peer_is_sent_as_null_not_as_invalid_json():
         death = json.loads(body)["deaths"][0]                    # strict JSON: NaN would not parse in a browser
         assert status == 200 and b"NaN" not in body and b"Infinity" not in body
         assert death["peak_memory"] is None and death["time"] is None and death["cause"] == "memory-nanny"
+
+
+def test_an_ipv6_loopback_address_is_served_and_linked_in_brackets():
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    with serving(fake_scheduler(), new_secret(), host="::1") as d:
+        assert re.fullmatch(r"http://\[::1\]:\d+/", d.address), d.address
+        assert request(d.link, "/api/workers", d.token)[0] == 200

@@ -150,26 +150,28 @@ class Dashboard:
             (r"/static/([A-Za-z0-9_.-]+)", StaticHandler, {"dashboard": self}),
             (r"/api/deaths/([0-9]{1,9})/memory", MemoryHandler, {"dashboard": self}),
             (r"/api/([a-z]+)", ApiHandler, {"dashboard": self}),
-        ], default_handler_class=_NotFound, default_handler_args={"dashboard": self})
+        ], default_handler_class=_NotFound, default_handler_args={"dashboard": self}, log_function=_log_request)
         # Answers are not compressed: the scheduler loop's CPU matters more here than bytes.
         bind = self.host if self.host not in ("", "0.0.0.0") else None
+        family = socket.AF_INET6 if bind and ":" in bind else socket.AF_INET       # '::1' is IPv6
         try:
-            sockets = bind_sockets(self.port, address=bind, family=socket.AF_INET)
+            sockets = bind_sockets(self.port, address=bind, family=family)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or not self.port:
                 raise
             logger.warning("dashboard port %d is in use; the dashboard takes another (cluster.dashboard_link and "
                            "`hpc-cluster status` show it)", self.port)
-            sockets = bind_sockets(0, address=bind, family=socket.AF_INET)
+            sockets = bind_sockets(0, address=bind, family=family)
         self.server = HTTPServer(app, xheaders=False, max_body_size=4096)
         self.server.add_sockets(sockets)
         port = sockets[0].getsockname()[1]
-        shown = self.host if bind is not None else socket.gethostname()
+        shown = (f"[{bind}]" if ":" in bind else bind) if bind is not None else socket.gethostname()
         self.address = f"http://{shown}:{port}/"
         self.cookie = f"hpc_cluster_dashboard_{port}"
         # Clients learn the address as they register (client.dashboard_link adds the token).
         self.scheduler.services["dashboard"] = self.address
-        logger.info("dashboard at %s (the link with its token is in the cluster file)", self.address)
+        logger.info("dashboard at %s (its link with the token: cluster.dashboard_link, hpc-cluster status)",
+                    self.address)
         return self.link
 
     def stop(self) -> None:
@@ -177,6 +179,14 @@ class Dashboard:
             self.server.stop()
             self.server = None
         self.scheduler.services.pop("dashboard", None)
+
+
+def _log_request(handler: RequestHandler) -> None:
+    """Only failures: tornado's access log would write a line per request (a page open asks
+    every few seconds) into the scheduler's log."""
+    if handler.get_status() >= 500:
+        logger.warning("dashboard: %d %s (%s)", handler.get_status(), handler.request.uri.split("?")[0],
+                       handler.request.remote_ip)
 
 
 class _NotFound(_Handler):
