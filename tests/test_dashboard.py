@@ -138,7 +138,28 @@ def test_progress_per_prefix_counts_each_state_column_and_is_reused_for_a_second
     now[0] += 0.5
     assert views.tasks()["tasks_total"] == 9                  # within a second: the same counts
     now[0] += 1.0
-    assert views.tasks()["tasks_total"] == 10
+    out = views.tasks()
+    assert out["tasks_total"] == 10 and out["counted_at"] == now[0]
+
+
+def test_slow_counts_are_reused_longer_so_they_take_a_bounded_share(monkeypatch):
+    from hpc_cluster.dashboard import views as views_module
+    from hpc_cluster.scheduler.records import TaskState
+    st = SchedulerState()
+    st.tasks["a-1"] = TaskState("a-1", state="memory")
+    now = [100.0]
+    views = Views(fake_scheduler(st), clock=lambda: now[0])
+    monkeypatch.setattr(views_module, "COUNT_SHARE", 1e-9)   # as if counting took ages
+    views.tasks()
+    st.tasks["a-2"] = TaskState("a-2", state="memory")
+    del st.tasks["a-1"]
+    now[0] += 60
+    assert views.tasks()["tasks_total"] == 1 and views.tasks()["counted_at"] == 100.0
+    monkeypatch.setattr(views_module, "COUNT_SHARE", 0.02)
+    views._reuse = views_module.TASKS_CACHE
+    now[0] += 1.5
+    assert views.tasks()["tasks_total"] == 1
+    assert set(views._prefix_of) == {"a-2"}                 # the prefix map follows the tasks
 
 
 # -- a dashboard on a state made by hand, in this process ----------------------------------------

@@ -3,13 +3,16 @@ has the schema of each). Read-only: nothing here changes the state.
 
 Each is built on the scheduler's event loop while a request waits, so each is bounded: lists
 are capped (the page shows no more), and the one pass over every task (the progress per key
-prefix) is made at most once a second whoever asks (`Views.tasks`).
+prefix) is made at most once a second whoever asks, and less often when it is slow, so that it
+takes at most 2% of the scheduler's time however many tasks there are (`Views.tasks`).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
+from operator import attrgetter
 
 from ..scheduler.placement import worker_pool
 
@@ -21,7 +24,8 @@ STREAM_WINDOW = 60.0        # seconds of task stream shown
 MAX_DEATHS = 100            # newest first
 MAX_JOBS = 500
 MAX_SAMPLES = 2000          # points of a memory timeline sent (peaks kept when thinned)
-TASKS_CACHE = 1.0           # seconds the per-prefix counts are reused
+TASKS_CACHE = 1.0           # seconds the per-prefix counts are reused, at least
+COUNT_SHARE = 0.02          # ... and at most this share of the scheduler's time goes to them
 
 # Task states -> the progress bar's columns (dask's: waiting, processing, memory, erred,
 # released). "queued" waits for a thread; "held" is a result a worker keeps that a restarted
@@ -29,6 +33,7 @@ TASKS_CACHE = 1.0           # seconds the per-prefix counts are reused
 COLUMN = {"waiting": "waiting", "queued": "waiting", "processing": "processing", "memory": "memory",
           "held": "memory", "erred": "erred", "released": "released"}
 COLUMNS = ("waiting", "processing", "memory", "erred", "released")
+_STATE = attrgetter("state")
 
 
 def key_prefix(key: str) -> str:
@@ -85,6 +90,7 @@ class Views:
     def __init__(self, scheduler, jobs=None, clock=time.time):
         self.scheduler, self.jobs_table, self.clock = scheduler, jobs, clock
         self._prefixes: tuple[float, dict] | None = None
+        self._reuse = TASKS_CACHE                     # seconds the last counts stay good
         self._prefix_of: dict[str, str] = {}          # key -> key_prefix(key), for the tasks alive
 
     @property
@@ -96,25 +102,31 @@ class Views:
 
     # -- tasks ---------------------------------------------------------------------------
     def _count_prefixes(self, now: float) -> dict:
-        if self._prefixes is not None and now - self._prefixes[0] < TASKS_CACHE:
+        if self._prefixes is not None and 0 <= now - self._prefixes[0] < self._reuse:
             return self._prefixes[1]
-        old, known = self._prefix_of, {}
+        started = time.perf_counter()
+        tasks, known = self.state.tasks, self._prefix_of
+        # The prefix map follows the tasks by set differences (C speed); only new keys are split.
+        for key in known.keys() - tasks.keys():
+            del known[key]
+        for key in tasks.keys() - known.keys():
+            known[key] = key_prefix(key)
+        # One pass over every task, counted by (prefix, state) in C: the cost per task is what
+        # decides this page's cost with 100,000 tasks (docs/dashboard.md, BENCHMARKS.md).
+        pairs = Counter(zip(map(known.__getitem__, tasks), map(_STATE, tasks.values())))
         counts: dict[str, dict[str, int]] = {}
-        for key, ts in self.state.tasks.items():
-            prefix = old.get(key)
-            if prefix is None:
-                prefix = key_prefix(key)
-            known[key] = prefix
+        for (prefix, state), n in pairs.items():
             row = counts.get(prefix)
             if row is None:
                 row = counts[prefix] = dict.fromkeys(COLUMNS, 0)
-            column = COLUMN.get(ts.state, "released")
-            row[column] += 1
-        self._prefix_of = known                       # forgotten tasks' entries go with the old map
+            row[COLUMN.get(state, "released")] += n
         rows = sorted(({"prefix": p, **c, "total": sum(c.values())} for p, c in counts.items()),
                       key=lambda r: (-r["total"], r["prefix"]))
-        out = {"prefixes": rows[:MAX_PREFIXES], "prefixes_total": len(rows), "tasks_total": len(self.state.tasks)}
+        out = {"prefixes": rows[:MAX_PREFIXES], "prefixes_total": len(rows), "tasks_total": len(tasks),
+               "counted_at": now}
         self._prefixes = (now, out)
+        # 50 ms for 100,000 tasks: reused for 2.5 s, so a page asking every 2.5 s costs 2% at most.
+        self._reuse = max(TASKS_CACHE, (time.perf_counter() - started) / COUNT_SHARE)
         return out
 
     def tasks(self) -> dict:

@@ -111,8 +111,10 @@ function colour(name) {
 
 function drawTasks(data, root) {
   root.append(el("h2", null, "Progress by task prefix"));
+  const age = data.now - data.counted_at;        // with many tasks the counts are made less often
   root.append(el("p", {class: "summary"}, `${data.tasks_total} task(s) known to the scheduler` +
-    (data.prefixes_total > data.prefixes.length ? `; ${data.prefixes.length} of ${data.prefixes_total} prefixes` : "")));
+    (data.prefixes_total > data.prefixes.length ? `; ${data.prefixes.length} of ${data.prefixes_total} prefixes` : "") +
+    (age > 3 ? ` (counted ${age.toFixed(0)} s ago)` : "")));
   const legend = el("div", {class: "legend muted"});
   for (const k of ["memory", "processing", "waiting", "erred"]) legend.append(el("span", {class: "p-" + k}), k);
   root.append(legend);
