@@ -124,55 +124,67 @@ def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security
     return client
 
 
+def _view(host: str, port: int, token: str, paths, interval: float, max_rounds: int, stop, results) -> None:
+    """The viewer's process: fetch every path, wait `interval`, again, until `stop` is set."""
+    import http.client
+    rounds = errors = size = 0
+    seconds = slowest = 0.0
+    while not stop.is_set() and rounds < max_rounds:
+        for path in paths:
+            t0 = time.perf_counter()
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=10)
+                conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+                r = conn.getresponse()
+                size += len(r.read())
+                errors += r.status != 200
+                conn.close()
+            except OSError:
+                errors += 1
+            took = time.perf_counter() - t0
+            seconds += took
+            slowest = max(slowest, took)
+        rounds += 1
+        stop.wait(interval)
+    results.put((rounds, errors, size, seconds, slowest))
+
+
 class DashboardViewer:
     """An open dashboard page, as far as the scheduler can tell: every `interval` s it fetches
-    every /api endpoint the pages read (more than one page does), until the benchmark ends.
-    Bounded: at most `max_rounds` rounds, on loopback only (the cluster's own dashboard)."""
+    every /api endpoint the pages read (more than one page does), until the benchmark ends. It
+    runs in a process of its own, as a browser would: a thread here would take the GIL and a
+    core from the client that the benchmark times. Bounded: at most `max_rounds` rounds, on
+    loopback only (the cluster's own dashboard)."""
 
     PATHS = ("/api/workers", "/api/tasks", "/api/jobs", "/api/deaths")
 
     def __init__(self, link: str, interval: float = 2.0, max_rounds: int = 5000):
-        import threading
+        import multiprocessing
         import urllib.parse
         url = urllib.parse.urlsplit(link)
-        self.host, self.port = url.hostname, url.port
-        self.token = urllib.parse.parse_qs(url.query)["token"][0]
-        self.interval, self.max_rounds = interval, max_rounds
-        self.rounds, self.errors, self.bytes, self.seconds, self.slowest = 0, 0, 0, 0.0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dashboard-viewer", daemon=True)
-
-    def _run(self) -> None:
-        import http.client
-        while not self._stop.is_set() and self.rounds < self.max_rounds:
-            for path in self.PATHS:
-                t0 = time.perf_counter()
-                try:
-                    conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-                    conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}"})
-                    r = conn.getresponse()
-                    self.bytes += len(r.read())
-                    self.errors += r.status != 200
-                    conn.close()
-                except OSError:
-                    self.errors += 1
-                took = time.perf_counter() - t0
-                self.seconds += took
-                self.slowest = max(self.slowest, took)
-            self.rounds += 1
-            self._stop.wait(self.interval)
+        token = urllib.parse.parse_qs(url.query)["token"][0]
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._results = ctx.Event(), ctx.Queue()
+        self._process = ctx.Process(target=_view, name="dashboard-viewer", daemon=True, args=(
+            url.hostname, url.port, token, self.PATHS, interval, max_rounds, self._stop, self._results))
 
     def __enter__(self):
-        self._thread.start()
+        self._process.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(15)
-        n = max(1, self.rounds * len(self.PATHS))
-        print(f"dashboard viewer: {self.rounds} rounds of {len(self.PATHS)} requests, {self.errors} errors, "
-              f"{self.bytes / n / 1024:.1f} KiB per answer, {self.seconds / n * 1e3:.1f} ms per request "
-              f"(slowest {self.slowest * 1e3:.1f} ms)", file=sys.stderr)
+        try:
+            rounds, errors, size, seconds, slowest = self._results.get(timeout=30)
+        except Exception:
+            print("dashboard viewer: no report (it did not stop in time)", file=sys.stderr)
+            self._process.terminate()
+            return
+        self._process.join(15)
+        n = max(1, rounds * len(self.PATHS))
+        print(f"dashboard viewer: {rounds} rounds of {len(self.PATHS)} requests, {errors} errors, "
+              f"{size / n / 1024:.1f} KiB per answer, {seconds / n * 1e3:.1f} ms per request "
+              f"(slowest {slowest * 1e3:.1f} ms)", file=sys.stderr)
 
 
 def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
