@@ -14,7 +14,8 @@ ours then dask, so that load from other processes hits both alike):
 
 Both clusters run `--workers` worker processes with `--threads` threads each, under a
 nanny. dask's scheduler runs inside this (the client's) process, as dask's LocalCluster
-always does; ours runs in its own process. dask's dashboard is turned off.
+always does; ours runs in its own process. dask's dashboard is turned off; ours serves its
+dashboard (on a free port) unless the system is "ours-nodash", and "ours-viewed" polls it.
 """
 
 from __future__ import annotations
@@ -111,13 +112,79 @@ DESCRIPTIONS = {"map": "map(noop, range({n})) + gather",
 
 # -- clusters --------------------------------------------------------------------------------
 def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False,
-               journal: bool = False):
+               journal: bool = False, dashboard: str | None = ":0", viewer: bool = False):
     from hpc_cluster import Client, LocalCluster
     cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads,
-                                               security=security or None, journal=journal))
+                                               security=security or None, journal=journal,
+                                               dashboard_address=dashboard))
     client = stack.enter_context(Client(cluster))
     client.wait_for_workers(workers, timeout=60)
+    if viewer:
+        stack.enter_context(DashboardViewer(cluster.dashboard_link))
     return client
+
+
+def _view(host: str, port: int, token: str, paths, interval: float, max_rounds: int, stop, results) -> None:
+    """The viewer's process: fetch every path, wait `interval`, again, until `stop` is set."""
+    import http.client
+    rounds = errors = size = 0
+    seconds = slowest = 0.0
+    while not stop.is_set() and rounds < max_rounds:
+        for path in paths:
+            t0 = time.perf_counter()
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=10)
+                conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+                r = conn.getresponse()
+                size += len(r.read())
+                errors += r.status != 200
+                conn.close()
+            except OSError:
+                errors += 1
+            took = time.perf_counter() - t0
+            seconds += took
+            slowest = max(slowest, took)
+        rounds += 1
+        stop.wait(interval)
+    results.put((rounds, errors, size, seconds, slowest))
+
+
+class DashboardViewer:
+    """An open dashboard page, as far as the scheduler can tell: every `interval` s it fetches
+    every /api endpoint the pages read (more than one page does), until the benchmark ends. It
+    runs in a process of its own, as a browser would: a thread here would take the GIL and a
+    core from the client that the benchmark times. Bounded: at most `max_rounds` rounds, on
+    loopback only (the cluster's own dashboard)."""
+
+    PATHS = ("/api/workers", "/api/tasks", "/api/jobs", "/api/deaths")
+
+    def __init__(self, link: str, interval: float = 2.0, max_rounds: int = 5000):
+        import multiprocessing
+        import urllib.parse
+        url = urllib.parse.urlsplit(link)
+        token = urllib.parse.parse_qs(url.query)["token"][0]
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._results = ctx.Event(), ctx.Queue()
+        self._process = ctx.Process(target=_view, name="dashboard-viewer", daemon=True, args=(
+            url.hostname, url.port, token, self.PATHS, interval, max_rounds, self._stop, self._results))
+
+    def __enter__(self):
+        self._process.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        try:
+            rounds, errors, size, seconds, slowest = self._results.get(timeout=30)
+        except Exception:
+            print("dashboard viewer: no report (it did not stop in time)", file=sys.stderr)
+            self._process.terminate()
+            return
+        self._process.join(15)
+        n = max(1, rounds * len(self.PATHS))
+        print(f"dashboard viewer: {rounds} rounds of {len(self.PATHS)} requests, {errors} errors, "
+              f"{size / n / 1024:.1f} KiB per answer, {seconds / n * 1e3:.1f} ms per request "
+              f"(slowest {slowest * 1e3:.1f} ms)", file=sys.stderr)
 
 
 def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
@@ -138,7 +205,11 @@ def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security
 
 # "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary()).
 # "ours-journal": the scheduler keeps its journal (issue 16; LocalCluster(journal=True)).
+# "ours-nodash": no dashboard (dashboard_address=None); "ours-viewed": the dashboard (as in "ours")
+# with a page open on it, fetching every /api endpoint every 2 s (issue 17's cost).
 STARTERS = {"ours": start_ours, "dask": start_dask,
+            "ours-nodash": lambda *a: start_ours(*a, dashboard=None),
+            "ours-viewed": lambda *a: start_ours(*a, viewer=True),
             "ours-journal": lambda *a: start_ours(*a, journal=True),
             "ours-tls": lambda *a: start_ours(*a, security=True), "dask-tls": lambda *a: start_dask(*a, security=True)}
 
@@ -200,7 +271,7 @@ def run(args) -> dict:
                     gc.collect()
                     tasks, seconds = BENCHMARKS[b](clients[s], sizes[b])
                     samples[s][b].append((tasks, seconds))
-                    log(args, f"{b:5s} rep {rep + 1}/{args.repeat} {s:4s}: {tasks} tasks in {seconds:.3f} s "
+                    log(args, f"{b:5s} rep {rep + 1}/{args.repeat} {s:11s}: {tasks} tasks in {seconds:.3f} s "
                               f"({tasks / seconds:,.0f} tasks/s)")
                     time.sleep(args.pause)          # let releases settle before the next run
     report["machine"]["load_after"] = _load()
@@ -252,13 +323,13 @@ def format_table(report: dict) -> str:
     lines = [f"workers={cfg['workers']} threads/worker={cfg['threads']} repeat={cfg['repeat']} "
              f"cpus={report['machine']['cpus']} load before={report['machine']['load_before']} "
              f"after={report['machine']['load_after']}", ""]
-    head = f"{'benchmark':34s} {'system':6s} {'tasks':>6s} {'best tasks/s':>13s} {'median tasks/s':>15s} " \
+    head = f"{'benchmark':34s} {'system':11s} {'tasks':>6s} {'best tasks/s':>13s} {'median tasks/s':>15s} " \
            f"{'best us/task':>13s}"
     lines += [head, "-" * len(head)]
     for b, n in cfg["sizes"].items():
         for s in systems:
             r = report["results"][s][b]
-            lines.append(f"{DESCRIPTIONS[b].format(n=n):34s} {s:6s} {r['tasks']:6d} {r['best_tasks_per_s']:13,.0f} "
+            lines.append(f"{DESCRIPTIONS[b].format(n=n):34s} {s:11s} {r['tasks']:6d} {r['best_tasks_per_s']:13,.0f} "
                          f"{r['median_tasks_per_s']:15,.0f} {r['best_us_per_task']:13,.1f}")
         ratio = report.get("ratio_ours_over_dask", {}).get(b)
         if ratio:
@@ -277,7 +348,8 @@ def parse_args(argv=None):
     p.add_argument("--chain", type=int, help="length of the dependent chain")
     p.add_argument("--benchmarks", default="map,tree,chain", help="comma-separated subset to run")
     p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, ours-tls, dask-tls "
-                   "(TLS on every connection), ours-journal (the scheduler keeps its journal); default ours,dask")
+                   "(TLS on every connection), ours-journal (the scheduler keeps its journal), ours-nodash (no dashboard), "
+                   "ours-viewed (the dashboard polled every 2 s as an open page does); default ours,dask")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")

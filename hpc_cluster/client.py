@@ -150,6 +150,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self.id = first.get("client")
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
         self.halted = first.get("halted")
+        self.services = first.get("services") or {}     # the dashboard's URL (client_tools.dashboard_link)
         self._stream = BatchedSend(self._comm)
         self._connected = asyncio.Event()
         self._connected.set()

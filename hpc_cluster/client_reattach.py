@@ -134,6 +134,7 @@ async def reattach(client) -> bool:
                            client.scheduler_address)
         client.scheduler_address, client._comm, client.id = address, comm, first.get("client")
         client.halted = first.get("halted")
+        client.services = first.get("services") or {}
         client._stream = BatchedSend(comm)
         held, specs = resume(client)
         client.status = "running"

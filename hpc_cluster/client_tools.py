@@ -12,10 +12,23 @@ import warnings
 from .exceptions import TimeoutError, format_death
 from .futures import Future, flatten_futures, wait
 from .protocol import serialize
+from .protocol.secret import dashboard_link
 from .protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
 
 
 class ClusterToolsMixin:
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's URL with its access token (docs/dashboard.md), as dask's
+        client.dashboard_link; None when the cluster serves none. The scheduler tells its
+        address as the client registers; the token is derived from the cluster secret."""
+        if self.cluster is not None and hasattr(self.cluster, "dashboard_link"):
+            return self.cluster.dashboard_link
+        address = (getattr(self, "services", None) or {}).get("dashboard")
+        if not isinstance(address, str) or not address.startswith("http"):
+            return None
+        return dashboard_link(address, self._secret)
+
     def deaths(self) -> list[dict]:
         """Every worker death the scheduler saw: cause, blame, explanation, evidence, log tail;
         in a cluster with pools, the dead worker's `pool`, and `escalation` when the death moved

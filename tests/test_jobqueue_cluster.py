@@ -81,10 +81,10 @@ def test_what_has_no_meaning_here_is_said_in_one_warning(sim):
     text = str(caught[0].message)
     assert "security" not in text and address.startswith("tls://")      # honoured: TLS, nothing to say
     for part in ("silence_logs='debug'",
-                 "scheduler_options['dashboard_address']: hpc-cluster has no dashboard yet",
                  "scheduler_options['idle_timeout']: not an option of hpc-cluster's scheduler",
-                 "worker_extra_args: --dashboard-address"):
+                 "worker_extra_args: --dashboard-address: workers serve no dashboard"):
         assert part in text, (part, text)
+    assert "scheduler_options['dashboard_address']" not in text          # honoured: the daemon's dashboard
 
 
 def test_renamed_keywords_warn_and_still_reach_the_job(sim):
@@ -118,8 +118,10 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
         assert f"--cluster-file {jobs_file} " in cluster.job_script()
         assert stat.S_IMODE(jobs_file.stat().st_mode) == 0o600
         assert json.loads(jobs_file.read_text())["address"] == cluster.scheduler_address
-        with pytest.warns(JobqueueConfigWarning, match="no dashboard yet"):
-            assert cluster.dashboard_link is None
+        # The daemon serves the dashboard (issue 17), dask's default ':8787' or a free port.
+        link = cluster.dashboard_link
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/status\?token=[0-9a-f]{32}", link), link
+        assert json.loads(jobs_file.read_text())["dashboard"] == link
         assert cluster.workers == {} and cluster.worker_spec == {}
         cluster.scale(3)                                      # 3 workers: 2 jobs of 2
         assert set(cluster.worker_spec) == {"surf-0", "surf-1"}
@@ -128,6 +130,20 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
             names = sorted(w["id"] for w in client.scheduler_info()["workers"].values())
             assert names == ["surf-0-0", "surf-0-1", "surf-1-0", "surf-1-1"]
             assert client.gather(client.map(_inc, range(10))) == list(range(1, 11))
+            assert client.dashboard_link == link
+            # The job manager's table as of its last poll (as the page reads it): the jobs show
+            # running once a poll saw them so, which may be after their workers connected.
+            def all_running():
+                table = _dashboard_api(link, "jobs")
+                return table if {j["state"] for j in table["jobs"]} == {"running"} else None
+            jobs = wait_until(all_running, 30, "both jobs running on the dashboard")
+            assert jobs["batch"] is True and jobs["target"] == 2 and set(jobs["pools"]) == {"default"}
+            assert sorted(j["index"] for j in jobs["jobs"]) == [0, 1]
+            assert all(j["raw_state"] for j in jobs["jobs"])
+            assert sorted(n for j in jobs["jobs"] for n in j["worker_names"]) == names
+            workers = _dashboard_api(link, "workers")["workers"]
+            assert {w["job_id"] for w in workers} == {j["job_id"] for j in jobs["jobs"]}
+            assert all(0 < w["time_left"] <= 600 for w in workers)         # walltime 00:10:00
             assert re.fullmatch(r"PBSCluster\('surf', 'tcp://127\.0\.0\.1:\d+', workers=4, threads=4, "
                                 r"memory=3\.73 GiB, status=running\)", repr(cluster)), repr(cluster)
             logs = cluster.get_logs()
@@ -138,6 +154,20 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
             cluster.scale(memory="0GB")
             wait_until(lambda: not cluster.workers, 60, "every job gone after scale(memory='0GB')")
     assert cluster.status == Status.closed and not jobs_file.exists()
+
+
+def _dashboard_api(link: str, what: str) -> dict:
+    import urllib.request
+    base, token = link.split("/status?token=")
+    with urllib.request.urlopen(f"{base}/api/{what}?token={token}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_a_dashboard_address_of_none_turns_the_daemons_dashboard_off(sim):
+    with PBSCluster(cores=1, memory="1GB", scheduler_options={"dashboard_address": None}) as cluster:
+        assert cluster.dashboard_link is None
+        with Client(cluster) as client:
+            assert client.dashboard_link is None and client.services == {}
 
 
 def test_adapt_counts_workers_in_whole_jobs_and_takes_dasks_keywords(sim):

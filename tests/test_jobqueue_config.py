@@ -71,7 +71,7 @@ jobqueue:
     walltime: '02:00:00'
     job-script-prologue: ["module load python/3.11"]
     worker-command: distributed.cli.dask_worker
-    scheduler-options: {dashboard_address: ":8787"}
+    scheduler-options: {dashboard_address: ":8787", idle_timeout: 60}
     ncpus: 4
     env-extra: ["export OLD=1"]
   pbs:
@@ -100,7 +100,8 @@ def test_a_jobqueue_yaml_in_dasks_config_dir_and_dask_variables_are_read(home):
     # Nothing dropped in silence: each key we cannot honour is named with what happens instead.
     notes = "\n".join(out["notes"])
     assert "jobqueue.slurm.ncpus" in notes and "ignored" in notes
-    assert "scheduler_options['dashboard_address']: hpc-cluster has no dashboard yet" in notes
+    assert "scheduler_options['idle_timeout']: not an option of hpc-cluster's scheduler" in notes
+    assert "dashboard_address" not in notes                     # the daemon serves the dashboard there
     assert "worker-command" not in notes                          # dask's standard worker: ours
 
 
@@ -194,18 +195,20 @@ def test_pbs_account_comes_from_PBS_ACCOUNT_as_in_dask_jobqueue(home):
 def test_import_makes_a_site_of_each_slurm_and_pbs_section_and_says_what_it_left():
     tree = {"slurm": {"name": "dask-worker", "cores": 8, "memory": "32GB", "walltime": "90:00",
                       "extra": ["--lifetime", "55m"], "ncpus": 4, "worker-command": "distributed.cli.dask_worker",
-                      "scheduler-options": {"dashboard_address": ":8787", "port": 8786}},
+                      "scheduler-options": {"dashboard_address": ":8787", "port": 8786, "idle_timeout": 60}},
             "pbs": {"cores": 2, "resource-spec": "select=1:ncpus=2", "job-cpu": 3},
             "sge": {"queue": "all.q", "walltime": "00:30:00", "project": "p1"},   # a site: SGE is ours now
             "lsf": {"walltime": "00:30", "use-stdin": True},            # only defaults: not a word
             "mine": {"cores": 1}}                                       # whose? said so
     sites, notes = import_jobqueue(tree)
     assert sites["slurm"] == {"batch": "slurm", "job_name": "dask-worker", "cores": 8, "memory": "32GB",
-                              "walltime": "90:00", "scheduler_options": {"dashboard_address": ":8787", "port": 8786},
+                              "walltime": "90:00",
+                              "scheduler_options": {"dashboard_address": ":8787", "port": 8786, "idle_timeout": 60},
                               "worker_extra_args": ["--lifetime", "55m"]}
     assert sites["pbs"] == {"batch": "pbs", "cores": 2, "resource_spec": "select=1:ncpus=2"}
     text = "\n".join(notes)
-    for part in ("jobqueue.slurm.ncpus: not a setting", "dashboard_address']: hpc-cluster has no dashboard",
+    assert "dashboard_address" not in text
+    for part in ("jobqueue.slurm.ncpus: not a setting", "idle_timeout']: not an option of hpc-cluster's scheduler",
                  "jobqueue.slurm.extra: renamed to worker_extra_args", "jobqueue.pbs.job-cpu: a SLURM setting",
                  "jobqueue.mine: cannot tell which batch system"):
         assert part in text, part
@@ -255,10 +258,10 @@ def test_config_check_reads_dask_jobqueues_sections_too(home, capsys):
 
 def test_config_show_with_a_batch_system_says_what_came_from_jobqueue(home, capsys):
     with dask.config.set({"jobqueue.slurm.queue": "fromdask", "jobqueue.slurm.scheduler-options":
-                          {"dashboard_address": ":8787"}}):
+                          {"dashboard_address": ":8787", "idle_timeout": 60}}):
         assert main(["config", "show", "--batch", "slurm"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert rows["queue"].split()[1:] == ["fromdask", "jobqueue:dask.config.set"]
     assert "dask-jobqueue's configuration: jobqueue.slurm" in out
-    assert "not used here (what happens instead):" in out and "dashboard_address" in out
+    assert "not used here (what happens instead):" in out and "idle_timeout" in out

@@ -1,6 +1,7 @@
 """DESIGN.md's layering and principles, checked on every import statement (lazy ones included).
 
-`deploy` uses `adapters` and `config` and starts `scheduler` and `worker`; `scheduler` and
+`deploy` uses `adapters` and `config` and starts `scheduler`, `dashboard` and `worker`; `dashboard`
+uses `scheduler` and `protocol` (nothing below deploy imports it); `scheduler` and
 `worker` use `protocol`; `client` uses `protocol`; `cli` uses `deploy` and `config`. Nothing
 below imports `deploy` or `cli`; `adapters` never import `scheduler`; `config` is read by the
 layers above it and imports none of ours but `units.py`, a pure leaf that any layer may use.
@@ -24,13 +25,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hpc_cluster"
 
 # layer -> the layers of ours it must never import
 ABOVE = {"deploy", "cli", "config"}
+# The dashboard (issue 17) sits above the scheduler and below deploy: it reads the scheduler's
+# state (and protocol's token), deploy starts it beside a Scheduler and hands it the job
+# manager's table as a callable; nothing below deploy imports it, so no circle can form.
 FORBIDDEN = {
-    "protocol": {"scheduler", "worker", "client", "adapters"} | ABOVE,
-    "scheduler": {"worker", "client", "adapters"} | ABOVE,
-    "worker": {"scheduler", "client", "adapters"} | ABOVE,
-    "client": {"scheduler", "worker", "adapters"} | ABOVE,
-    "adapters": {"scheduler", "worker", "client"} | ABOVE,
-    "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli"},
+    "protocol": {"scheduler", "worker", "client", "adapters", "dashboard"} | ABOVE,
+    "scheduler": {"worker", "client", "adapters", "dashboard"} | ABOVE,
+    "worker": {"scheduler", "client", "adapters", "dashboard"} | ABOVE,
+    "client": {"scheduler", "worker", "adapters", "dashboard"} | ABOVE,
+    "adapters": {"scheduler", "worker", "client", "dashboard"} | ABOVE,
+    "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli", "dashboard"},
+    "dashboard": {"worker", "client", "adapters"} | ABOVE,
     "deploy": {"cli"},
 }
 CLIENT_MODULES = {"client", "client_reattach", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
@@ -247,6 +252,12 @@ def test_pure_modules_read_no_clock_and_do_no_io(name):
     assert not bad, f"{name} must be pure (DESIGN.md principles 1 and 4), but: {bad}"
 
 
+def test_the_task_stream_is_pure_too():
+    # The task stream the server feeds for the dashboard (issue 17): time comes in with its calls.
+    bad = impurities(PACKAGE / "scheduler" / "stream.py")
+    assert not bad, f"scheduler/stream.py must be pure, but: {bad}"
+
+
 def test_the_purity_check_catches_clocks_however_imported(tmp_path):
     for text in ("import time\n", "from datetime import datetime\n", "import tornado.ioloop\n",
                  "def f():\n    from random import random\n", "x = __import__('socket')\n",
@@ -265,6 +276,20 @@ def test_a_scheduler_process_loads_no_pickler_of_ours():
     code = ("import sys, hpc_cluster.scheduler.__main__; "
             "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client', "
             "'hpc_cluster.protocol.serialize') or m.startswith('hpc_cluster.deploy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_local_clusters_scheduler_process_with_its_dashboard_loads_no_pickler_of_ours():
+    # LocalCluster's scheduler process (deploy/local_scheduler.py) adds the dashboard: still no
+    # pickler, no client, and of deploy only that entry module itself.
+    import subprocess
+    import sys
+
+    code = ("import sys, hpc_cluster.deploy.local_scheduler; "
+            "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client', "
+            "'hpc_cluster.protocol.serialize') or (m.startswith('hpc_cluster.deploy') and m not in "
+            "('hpc_cluster.deploy', 'hpc_cluster.deploy.local_scheduler'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -191,7 +191,8 @@ def test_lifetime_draws_port_shares_and_dropping_flags():
     assert drop_flags(["--nprocs", "3", "--name", "x", "--nworkers=2", "--nanny", "--lifetime", "5m"],
                       "--nworkers", "--nanny") == ["--name", "x", "--lifetime", "5m"]
     assert ignored_worker_args(["--dashboard-address", ":0", "--nthreads", "2"]) == [
-        "--dashboard-address: the worker has no dashboard yet: ignored"]
+        "--dashboard-address: workers serve no dashboard (the scheduler's process does: cluster.dashboard_link): "
+        "ignored"]
 
 
 # -- the worker's parser agrees with the table --------------------------------------------------
@@ -384,7 +385,7 @@ def test_ports_pid_file_threads_and_memory_limit_as_dask_means_them(tmp_path):
         finally:
             assert stop(job) == 0
         assert not pid_file.exists()
-        assert "--dashboard-address: the worker has no dashboard yet: ignored" in (tmp_path / "flagged.log").read_text()
+        assert "--dashboard-address: workers serve no dashboard" in (tmp_path / "flagged.log").read_text()
 
 
 def test_a_worker_command_with_an_unsupported_flag_stops_with_advice():

@@ -116,7 +116,8 @@ def cmd_up(args, out, err) -> int:
           f"    from hpc_cluster import Client\n"
           f"    client = Client({name!r})\n"
           f"cluster file (address and secret; keep it private): {path}\n"
-          f"see it:  hpc-cluster status {name}\n"
+          + (f"dashboard (the link carries its access token): {info['dashboard']}\n" if info.get("dashboard") else "")
+          + f"see it:  hpc-cluster status {name}\n"
           f"stop it: hpc-cluster down {name}", file=out)
     return OK
 
@@ -164,13 +165,16 @@ def cmd_status(args, out, err) -> int:
             deaths = client.deaths()
         json.dump({"name": name, "address": info.get("address"), "batch": info.get("batch"),
                    "site": info.get("site"), "daemon_pid": info.get("pid"),
-                   "scheduler_job": info.get("scheduler_job"), **table, "deaths": deaths},
+                   "scheduler_job": info.get("scheduler_job"), "dashboard": info.get("dashboard"), **table,
+                   "deaths": deaths},
                   out, indent=1, default=str)
         print(file=out)
         return OK
     in_job = f" in scheduler job {info['scheduler_job']}" if info.get("scheduler_job") else ""
     print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
           f"daemon pid {info.get('pid')}{in_job})", file=out)
+    if info.get("dashboard"):
+        print(f"dashboard: {info['dashboard']}", file=out)
     print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
           + (f"; adaptive {adaptive[0]}..{'no limit' if adaptive[1] is None else adaptive[1]} jobs"
              if adaptive else ""), file=out)

@@ -49,12 +49,8 @@ NATIVE_NAMES = {"sge": {"project"}}
 DEFAULT_WORKER_COMMAND = "distributed.cli.dask_worker"
 
 # scheduler_options keys with a meaning here, and what happens to the others.
-SCHEDULER_OPTIONS_USED = {"host", "port", "interface", "protocol", "security"}
-SCHEDULER_OPTION_NOTES = {
-    "dashboard_address": "hpc-cluster has no dashboard yet; `hpc-cluster status`, `hpc-cluster why` "
-                         "and client.deaths() show workers, jobs and deaths",
-    "dashboard": "hpc-cluster has no dashboard yet",
-}
+SCHEDULER_OPTIONS_USED = {"host", "port", "interface", "protocol", "security", "dashboard_address", "dashboard"}
+SCHEDULER_OPTION_NOTES: dict[str, str] = {}
 
 
 @dataclass

@@ -226,7 +226,37 @@ def _port(key, v):
     return v
 
 
-SCHEDULER_OPTION_CHECKS.update({"host": _str, "interface": _str, "port": lambda k, v: 0 if v == 0 else _port(k, v)})
+# The dashboard (issue 17): where it listens, as dask writes it; on by default.
+DEFAULT_DASHBOARD_ADDRESS = ":8787"
+_DASHBOARD_ADDRESS = re.compile(r"(?:(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]))?:(?P<port>\d{1,5})")
+
+
+def parse_dashboard_address(value, key: str = "dashboard_address") -> tuple[str, int] | None:
+    """dask's dashboard_address -> (host, port), or None (no dashboard). ':8787' (host ''
+    means: where the scheduler listens), ':0' (any free port), 'HOST:PORT', a port number;
+    None or False turns the dashboard off."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = f":{value}"
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and text.isdigit():
+        text = ":" + text
+    m = _DASHBOARD_ADDRESS.fullmatch(text) if text is not None else None
+    if m is None or int(m["port"]) > 65535:
+        raise ValueError(f"{key}={value!r} is not a dashboard address: write ':PORT' (':8787'; ':0' for any "
+                         "free port), 'HOST:PORT' (e.g. '127.0.0.1:8787', '0.0.0.0:8787'), or None to turn the "
+                         "dashboard off")
+    return (m["host"] or "").strip("[]"), int(m["port"])
+
+
+def _dashboard_address(key, v):
+    parse_dashboard_address(v, key)
+    return v
+
+
+SCHEDULER_OPTION_CHECKS.update({"host": _str, "interface": _str, "port": lambda k, v: 0 if v == 0 else _port(k, v),
+                                "dashboard_address": _dashboard_address, "dashboard": _bool})
 
 SSH_FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "host": _str, "user": _str, "key": _path, "port": _port, "known_hosts": _path,
@@ -337,8 +367,9 @@ OPTIONS: tuple[Option, ...] = (
            "own (id, workers, cancel, accounting, diagnosis). A batch system without arrays submits jobs one by "
            "one and says so in the daemon's log (docs/configuration.md)"),
     Option("max_jobs_in_queue", "int > 0", _int(1), None, "at most this many of our jobs queued or running", example=50),
-    Option("scheduler_options", "map", _scheduler_options, {}, "the scheduler's host, port and interface "
-           "(dask-jobqueue's scheduler_options; other keys are reported, not used)", example={"port": 8786}),
+    Option("scheduler_options", "map", _scheduler_options, {}, "the scheduler's host, port and interface, "
+           "and the dashboard's dashboard_address (':8787' by default; None: off) (dask-jobqueue's "
+           "scheduler_options; other keys are reported, not used)", example={"port": 8786}),
     Option("shared_temp_directory", "path", _path, None, "a directory the login node and the compute "
            "nodes share: the jobs' copy of the cluster file (address and secret, 0600) goes there",
            example="~/scratch"),

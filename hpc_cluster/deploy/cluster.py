@@ -198,7 +198,6 @@ class JobQueueCluster:
         self._pool_jobs: dict[str, dict] = {}
         self._starting: asyncio.Future | None = None
         self._pending: list[asyncio.Future] = []
-        self._dashboard_noted = False
         self._n_workers = v["n_workers"] if n_workers is None else n_workers
         if not isinstance(self._n_workers, int) or isinstance(self._n_workers, bool) or self._n_workers < 0:
             raise ValueError(f"n_workers={n_workers!r} must be a whole number >= 0")
@@ -430,14 +429,14 @@ class JobQueueCluster:
         return SchedulerInfo(self.scheduler_address, host or self.scheduler_address.split("://")[-1].rsplit(":", 1)[0])
 
     @property
-    def dashboard_link(self) -> None:
-        """None: there is no dashboard yet (`hpc-cluster status`, `why`, client.deaths())."""
-        if not self._dashboard_noted:
-            self._dashboard_noted = True
-            warnings.warn("hpc-cluster has no dashboard yet, so dashboard_link is None; `hpc-cluster status "
-                          f"{self.id}`, `hpc-cluster why {self.id}` and client.deaths() show the workers, "
-                          "jobs and deaths", JobqueueConfigWarning, stacklevel=2)
-        return None
+    def dashboard_link(self) -> str | None:
+        """The dashboard's URL with its access token (docs/dashboard.md), served by the cluster
+        daemon; None when scheduler_options turned it off or the cluster is not running. Read
+        from the cluster file each time: a daemon restarted by the keeper may have a new port."""
+        try:
+            return read_cluster_file(self.cluster_file).get("dashboard") or None
+        except (OSError, ValueError):
+            return None
 
     def get_logs(self, cluster: bool = True, scheduler: bool = True, workers: bool = True) -> dict[str, str]:
         """Logs by name: the cluster daemon's (it is the scheduler too) and each worker's,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ..adapters import get_adapter
+from ..dashboard.server import Dashboard
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.comm import port_of
 from ..protocol.frames import Limits
@@ -107,6 +108,9 @@ async def run(plan: dict) -> int:
                      submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
     announce(sched.state, pools, plan.get("escalate"))   # placement and escalation by pool (issue 15)
     sched.deaths.source = jm               # accounting and job logs for the diagnosis (every pool's jobs)
+    dashboard = start_dashboard(sched, secret, sc, jm)
+    if dashboard is not None:
+        meta["dashboard"] = dashboard.link     # the link with its token: `hpc-cluster status` prints it
     sched.expecting_workers = lambda: bool(jm.active())
     meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
@@ -181,6 +185,8 @@ async def run(plan: dict) -> int:
     if in_job and in_job.get("walltime"):
         async def hand_over():
             reason["why"] = "handover"
+            if dashboard is not None:
+                dashboard.stop()               # its port too is the successor's to take
             await _let_go(sched, journal, jm)
             stop.set()
         renewal = Renewal(adapter, plan, in_job, port_of(address), hand_over)
@@ -198,6 +204,8 @@ async def run(plan: dict) -> int:
     if renewal is not None:
         renewal.cancel_successor()
     await jm.close()
+    if dashboard is not None:
+        dashboard.stop()
     await sched.close()
     if journal is not None:
         journal.remove()                      # shut down on purpose: nothing to resume
@@ -218,6 +226,24 @@ async def run(plan: dict) -> int:
         shutil.rmtree(plan["tls_directory"], ignore_errors=True)
     logger.info("cluster %s down", plan["name"])
     return 0
+
+
+def start_dashboard(sched, secret: bytes, sc: dict, jm) -> Dashboard | None:
+    """The dashboard (issue 17) on this process's loop, beside the scheduler, where the
+    scheduler listens unless dashboard_address names a host; it reads the job manager's table
+    (no batch command per request: the table is what the last poll saw). A dashboard that
+    cannot listen is logged, not fatal: the cluster works without it."""
+    if not sc.get("dashboard"):
+        return None
+    host, port = sc["dashboard"]
+    dashboard = Dashboard(sched, secret, host=host or sc["host"], port=int(port), jobs=lambda: jm.table(demand=False))
+    try:
+        dashboard.start()
+    except OSError as exc:
+        logger.error("the dashboard could not listen on %s:%s (%s); the cluster runs without it. Change "
+                     "scheduler_options' dashboard_address", host or sc["host"], port, exc)
+        return None
+    return dashboard
 
 
 async def _end_grace_when_back(sched, jobs: dict, poll: float = 0.2) -> None:

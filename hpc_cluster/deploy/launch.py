@@ -32,6 +32,7 @@ from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
+from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
@@ -299,12 +300,23 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
                       "allowed_failures": v["allowed_failures"],
                       "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
                       "walltime_margin": v["walltime_margin"],
-                      "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"]},
+                      "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"],
+                      "dashboard": dashboard_bind(v["scheduler_options"] or {})},
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
         "pools": plan_pools, "escalate": v["escalate"],
         "startup_failures": v["startup_failures"], "journal": v["journal"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
     }
+
+
+def dashboard_bind(options: dict) -> list | None:
+    """[host, port] the daemon's dashboard listens on ('' host: where the scheduler does), or
+    None: scheduler_options' dashboard_address (dask's ':8787' by default) and dashboard=False."""
+    if options.get("dashboard") is False:
+        return None
+    bind = parse_dashboard_address(options.get("dashboard_address", DEFAULT_DASHBOARD_ADDRESS),
+                                   "scheduler_options['dashboard_address']")
+    return list(bind) if bind else None
 
 
 def job_lifetime(worker_extra_args: list[str]) -> float | None:

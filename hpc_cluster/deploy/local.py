@@ -21,7 +21,7 @@ import psutil
 
 from ..units import parse_memory
 from ..worker.flags import memory_fraction_args
-from ..protocol.secret import SECRET_ENV, new_secret, open_private, private_directory
+from ..protocol.secret import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
 from ..protocol.tls import resolve_security
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -64,7 +64,7 @@ def _wait_for(condition, timeout: float, what: str, check=None):
 
 OWNER_FILE = "cluster.owner"
 # What a LocalCluster leaves in its log directory that the next one there must not read.
-STALE = ("scheduler.address", "scheduler.address.tmp")
+STALE = ("scheduler.address", "scheduler.address.tmp", "scheduler.dashboard", "scheduler.dashboard.tmp")
 
 
 def _process_id(pid: int) -> list:
@@ -137,7 +137,10 @@ class LocalCluster:
     dask: True encrypts every connection with TLS under a certificate made for this cluster
     (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key.
     `journal=True`: the scheduler keeps a journal of its state (`scheduler.journal` in the log
-    directory; scheduler/journal.py), removed when the cluster closes.
+    directory; scheduler/journal.py), removed when the cluster closes. `dashboard_address`, as
+    in dask: where the scheduler's process serves the dashboard (docs/dashboard.md): ':8787'
+    (a free port if that one is taken), ':0', 'HOST:PORT', or None for none; the link, with
+    its token, is `cluster.dashboard_link`.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -149,7 +152,7 @@ class LocalCluster:
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
                  memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
-                 security=None, journal: bool = False, **unknown):
+                 security=None, journal: bool = False, dashboard_address: str | int | None = ":8787", **unknown):
         if unknown:
             import inspect
 
@@ -173,6 +176,10 @@ class LocalCluster:
         else:
             self.memory_limit = parse_memory(memory_limit, "memory_limit")
         self.nanny, self.host, self.timeout = nanny, host, timeout
+        from ..config.schema import parse_dashboard_address     # config loads at use, not at import
+        # (host, port) of the dashboard, '' host: the scheduler's; None: no dashboard.
+        self._dashboard_bind = parse_dashboard_address(dashboard_address, "LocalCluster(dashboard_address=...)")
+        self.dashboard_address: str | None = None          # http://host:port/ once it listens
         self.journal = bool(journal)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.resources = resources or {}
@@ -219,8 +226,15 @@ class LocalCluster:
         st = self.settings
         address_file = self.log_directory / "scheduler.address"
         log = open_private(self.log_directory / "scheduler.log", "ab")
+        dashboard_file = self.log_directory / "scheduler.dashboard"
+        dashboard = []
+        if self._dashboard_bind is not None:
+            host, port = self._dashboard_bind
+            dashboard = ["--dashboard-port", str(port), "--dashboard-file", str(dashboard_file),
+                         *(["--dashboard-host", host] if host else [])]
+        # The scheduler with the dashboard beside it (deploy/local_scheduler.py).
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hpc_cluster.scheduler", "--host", self.host,
+            [sys.executable, "-m", "hpc_cluster.deploy.local_scheduler", "--host", self.host, *dashboard,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
              *self._limit_args(), *self._owner_args(),
@@ -243,7 +257,16 @@ class LocalCluster:
             raise
         self._owner_file.write_text(json.dumps({"processes": [_process_id(os.getpid()), _process_id(proc.pid)],
                                                 "address": self.scheduler_address}))
+        if dashboard:                               # written before the address file
+            self.dashboard_address = json.loads(dashboard_file.read_text())["address"]
         return proc
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's URL with its access token (docs/dashboard.md); None without one."""
+        if self.dashboard_address is None:
+            return None
+        return dashboard_link(self.dashboard_address, self.secret)
 
     @property
     def journal_path(self) -> Path:

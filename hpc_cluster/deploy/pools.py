@@ -84,9 +84,10 @@ class PoolManager:
     def owner(self, job_id: str) -> JobManager:
         return next((m for m in self.managers.values() if str(job_id) in m.jobs), self.default)
 
-    def table(self) -> dict:
+    def table(self, demand: bool = True) -> dict:
         """The default pool's table (as without pools), with every pool's jobs (rows carry
-        "pool") and a summary per pool under "pools"."""
+        "pool") and a summary per pool under "pools". Without `demand`, no "demand_jobs" (a
+        pass over every task per pool: the dashboard, which asks every few seconds, leaves it)."""
         tables = {name: m.table() for name, m in self.managers.items()}
         out = dict(tables[DEFAULT_POOL])
         out["jobs"] = sorted((r for t in tables.values() for r in t["jobs"]), key=lambda r: r["submitted"])
@@ -100,7 +101,8 @@ class PoolManager:
             t, spec = tables[name], m.spec
             out["pools"][name] = {
                 "target": t["target"], "adaptive": t["adaptive"], "halted": t["halted"], "max_jobs": m.max_jobs,
-                "escalation_only": self.escalation_only.get(name, False), "demand_jobs": m.demand_jobs(),
+                "escalation_only": self.escalation_only.get(name, False),
+                "demand_jobs": m.demand_jobs() if demand else None,
                 "cores": spec.cores, "memory": spec.memory, "processes": spec.processes,
                 "walltime": spec.walltime, "queue": spec.queue,
                 "jobs": [r["job_id"] for r in t["jobs"]]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -12,6 +14,19 @@ SECRET_ENV = "HPC_CLUSTER_SECRET"
 
 def new_secret() -> bytes:
     return secrets.token_bytes(32)
+
+
+def dashboard_token(secret: bytes) -> str:
+    """The dashboard's access token (issue 17): derived from the cluster secret, so the
+    scheduler process and anyone holding the cluster file agree on it without storing more,
+    while the secret itself never appears in a URL, a browser's history or a proxy's log (an
+    HMAC cannot be turned back into its key)."""
+    return hmac.new(secret, b"hpc-cluster dashboard token", hashlib.sha256).hexdigest()[:32]
+
+
+def dashboard_link(address: str, secret: bytes) -> str:
+    """The dashboard's link: its page (at /status, as dask's) with the token."""
+    return f"{address.rstrip('/')}/status?token={dashboard_token(secret)}"
 
 
 def secret_from_env() -> bytes | None:
@@ -60,7 +75,9 @@ def write_cluster_file(path: str | os.PathLike, address: str, secret: bytes, **e
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"address": address, "secret": secret.hex(), **extra}, f, indent=1)
+        # The dashboard's token beside the secret: `hpc-cluster status` prints the link with it.
+        json.dump({"address": address, "secret": secret.hex(), "dashboard_token": dashboard_token(secret),
+                   **extra}, f, indent=1)
     os.replace(tmp, path)
     return path
 

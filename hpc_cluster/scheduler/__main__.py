@@ -22,9 +22,14 @@ from .journal import Journal, resume_from
 from .server import Scheduler
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m hpc_cluster.scheduler", add_arguments=None, beside=None) -> int:
+    """Run a scheduler until signalled. A process that serves more beside it reuses this:
+    `add_arguments(parser)` adds its flags; `beside(scheduler, args, secret)` runs once the
+    scheduler listens, before the address is written (so what it starts is there when a
+    launcher sees the address), and returns what to call at exit (or None). deploy/
+    local_scheduler.py does so for the dashboard, which the scheduler package never imports."""
     raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
-    p = argparse.ArgumentParser(prog="python -m hpc_cluster.scheduler")
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--cluster-file", help="JSON file with the secret; the address is written into it")
@@ -48,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--owner-pid", type=int, help="exit when this process (the one that started us) is gone")
     p.add_argument("--journal", help="keep a journal of the state here (journal.py); removed on a clean exit")
     p.add_argument("--resume", action="store_true", help="with --journal: start from the state it holds, if any")
+    if add_arguments is not None:
+        add_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -73,6 +80,7 @@ def main(argv=None) -> int:
                           reattach_grace=args.reattach_grace, claim_window=args.claim_window,
                           journal=journal, recovered=recovered)
         address = await sched.start()
+        stop_beside = beside(sched, args, secret) if beside is not None else None
         if args.cluster_file:
             write_cluster_file(args.cluster_file, address, secret, **dict(extra, scheduler_pid=os.getpid()))
         if args.address_file:
@@ -91,6 +99,8 @@ def main(argv=None) -> int:
 
         watch_owner(args.owner_pid, orphaned, "scheduler")
         await stop.wait()
+        if stop_beside is not None:
+            stop_beside()
         await sched.close()
         if journal is not None:
             journal.remove()                       # a clean exit: nothing to resume

@@ -24,6 +24,7 @@ from .checks import (Refused, _check_task, _count, _deadline, _fractions, _held,
 from .evidence import EvidenceCollector
 from .placement import worker_pool
 from .state import SchedulerState
+from .stream import TaskStream
 
 logger = logging.getLogger("hpc_cluster.scheduler")
 
@@ -73,6 +74,10 @@ class Scheduler(BacklogMixin):
         self._ttl_task: asyncio.Task | None = None
         self.halted: str | None = None                     # why no new job will be submitted (deploy)
         self.expecting_workers: Callable[[], bool] = lambda: False   # jobs still to start theirs
+        # What else this process serves, by name (the dashboard's URL, without its token): told
+        # to each client as it registers (client.dashboard_link). Filled by whoever starts them.
+        self.services: dict[str, str] = {}
+        self.stream = TaskStream()                         # recent executions, for the dashboard
         self.closed = asyncio.Event()
 
     async def start(self) -> str:
@@ -240,6 +245,7 @@ class Scheduler(BacklogMixin):
         self._retiring.discard(addr)
         self._drain_intent.pop(addr, None)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
+        self.stream.worker_gone(addr, self.clock())
         self.fail_if_stranded()
         self._flush()
 
@@ -338,12 +344,17 @@ class Scheduler(BacklogMixin):
         try:
             if op == "task-finished":
                 st.task_finished(addr, msg["key"], _count(msg.get("nbytes"), "nbytes"), _number(msg.get("duration")))
+                self.stream.finished(addr, msg["key"], now, "memory")
             elif op == "task-started":
                 st.task_started(addr, msg["key"], now, _memory(msg.get("memory")))
+                ws = st.workers.get(addr)
+                if ws is not None and isinstance(msg["key"], str):
+                    self.stream.started(addr, ws.name, msg["key"], now)
             elif op == "task-erred":
                 st.task_erred(addr, msg["key"], {"exception": msg.get("exception"),
                                                   "traceback": msg.get("traceback"),
                                                   "text": str(msg.get("text", ""))})
+                self.stream.finished(addr, msg["key"], now, "erred")
             elif op == "missing-data":
                 st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
             elif op == "handed-back":
@@ -400,7 +411,8 @@ class Scheduler(BacklogMixin):
         self.streams[cid] = BatchedSend(comm)
         self.comms[cid] = comm
         self.state.add_client(cid)
-        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions(), "halted": self.halted})
+        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions(), "halted": self.halted,
+                             "services": self.services})
         try:
             while True:
                 msgs = await comm.read()

@@ -254,7 +254,8 @@ class Flag:
         return self.dest or self.name.lstrip("-").replace("-", "_")
 
 
-_NO_DASHBOARD = "the worker has no dashboard yet: ignored"
+# The cluster's dashboard is the scheduler's process's (issue 17); a worker serves none.
+_NO_DASHBOARD = "workers serve no dashboard (the scheduler's process does: cluster.dashboard_link): ignored"
 _PRELOAD = ("code cannot be preloaded into the {}: run setup code in job_script_prologue, or import it "
             "inside the task")
 
@@ -292,7 +293,8 @@ FLAGS: tuple[Flag, ...] = (
          "job (with a new lifetime) instead of ending the job", None, const=True),
     Flag("--no-lifetime-restart", SUPPORTED, "when the lifetime ends the worker and its nanny exit, and so "
          "does the job (the default)", None, dest="lifetime_restart", const=False),
-    Flag("--no-dashboard", SUPPORTED, "nothing to turn off: the worker has no dashboard", None,
+    Flag("--no-dashboard", SUPPORTED, "nothing to turn off: workers serve no dashboard (the scheduler's is "
+         "turned off by scheduler_options={'dashboard_address': None})", None,
          dest="dashboard", const=False),
     Flag("--interface", SUPPORTED, "listen on this network interface's IPv4 address (e.g. ib0)", metavar="NAME"),
     Flag("--protocol", SUPPORTED, "tcp or tls; the scheduler's address says which is spoken (tls:// with the "
@@ -313,7 +315,7 @@ FLAGS: tuple[Flag, ...] = (
     # accepted, with a note in the worker's log
     Flag("--dashboard", IGNORED, _NO_DASHBOARD, None, const=True),
     Flag("--dashboard-address", IGNORED, _NO_DASHBOARD, metavar="ADDRESS"),
-    Flag("--dashboard-prefix", IGNORED, "the worker has no dashboard yet (and dask deprecated this flag): ignored"),
+    Flag("--dashboard-prefix", IGNORED, "workers serve no dashboard (and dask deprecated this flag): ignored"),
     Flag("--nanny-port", IGNORED, "the nanny listens on no port (it connects to the scheduler): ignored",
          check_ports, metavar="PORT[:LAST]"),
     # refused, saying what to do instead

@@ -72,7 +72,10 @@ class Session:
             from hpc_cluster import Client
             self.cluster = PrivateTmpLocalCluster(n_workers=WORKERS, threads_per_worker=THREADS,
                                                   memory_limit=memory, log_directory=str(logs),
-                                                  wrapper=wrapper, timeout=60)
+                                                  wrapper=wrapper, timeout=60,
+                                                  # not dask's 8787, where a test's own
+                                                  # distributed.LocalCluster would fail to start
+                                                  dashboard_address="127.0.0.1:0")
             # Our Client makes itself dask's default scheduler, as distributed's does (with
             # dataframe.shuffle.method 'tasks'); before it did, the plugin did it by hand:
             # dask.config.set(scheduler=self.client.get, **{"dataframe.shuffle.method": "tasks"})
