@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Client": "client",
     "Future": "futures", "as_completed": "futures", "wait": "futures",
-    "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster",
+    "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster", "SGECluster": "deploy.cluster",
     "LocalCluster": "deploy.local",
     "Security": "protocol.tls",
     "progress": "progress",

@@ -69,7 +69,18 @@ WALLTIME_FORMS_BY_BATCH = {
              "'D-HH:MM:SS', or units like '90m', '1h30m', '2d'",
     "pbs": "PBS's forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may pass 24), "
            "or units like '90m', '1h30m', '2d'",
+    # h_rt is [[hours:]minutes:]seconds, like PBS's walltime (sge_types(1): time_specifier).
+    "sge": "Grid Engine's h_rt forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may "
+           "pass 24), or units like '90m', '1h30m', '2d'",
 }
+# Batch systems without a day form ('D-HH:MM:SS' is SLURM's alone).
+_NO_DAYS = ("pbs", "sge")
+
+
+def walltime_batch(batch: str | None) -> str | None:
+    """The `batch=` to read a walltime with: the batch system's own reading where this module
+    knows it, else ours (None): a plugin's batch system, or 'local'."""
+    return batch if batch in WALLTIME_FORMS_BY_BATCH else None
 
 
 class _Hint(ValueError):
@@ -80,8 +91,8 @@ def _colon_seconds(text: str, batch: str | None) -> float:
     """Seconds for 'H:M:S', 'M:S', 'D-H[:M[:S]]' as `batch` reads them; ValueError if not."""
     days = 0
     if "-" in text:
-        if batch == "pbs":
-            raise _Hint("PBS has no day form")
+        if batch in _NO_DAYS:
+            raise _Hint(f"{batch.upper()} has no day form")
         d, text = text.split("-", 1)
         days = int(d)
     parts = [int(p) for p in text.split(":")]
@@ -107,7 +118,7 @@ def _colon_seconds(text: str, batch: str | None) -> float:
 
 
 def parse_walltime(value: int | float | str, what: str = "walltime", batch: str | None = None) -> int:
-    """Seconds for a walltime, read as `batch` ("slurm", "pbs" or None for our own forms) reads it.
+    """Seconds for a walltime, read as `batch` ("slurm", "pbs", "sge" or None for our own forms) reads it.
 
     '01:00:00', '30:00', '2-00:00:00' (SLURM), '90m', '1h30m', 3600 ... A bare number is
     minutes for SLURM and seconds otherwise, whether written as text or as a number.

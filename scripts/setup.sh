@@ -32,3 +32,9 @@ spec="."
 echo "setup: pip install -e '${spec}' into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip </dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "${spec}" </dev/null
+if [[ ",${extras}," == *",test,"* ]]; then
+    # The example third-party adapter (an entry point of its own): the suite tests the plugin
+    # mechanism through it (examples/hpc-cluster-fakebatch/tests).
+    echo "setup: pip install -e examples/hpc-cluster-fakebatch into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e examples/hpc-cluster-fakebatch </dev/null
+fi

@@ -135,7 +135,7 @@ def test_up_with_a_local_site_is_refused_with_advice(capsys, tmp_path):
     cfg = tmp_path / "local.yaml"
     cfg.write_text("default: here\nsites:\n  here:\n    batch: local\n")
     code, _, err = run(capsys, "up", "--config", str(cfg), "-n", "1")
-    assert code == 2 and "batch: slurm or batch: pbs" in err
+    assert code == 2 and "batch: slurm, pbs or sge" in err
     assert not cluster_file_for("default").exists()
 
 

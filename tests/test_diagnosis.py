@@ -117,6 +117,25 @@ def test_table(name, ev, cause, blamed):
         assert v.advice == ADVICE[v.cause]
 
 
+def test_a_memory_check_of_the_batch_system_is_not_called_a_cgroup_oom_and_its_request_is_the_fix():
+    """Grid Engine: execd killed the job over its h_vmem (600 MiB), asked apart from memory= (the
+    workers' 2.79 GiB budget). The job ended at its request: that is the floor and the fix."""
+    sge = acct("out-of-memory", "failed 37  : qmaster enforced h_rt, h_cpu, or h_vmem limit; exit_status 137",
+               exit_code=137, signal=9, max_rss=int(641.46 * 2**20), requested_memory=600 * 2**20)
+    memory = {"limit": 3 * 10**9, "rss": 30 * 2**20, "peak_rss": 30 * 2**20, "start_rss": 30 * 2**20,
+              "start_managed": 0, "managed": 0}
+    v = diagnose(Evidence(connection="closed", executing=RUNNING, job_id="36", accounting=sge, memory=memory))
+    assert (v.cause, v.blame) == ("memory-batch", True)
+    assert "the batch system's memory check ended the job: failed 37" in v.text and "cgroup" not in v.text
+    assert "the running task grew by 570.00 MiB" in v.text, v.text
+    assert "the job's memory request, what the batch system enforced, was 600.00 MiB" in v.advice, v.advice
+    assert "to '1GB' or more" in v.advice, v.advice
+    # SLURM's OUT_OF_MEMORY is the kernel's, in the job's cgroup, as before.
+    slurm = diagnose(Evidence(connection="closed", executing=RUNNING, accounting=acct(
+        "out-of-memory", "OUT_OF_MEMORY", requested_memory=2**30)))
+    assert "the kernel's OOM killer fired in its cgroup" in slurm.text
+
+
 def test_every_cause_is_reachable_and_only_memory_and_crash_blame():
     reached = {c[2] for c in CASES}
     assert reached == set(CAUSES)

@@ -137,7 +137,7 @@ def test_a_small_result_travels_even_while_the_worker_is_at_its_memory_limit():
     # A running task (a 700 MB allocation in a 300 MB job) holds the worker at its limit when a
     # client asks for an earlier task's int: that used to be refused as "too large to send"
     # and the int's future failed for good (benchmarks/escalation.py on SLURM, 1 run in 3).
-    from hpc_cluster.worker.store import ALWAYS_SENDABLE, MemoryManager
+    from hpc_cluster.worker.memory import ALWAYS_SENDABLE, MemoryManager
     manager = MemoryManager(limit=300 * 2**20)
     manager.read_rss = lambda: manager.limit             # at the limit: no headroom at all
     assert manager.headroom()[0] == 0

@@ -196,7 +196,7 @@ def test_import_makes_a_site_of_each_slurm_and_pbs_section_and_says_what_it_left
                       "extra": ["--lifetime", "55m"], "ncpus": 4, "worker-command": "distributed.cli.dask_worker",
                       "scheduler-options": {"dashboard_address": ":8787", "port": 8786}},
             "pbs": {"cores": 2, "resource-spec": "select=1:ncpus=2", "job-cpu": 3},
-            "sge": {"queue": "all.q", "walltime": "00:30:00"},          # customized: said so
+            "sge": {"queue": "all.q", "walltime": "00:30:00", "project": "p1"},   # a site: SGE is ours now
             "lsf": {"walltime": "00:30", "use-stdin": True},            # only defaults: not a word
             "mine": {"cores": 1}}                                       # whose? said so
     sites, notes = import_jobqueue(tree)
@@ -207,10 +207,10 @@ def test_import_makes_a_site_of_each_slurm_and_pbs_section_and_says_what_it_left
     text = "\n".join(notes)
     for part in ("jobqueue.slurm.ncpus: not a setting", "dashboard_address']: hpc-cluster has no dashboard",
                  "jobqueue.slurm.extra: renamed to worker_extra_args", "jobqueue.pbs.job-cpu: a SLURM setting",
-                 "jobqueue.sge: hpc-cluster has no SGE adapter yet; its settings (queue) were left out",
                  "jobqueue.mine: cannot tell which batch system"):
         assert part in text, part
-    assert "lsf" not in text and set(sites) == {"slurm", "pbs"}
+    assert sites["sge"] == {"batch": "sge", "queue": "all.q", "walltime": "00:30:00", "account": "p1"}
+    assert "lsf" not in text and "jobqueue.sge" not in text and set(sites) == {"slurm", "pbs", "sge"}
     sites, _ = import_jobqueue(tree, {"mine": "pbs"})
     assert sites["mine"] == {"batch": "pbs", "cores": 1}
     assert customized({"name": "dask-worker", "walltime": "00:30:00", "cores": None}) == {}

@@ -13,7 +13,8 @@ import pytest
 
 from hpc_cluster import Client, LocalCluster, TaskMemoryError, wait
 from hpc_cluster.protocol import serialize
-from hpc_cluster.worker.store import MemoryFractions, MemoryManager, SpillStore, read_parts
+from hpc_cluster.worker.memory import MemoryManager
+from hpc_cluster.worker.store import MemoryFractions, SpillStore, read_parts
 from waiting import wait_until
 
 MB = 10**6

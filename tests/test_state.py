@@ -475,3 +475,22 @@ def test_an_open_verdict_that_could_still_turn_blamed_holds_the_task_at_its_limi
     s2.remove_worker("w1", now=2, death={"cause": "connection-lost", "blame": False, "final_at": None})
     s2.add_worker("w2", nthreads=1, now=2)
     assert computes(s2.take_outbox(), "w2") == ["t"]                   # 0 + 1 open <= 1: no need to wait
+
+
+def test_a_compute_message_carries_the_sizes_of_the_inputs_the_worker_must_fetch():
+    # The worker fetches large inputs only for a task a thread is free for (worker.py,
+    # FETCH_AHEAD_BYTES): it needs their sizes, which only the scheduler knows.
+    s = SchedulerState(prefetch=2, queue_roots=False)
+    s.add_worker("w1", nthreads=1, now=0)
+    s.add_worker("w2", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b")], ["a", "b"])
+    out = s.take_outbox()
+    on = {k: w for w in ("w1", "w2") for k in computes(out, w)}
+    s.task_finished(on["a"], "a", nbytes=80_000_000)
+    s.task_finished(on["b"], "b", nbytes=1_000)
+    s.update_graph("c", [task("m", deps=["a", "b"])], ["m"])
+    out = s.take_outbox()
+    msg = next(m for w in ("w1", "w2") for m in out.get(w, []) if m["op"] == "compute" and m["key"] == "m")
+    here = "a" if computes(out, on["a"]) else "b"
+    elsewhere = {"a": "b", "b": "a"}[here]
+    assert msg["sizes"] == {elsewhere: {"a": 80_000_000, "b": 1_000}[elsewhere]}

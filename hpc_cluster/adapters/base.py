@@ -8,6 +8,7 @@ The records here are what the scheduler's diagnosis reads: keep them plain data.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import traceback
 from dataclasses import dataclass, field
@@ -138,6 +139,27 @@ def kept_directives(directives: Sequence[Sequence[str]], skip: Sequence[str]) ->
             if not any(s in line for s in skip for line in spellings)]
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_names(env: dict) -> None:
+    """env= keys go into `export KEY=...` lines: a bad name is refused here, not by the job's shell."""
+    for key in env:
+        if not _ENV_NAME.match(key):
+            raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
+                             f"variable name (letters, digits, '_', not starting with a digit)")
+
+
+def fill_resource_spec(spec: "JobSpec", memory: str, example: str) -> str:
+    """resource_spec with {cores}, {memory} (as the batch system writes sizes) and {processes}
+    filled in; a bad placeholder names itself and shows `example`."""
+    try:
+        return spec.resource_spec.format(cores=spec.cores, memory=memory, processes=spec.processes)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise BatchError(f"resource_spec={spec.resource_spec!r}: {type(exc).__name__}: {exc}; it may use "
+                         f"{{cores}}, {{memory}} and {{processes}}, e.g. {example!r}") from None
+
+
 def _template_line(error: BaseException, path: Path) -> int | None:
     """The template line an error was raised at (jinja2 maps its frames back to the file)."""
     line = None
@@ -153,6 +175,10 @@ class BatchAdapter:
     name = "base"
     template_name = ""
     submit_command = ""
+    cancel_command = ""           # named to users who must cancel jobs by hand (`hpc-cluster down`)
+    # Where `template_name` is: ours are in hpc_cluster/templates; a plugin's adapter ships its
+    # own beside its module and sets this (docs/writing-an-adapter.md).
+    template_dir: Path | None = None
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
@@ -166,8 +192,9 @@ class BatchAdapter:
         return {}
 
     def render(self, spec: JobSpec) -> str:
+        own = Path(self.template_dir) if self.template_dir else _TEMPLATES
         env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader([str(_TEMPLATES)]),
+            loader=jinja2.FileSystemLoader([str(own)]),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
             trim_blocks=True,
@@ -183,11 +210,11 @@ class BatchAdapter:
                                  f"template or remove it to use the built-in {self.template_name}")
             what = f"template={spec.template!r}" + (f" ({path})" if str(path) != spec.template else "")
         else:
-            path = _TEMPLATES / self.template_name
+            path = own / self.template_name
             what = f"the built-in template {path}"
         try:
             # Loaded by its path, so errors carry its file name and line.
-            env.loader = jinja2.FileSystemLoader([str(path.parent), str(_TEMPLATES)])
+            env.loader = jinja2.FileSystemLoader([str(path.parent), str(own)])
             return env.get_template(path.name).render(**context)
         except jinja2.TemplateSyntaxError as e:
             raise BatchError(f"{what}, line {e.lineno}: {e.message}") from None

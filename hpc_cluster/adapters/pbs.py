@@ -18,7 +18,8 @@ import math
 import re
 from typing import Sequence
 
-from .base import AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, kept_directives
+from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
+                   fill_resource_spec, kept_directives)
 from ..units import format_walltime
 
 # -- states ---------------------------------------------------------------------------
@@ -352,7 +353,6 @@ def parse_qsub(text: str) -> str:
 
 # -- the adapter -----------------------------------------------------------------------
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GONE_RE = re.compile(r"Unknown Job Id|Job has finished|has finished|"
                       r"Request invalid for state of job|job already finished", re.IGNORECASE)
 _NO_JSON_RE = re.compile(r"invalid option|illegal option|unknown option|usage:", re.IGNORECASE)
@@ -372,6 +372,7 @@ class PBSAdapter(BatchAdapter):
     name = "pbs"
     template_name = "pbs.sh.j2"
     submit_command = "qsub"
+    cancel_command = "qdel"
 
     def __init__(self, runner=None):
         super().__init__(runner)
@@ -379,21 +380,14 @@ class PBSAdapter(BatchAdapter):
 
     # -- rendering -----------------------------------------------------------------
     def template_context(self, spec: JobSpec) -> dict:
-        for key in spec.env:
-            if not _ENV_NAME.match(key):
-                raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
-                                 f"variable name (letters, digits, '_', not starting with a digit)")
+        check_env_names(spec.env)
         if spec.job_cpu or spec.job_mem:
             raise BatchError("job_cpu and job_mem are SLURM settings; on PBS ask for cores and memory "
                              "with resource_spec, e.g. 'select=1:ncpus=8:mem=64GB'")
         memory = format_pbs_memory(spec.memory)
         if spec.resource_spec:
             # Replaces our select=... request, e.g. Torque's 'nodes=1:ppn={cores},mem={memory}'.
-            try:
-                resources = spec.resource_spec.format(cores=spec.cores, memory=memory, processes=spec.processes)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise BatchError(f"resource_spec={spec.resource_spec!r}: {type(exc).__name__}: {exc}; it may use "
-                                 "{cores}, {memory} and {processes}, e.g. 'nodes=1:ppn={cores},mem={memory}'") from None
+            resources = fill_resource_spec(spec, memory, "nodes=1:ppn={cores},mem={memory}")
         else:
             resources = f"select=1:ncpus={spec.cores}:mem={memory}"
         # dask-jobqueue's directives, in its order and spelling (PBS has one spelling each).

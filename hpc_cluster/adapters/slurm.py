@@ -14,7 +14,7 @@ import shlex
 from typing import Iterable, Sequence
 
 from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
-                   StepRecord, kept_directives)
+                   StepRecord, check_env_names, kept_directives)
 from ..units import format_walltime
 
 COMMAND_TIMEOUT = 60.0
@@ -63,7 +63,6 @@ SQUEUE_FORMAT = "%i|%T|%N|%r|%M|%l"
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "ReqMem", "AllocCPUS", "MaxRSS",
                 "Elapsed", "Timelimit", "NodeList", "Start", "End")
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # sacct's and scontrol's binary units; ReqMem's trailing n/c is the old per-node/per-CPU form.
 _SIZE_RE = re.compile(r"^([0-9]*\.?[0-9]+)([KMGTP]?)([nc]?)$")
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -374,12 +373,10 @@ class SLURMAdapter(BatchAdapter):
     name = "slurm"
     template_name = "slurm.sh.j2"
     submit_command = "sbatch"
+    cancel_command = "scancel"
 
     def template_context(self, spec: JobSpec) -> dict:
-        for key in spec.env:
-            if not _ENV_NAME.match(key):
-                raise BatchError(f"env={{{key!r}: ...}}: {key!r} is not a valid environment "
-                                 f"variable name (letters, digits, '_', not starting with a digit)")
+        check_env_names(spec.env)
         if spec.resource_spec:
             raise BatchError(f"resource_spec={spec.resource_spec!r} is a PBS setting; on SLURM add what "
                              "you need with job_extra_directives, e.g. ['--gres=gpu:1']")

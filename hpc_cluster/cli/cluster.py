@@ -66,9 +66,9 @@ def cmd_up(args, out, err) -> int:
     cfg = resolve(site=args.site, config=args.config,
                   **({"scheduler_in_job": True} if args.scheduler_in_job else {}))
     v = cfg.values
-    if v["batch"] not in ("slurm", "pbs"):
+    if v["batch"] in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
-                           "site with batch: slurm or batch: pbs (`hpc-cluster config show` shows "
+                           "site with a batch system, e.g. batch: slurm, pbs or sge (`hpc-cluster config show` shows "
                            "what was read; pass --site or --config; coming from dask-jobqueue, "
                            "`hpc-cluster config import-jobqueue` makes a site of your jobqueue.yaml)", USAGE)
     _require_job_size(cfg)
@@ -394,9 +394,9 @@ def cmd_job_script(args, out, err) -> int:
     from ..config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]
-    if batch not in ("slurm", "pbs"):
+    if batch in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
-                           "batch: slurm or batch: pbs (pass --site or --config)", USAGE)
+                           "a batch system, e.g. batch: slurm, pbs or sge (pass --site or --config)", USAGE)
     name = _check_name(args.name)
     _require_job_size(cfg)
     pools = cfg.pools()

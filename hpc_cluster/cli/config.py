@@ -80,7 +80,7 @@ def add_config_commands(subparsers) -> None:
     show = _action(sub, "show", "print the merged settings and where each came from")
     show.add_argument("--config", metavar="PATH", help="read this file (plus the system file)")
     show.add_argument("--site", metavar="S", help="the site to show (default: the file's default)")
-    show.add_argument("--batch", choices=("slurm", "pbs"),
+    show.add_argument("--batch", choices=("slurm", "pbs", "sge"),
                       help="as SLURMCluster()/PBSCluster() would see it: this batch system's jobqueue config too")
     show.add_argument("--config-name", metavar="NAME", help="read jobqueue.NAME (dask-jobqueue's config_name)")
     imp = _action(sub, "import-jobqueue", "write a site config from a dask-jobqueue jobqueue.yaml")
@@ -152,7 +152,7 @@ def _check_jobqueue(out) -> list[str]:
 
     from ..config.jobqueue import jobqueue_layer
     problems = []
-    for batch in ("slurm", "pbs"):
+    for batch in ("slurm", "pbs", "sge"):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)     # renamed keys: listed as notes below
@@ -180,7 +180,7 @@ def _show(args, out, err) -> int:
     print(f"site: {rc.site or 'none (defaults only)'}  (chosen by: {rc.site_source})", file=out)
     print("files, highest priority first: " + (", ".join(rc.files) or "none"), file=out)
     batch = rc.values["batch"]
-    if batch in ("slurm", "pbs"):
+    if batch not in (None, "local"):
         section = rc.values["config_name"] or batch
         print(f"dask-jobqueue's configuration: jobqueue.{section} (sources marked 'jobqueue:')", file=out)
     print("precedence: keyword > env > files > dask-jobqueue's jobqueue config > default\n", file=out)
@@ -189,7 +189,7 @@ def _show(args, out, err) -> int:
         print("\nnot used here (what happens instead):", file=out)
         for note in rc.notes:
             print(f"  {note}", file=out)
-    if batch not in ("slurm", "pbs"):
+    if batch in (None, "local"):
         print("\nno batch system chosen, so no jobqueue config was read; `--batch slurm` shows what "
               "SLURMCluster() would read", file=out)
     return 0
@@ -200,8 +200,8 @@ def _import_jobqueue(args, out, err) -> int:
     batches = {}
     for item in args.section:
         name, _, batch = item.partition("=")
-        if batch not in ("slurm", "pbs"):
-            print(f"--section {item!r}: write NAME=slurm or NAME=pbs", file=err)
+        if batch not in ("slurm", "pbs", "sge"):
+            print(f"--section {item!r}: write NAME=slurm, NAME=pbs or NAME=sge", file=err)
             return 2
         batches[name] = batch
     try:
@@ -212,7 +212,7 @@ def _import_jobqueue(args, out, err) -> int:
         return 2
     sites, notes = import_jobqueue(tree, batches)
     if not sites:
-        print(f"nothing to import from {where}: no SLURM or PBS section", file=err)
+        print(f"nothing to import from {where}: no SLURM, PBS or SGE section", file=err)
         for note in notes:
             print(f"  {note}", file=err)
         return 1

@@ -104,12 +104,16 @@ def _cancel_left(info: dict, job_ids: list[str], err) -> bool:
     """Cancel the jobs a dead daemon left (its journal's), with the batch system's own command."""
     from ..adapters import get_adapter
     from ..adapters.base import BatchError
-    cancel = "scancel" if info.get("batch") == "slurm" else "qdel"
-    if info.get("ssh") or info.get("batch") not in ("slurm", "pbs"):
+    try:
+        adapter = get_adapter(info.get("batch") or "")
+    except ValueError:                    # 'local', or a plugin no longer installed
+        adapter = None
+    cancel = getattr(adapter, "cancel_command", "") or "the batch system's cancel command"
+    if info.get("ssh") or adapter is None:
         print(f"cancel its jobs with `{cancel} {' '.join(job_ids)}`", file=err)
         return False
     try:
-        get_adapter(info["batch"]).cancel(job_ids)
+        adapter.cancel(job_ids)
         return True
     except BatchError as exc:
         print(f"could not cancel {', '.join(job_ids)} ({exc}); cancel them with `{cancel} {' '.join(job_ids)}`",

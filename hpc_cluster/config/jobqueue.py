@@ -32,14 +32,19 @@ KEY_MAP = {
     "job-script-prologue": "job_script_prologue", "job-extra-directives": "job_extra_directives",
     "job-directives-skip": "job_directives_skip", "log-directory": "log_directory",
     "scheduler-options": "scheduler_options", "job-cpu": "job_cpu", "job-mem": "job_mem",
-    "resource-spec": "resource_spec",
+    "resource-spec": "resource_spec", "project": "account",
 }
-# Settings only one batch system has: dask-jobqueue's other cluster classes do not read them.
-BATCH_ONLY = {"job_cpu": "slurm", "job_mem": "slurm", "resource_spec": "pbs"}
+# Our own batch systems; a plugin's (an entry point, plugins.py) is none of these.
+KNOWN_BATCHES = ("slurm", "pbs", "sge")
+# Settings only some batch systems have: dask-jobqueue's other cluster classes do not read them.
+BATCH_ONLY = {"job_cpu": ("slurm",), "job_mem": ("slurm",), "resource_spec": ("pbs", "sge")}
 # Names dask-jobqueue renamed (old -> new). As there, the old one still counts, with a
 # FutureWarning, but only where the new one ends up empty.
 DEPRECATED = {"project": "account", "extra": "worker_extra_args", "env_extra": "job_script_prologue",
               "job_extra": "job_extra_directives", "header_skip": "job_directives_skip"}
+# ... except where it is no old name: dask-jobqueue's SGECluster calls its account `project`
+# (qsub -P), so there it is the setting itself, read without a warning.
+NATIVE_NAMES = {"sge": {"project"}}
 # What dask's standard worker module means here: our worker. Not worth a note.
 DEFAULT_WORKER_COMMAND = "distributed.cli.dask_worker"
 
@@ -86,7 +91,7 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
         if raw is None:
             continue                              # null: "not set", as in dask-jobqueue
         old = k.replace("-", "_")
-        if old in DEPRECATED:
+        if old in DEPRECATED and old not in NATIVE_NAMES.get(batch or "", ()):
             warnings.warn(deprecation_message(old, DEPRECATED[old]), FutureWarning, stacklevel=4)
             _add(out.fallbacks, out.problems, DEPRECATED[old], raw, f"{source} (renamed: {old})", where)
             continue
@@ -95,8 +100,8 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
             out.notes.append(f"{where} ({source.removeprefix('jobqueue:')}) is not a setting of "
                              f"dask-jobqueue's {_cluster_name(batch)} nor of ours; ignored")
             continue
-        if option in BATCH_ONLY and batch and BATCH_ONLY[option] != batch:
-            out.notes.append(f"{where} is a {BATCH_ONLY[option].upper()} setting; "
+        if option in BATCH_ONLY and batch in KNOWN_BATCHES and batch not in BATCH_ONLY[option]:
+            out.notes.append(f"{where} is a {_upper(BATCH_ONLY[option])} setting; "
                              f"{_cluster_name(batch)} does not use it (nor does dask-jobqueue's); ignored")
             continue
         if option == "worker_command" and str(raw).strip() == DEFAULT_WORKER_COMMAND:
@@ -118,7 +123,11 @@ def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: 
 
 
 def _cluster_name(batch: str | None) -> str:
-    return {"slurm": "SLURMCluster", "pbs": "PBSCluster"}.get(batch or "", "cluster")
+    return {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}.get(batch or "", "cluster")
+
+
+def _upper(batches) -> str:
+    return "/".join(b.upper() for b in batches)
 
 
 def scheduler_option_notes(options: Mapping[str, Any]) -> list[str]:
@@ -233,7 +242,7 @@ JOBQUEUE_DEFAULTS = {
     "job-script-prologue": [], "job-extra-directives": [], "job-directives-skip": [],
     "scheduler-options": {}, "use-stdin": True,
 }
-SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs"}
+SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs", "sge": "sge"}
 
 
 def customized(section: Mapping[str, Any]) -> dict:
@@ -261,14 +270,14 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
         if value is None:
             continue
         old = k.replace("-", "_")
-        if old in DEPRECATED:
+        if old in DEPRECATED and old not in NATIVE_NAMES.get(batch, ()):
             renamed[DEPRECATED[old]] = (value, old)
             continue
         option = KEY_MAP.get(k)
         if option is None:
             notes.append(f"{where}: not a setting of dask-jobqueue's {_cluster_name(batch)} nor of ours; left out")
-        elif option in BATCH_ONLY and BATCH_ONLY[option] != batch:
-            notes.append(f"{where}: a {BATCH_ONLY[option].upper()} setting; left out")
+        elif option in BATCH_ONLY and batch not in BATCH_ONLY[option]:
+            notes.append(f"{where}: a {_upper(BATCH_ONLY[option])} setting; left out")
         elif option == "worker_command" and str(value).strip() == DEFAULT_WORKER_COMMAND:
             continue
         elif option == "scheduler_options":
@@ -293,12 +302,12 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
     return settings, notes
 
 
-OTHER_SECTIONS = ("sge", "lsf", "oar", "htcondor", "moab", "local")
+OTHER_SECTIONS = ("lsf", "oar", "htcondor", "moab", "local")
 
 
 def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, dict], list[str]]:
-    """Sites from a whole `jobqueue:` tree: one per SLURM or PBS section (named after it),
+    """Sites from a whole `jobqueue:` tree: one per SLURM, PBS or SGE section (named after it),
     and notes on everything left behind, sections of other batch systems included.
     `batches` names the batch system of sections with names of the user's own."""
     sites: dict[str, dict] = {}
@@ -318,7 +327,7 @@ def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None =
                              f"({', '.join(customized(section))}) were left out")
             else:
                 notes.append(f"jobqueue.{name}: cannot tell which batch system it is for; name it with "
-                             f"--section {name}=slurm (or =pbs)")
+                             f"--section {name}=slurm (or =pbs, =sge)")
             continue
         if name not in SUPPORTED_SECTIONS and not customized(section):
             continue

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..units import UnitError, parse_walltime
+from ..units import UnitError, parse_walltime, walltime_batch
 
 DEFAULT_POOL = "default"
 
@@ -212,7 +212,7 @@ def resolve_pools(values: Mapping[str, Any], raw: Mapping[str, Any], sources: Ma
             written = (raw_pools.get(name) or {}).get("walltime", given["walltime"])
             try:
                 v["walltime"] = parse_walltime(written, what=f"pools.{name}.walltime",
-                                               batch=batch if batch in ("slurm", "pbs") else None)
+                                               batch=walltime_batch(batch))
             except UnitError as e:
                 raise ValueError(f"pool '{name}': {e}") from None
         if "cores" in given and "processes" not in given:

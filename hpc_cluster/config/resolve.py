@@ -14,9 +14,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..units import UnitError, format_memory, format_walltime, parse_walltime
+from ..plugins import LOCAL
+from ..units import UnitError, format_memory, format_walltime, parse_walltime, walltime_batch
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
-from .jobqueue import (BATCH_ONLY, DEPRECATED, deprecation_message, jobqueue_layer,
+from .jobqueue import (BATCH_ONLY, DEPRECATED, KNOWN_BATCHES, NATIVE_NAMES, deprecation_message, jobqueue_layer,
                        scheduler_option_notes)
 from .pools import Pool, resolve_pools
 from .schema import OPTION_BY_NAME, OPTIONS, ConfigError, Option, canonical_key, did_you_mean, parse_value
@@ -207,6 +208,12 @@ def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
     process's; tests pass their own.
     """
     environ = os.environ if environ is None else environ
+    for native in NATIVE_NAMES.get(kwargs.get("batch") or "", ()):   # SGECluster(project=...)
+        if kwargs.get(native) is not None:
+            if kwargs.get(DEPRECATED[native]) is not None:
+                raise ConfigError([f"{native}={kwargs[native]!r} and {DEPRECATED[native]}="
+                                   f"{kwargs[DEPRECATED[native]]!r} name one setting; give only {native}"])
+            kwargs[DEPRECATED[native]] = kwargs.pop(native)
     renamed = {old: kwargs.pop(old) for old in list(kwargs) if old in DEPRECATED}
     keywords = check_keywords(kwargs)        # cheapest mistakes first: a typo in the call
     fallbacks = renamed_keywords(renamed)
@@ -216,7 +223,7 @@ def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
     merged = merge(files, chosen, env, keywords)
     batch = merged["batch"].value
     notes: list[str] = []
-    if jobqueue and batch in ("slurm", "pbs"):
+    if jobqueue and batch not in (None, LOCAL):
         layer = jobqueue_layer(merged["config_name"].value or batch, batch, merged["jobqueue_config"].value)
         if layer.problems:
             raise ConfigError(layer.problems)
@@ -269,7 +276,7 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     problems = []
     wall = merged["walltime"]
     try:
-        seconds = parse_walltime(wall.raw, what="walltime", batch=batch if batch in ("slurm", "pbs") else None)
+        seconds = parse_walltime(wall.raw, what="walltime", batch=walltime_batch(batch))
         merged["walltime"] = Entry(wall.raw, seconds, wall.source)
     except UnitError as e:
         problems.append(f"{e} ({wall.source})")
@@ -277,7 +284,7 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     if sched_wall.raw is not None:
         try:
             seconds = parse_walltime(sched_wall.raw, what="scheduler_job_walltime",
-                                     batch=batch if batch in ("slurm", "pbs") else None)
+                                     batch=walltime_batch(batch))
             merged["scheduler_job_walltime"] = Entry(sched_wall.raw, seconds, sched_wall.source)
         except UnitError as e:
             problems.append(f"{e} ({sched_wall.source})")
@@ -307,10 +314,11 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
                         f"cores={processes} or more, or processes={cores} or fewer")
     for option, only in BATCH_ONLY.items():
         entry = merged[option]
-        if batch in ("slurm", "pbs") and batch != only and entry.value is not None:
-            instead = "resource_spec" if only == "slurm" else "job_extra_directives"
-            problems.append(f"{option} ({entry.source}) is a {only.upper()} setting; on "
-                            f"{batch.upper()} use {instead}")
+        # Only our own batch systems are known not to read it; a plugin's adapter says itself.
+        if batch in KNOWN_BATCHES and batch not in only and entry.value is not None:
+            instead = "resource_spec" if "slurm" in only else "job_extra_directives"
+            problems.append(f"{option} ({entry.source}) is a {'/'.join(b.upper() for b in only)} setting; "
+                            f"on {batch.upper()} use {instead}")
     if batch == "pbs" and merged["account"].value is None and environ.get("PBS_ACCOUNT"):
         # dask-jobqueue's PBSCluster charges $PBS_ACCOUNT when no account is set.
         merged["account"] = Entry(environ["PBS_ACCOUNT"], environ["PBS_ACCOUNT"], "env:PBS_ACCOUNT")

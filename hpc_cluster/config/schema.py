@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..plugins import LOCAL, AdapterLookupError, installed_batch_systems, unknown_batch_message
 from ..units import UnitError, parse_memory, parse_walltime
 from .pools import ESCALATE_DEFAULTS, PoolKeyError, check_escalate, check_pools
 
@@ -202,6 +203,23 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
     return check
 
 
+def _batch(key, v):
+    """'local', or the name of an installed adapter (an entry point, plugins.py): a plugin's
+    batch system is as good a value as ours, and a typo names the installed ones."""
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{key}={v!r} must be the name of a batch system, or 'local'")
+    name = v.strip().lower()
+    if name == LOCAL:
+        return name
+    try:
+        installed = installed_batch_systems()
+    except AdapterLookupError as e:
+        raise ValueError(str(e)) from None
+    if name not in installed:
+        raise ValueError(unknown_batch_message(v, key) + did_you_mean(name, [*installed, LOCAL]))
+    return name
+
+
 def _port(key, v):
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
         raise ValueError(f"{key}={v!r} must be a port number, 1-65535")
@@ -256,7 +274,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("batch", "slurm|pbs|local", _choice("slurm", "pbs", "local"), None,
+    Option("batch", "slurm|pbs|sge|<plugin>|local", _batch, None,
            "batch system that runs the workers; unset: the cluster class decides", example="slurm"),
     Option("cores", "int > 0", _int(1), None, "cores per job, shared by its worker processes (required, "
            "as in dask-jobqueue)", example=4),

@@ -1,10 +1,10 @@
-"""SLURMCluster and PBSCluster: dask-jobqueue's classes, so switching is a change of import.
+"""SLURMCluster, PBSCluster and SGECluster: dask-jobqueue's classes, so switching is a change of import.
 
     cluster = SLURMCluster(cores=4, memory="16GB", walltime="01:00:00")
     cluster.scale(8)                      # 8 workers: 2 jobs of 4 processes, as dask-jobqueue
     client = Client(cluster)
 
-Every keyword of dask-jobqueue 0.9's JobQueueCluster, SLURMCluster and PBSCluster is
+Every keyword of dask-jobqueue 0.9's JobQueueCluster, SLURMCluster, PBSCluster and SGECluster is
 accepted with its meaning; values also come from the site config files and from dask's
 `jobqueue.<name>` configuration, as dask-jobqueue reads it (config/jobqueue.py). What has
 no meaning here is said, never dropped in silence. A cluster is a cluster daemon (scheduler
@@ -17,11 +17,8 @@ import asyncio
 import enum
 import json
 import math
-import re
 import signal
 import subprocess
-import threading
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,12 +28,12 @@ from ..adapters.base import JobSpec
 from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
 from ..config.jobqueue import DEPRECATED
 from ..config.pools import DEFAULT_POOL
-from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
+from ..protocol.secret import cluster_file_for, read_cluster_file
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
-from .launch import ClusterError, control, daemon_running, job_spec, launch  # noqa: F401  (ClusterError: public)
+from .launch import ClusterError, cluster_id, control, job_spec, launch  # noqa: F401  (ClusterError: public)
 
 
 class Status(str, enum.Enum):
@@ -82,8 +79,6 @@ class Adaptive:
         return f"<Adaptive {self.policy}>"
 
 
-_NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_SUFFIXED = re.compile(r"-[0-9a-f]{6}")
 _CLUSTER_KEYWORDS = ("n_workers", "job_cls", "loop", "security", "shared_temp_directory", "silence_logs",
                      "name", "asynchronous", "dashboard_address", "host", "scheduler_options",
                      "scheduler_cls", "interface", "protocol", "config_name", "site", "config")
@@ -127,36 +122,6 @@ JOB_PARAMETERS = """
 """
 
 
-_CLAIMED: set[str] = set()              # ids resumed by a cluster of this process: not twice
-_CLAIM_LOCK = threading.Lock()
-
-
-def cluster_id(name: str, explicit: bool) -> str:
-    """The cluster file's name: what `hpc-cluster status|why|logs|down ID` take: the name and a
-    random suffix, unique even for clusters of one name started at the same moment. A name the
-    user gave resumes a cluster of that name whose daemon died leaving its journal (issue 16):
-    the most recent such id is taken again."""
-    safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
-    if explicit:
-        with _CLAIM_LOCK:
-            stopped = []
-            for path in clusters_dir().glob(f"{safe}*.json"):
-                if path.stem != safe and not _SUFFIXED.fullmatch(path.stem[len(safe):]):
-                    continue
-                try:
-                    info = read_cluster_file(path)
-                except (OSError, ValueError):
-                    continue
-                # A daemon that never wrote its pid is starting, not stopped.
-                if (info.get("pid") or info.get("scheduler_job")) and journal_for(path).exists() \
-                        and path.stem not in _CLAIMED and not daemon_running(info, path):
-                    stopped.append((path.stat().st_mtime, path.stem))
-            if stopped:
-                _CLAIMED.add(max(stopped)[1])
-                return max(stopped)[1]
-    return f"{safe}-{uuid.uuid4().hex[:6]}"
-
-
 class JobQueueCluster:
     __doc__ = ("""Workers as batch jobs, joining one scheduler that explains their deaths.
 
@@ -184,10 +149,12 @@ class JobQueueCluster:
                                  f"rather than\ncluster = {cls}(..., {key}={given!r})")
         if job_cls is not None:
             raise ValueError(f"job_cls={job_cls!r}: hpc-cluster has no Job classes; a batch system is an "
-                             "adapter (SLURMCluster, PBSCluster, or batch='slurm'/'pbs' in a site)")
+                             "adapter (SLURMCluster, PBSCluster, SGECluster, or batch='slurm'/'pbs'/'sge' or a "
+                             "plugin's name in a site)")
         if not self.batch and not job_kwargs.get("batch"):
             raise ValueError(f"You need to specify a Job type (dask-jobqueue's job_cls), that is a batch system, "
-                             f"for {cls}: use SLURMCluster or PBSCluster, or pass batch='slurm' / batch='pbs'")
+                             f"for {cls}: use SLURMCluster, PBSCluster or SGECluster, or pass batch='slurm', "
+                             "'pbs', 'sge' or an installed plugin's name")
         if scheduler_cls is not None:
             raise ValueError(f"scheduler_cls={scheduler_cls!r}: hpc-cluster runs its own scheduler in the "
                              "cluster daemon; remove scheduler_cls")
@@ -595,5 +562,23 @@ class PBSCluster(JobQueueCluster):
     batch = "pbs"
 
 
-__all__ = ["JobQueueCluster", "SLURMCluster", "PBSCluster", "ClusterError", "ConfigError", "Status",
+class SGECluster(JobQueueCluster):
+    __doc__ = """Workers as Grid Engine jobs (qsub), joining one scheduler that explains their deaths.
+
+    dask-jobqueue's SGECluster, keyword for keyword: `project` is qsub's -P (our `account`),
+    `resource_spec` the -l request. As there, memory= asks Grid Engine for nothing by itself:
+    give resource_spec='h_vmem={memory}' (or your site's memory complex) to have the job's
+    memory enforced; {memory}, {cores} and {processes} are filled in (docs/sge.md).
+
+    Parameters
+    ----------
+""" + JOB_PARAMETERS + """    project : str
+        Project the jobs are charged to (qsub -P)
+    resource_spec : str
+        The -l resource request, e.g. 'h_vmem={memory}' or 'mem_free=16G'
+"""
+    batch = "sge"
+
+
+__all__ = ["JobQueueCluster", "SLURMCluster", "PBSCluster", "SGECluster", "ClusterError", "ConfigError", "Status",
            "JobqueueConfigWarning"]

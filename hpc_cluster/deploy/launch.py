@@ -16,7 +16,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..protocol.secret import (cluster_file_for, journal_for, new_secret, open_private, private_directory,
+from ..protocol.secret import (cluster_file_for, clusters_dir, journal_for, new_secret, open_private, private_directory,
                                read_cluster_file, write_cluster_file)
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
@@ -33,6 +35,39 @@ from ..config.pools import DEFAULT_POOL
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
+
+
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_SUFFIXED = re.compile(r"-[0-9a-f]{6}")
+_CLAIMED: set[str] = set()              # ids resumed by a cluster of this process: not twice
+_CLAIM_LOCK = threading.Lock()
+
+
+def cluster_id(name: str, explicit: bool) -> str:
+    """The cluster file's name: what `hpc-cluster status|why|logs|down ID` take: the name and a
+    random suffix, unique even for clusters of one name started at the same moment. A name the
+    user gave resumes a cluster of that name whose daemon died leaving its journal (issue 16):
+    the most recent such id is taken again."""
+    safe = _NAME_SAFE.sub('-', name).strip('-.') or 'cluster'
+    if explicit:
+        with _CLAIM_LOCK:
+            stopped = []
+            for path in clusters_dir().glob(f"{safe}*.json"):
+                if path.stem != safe and not _SUFFIXED.fullmatch(path.stem[len(safe):]):
+                    continue
+                try:
+                    info = read_cluster_file(path)
+                except (OSError, ValueError):
+                    continue
+                # A daemon that never wrote its pid is starting, not stopped.
+                if (info.get("pid") or info.get("scheduler_job")) and journal_for(path).exists() \
+                        and path.stem not in _CLAIMED and not daemon_running(info, path):
+                    stopped.append((path.stat().st_mtime, path.stem))
+            if stopped:
+                _CLAIMED.add(max(stopped)[1])
+                return max(stopped)[1]
+    return f"{safe}-{uuid.uuid4().hex[:6]}"
+
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -322,9 +357,10 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     (issue 16): the new one keeps the secret (its workers authenticate with it), tries the old
     address first, adopts the jobs still in the queue and rebuilds the state from the journal.
     `fresh` discards the journal instead."""
-    if cfg.values["batch"] not in ("slurm", "pbs"):
+    if cfg.values["batch"] in (None, "local"):
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
-                           "'slurm' or 'pbs' (use LocalCluster for this machine alone)")
+                           "a batch system ('slurm', 'pbs', 'sge' or a plugin's; use LocalCluster for this "
+                           "machine alone)")
     cluster_file = cluster_file_for(name)
     # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
     private_directory(cluster_file.parent, fix=True)

@@ -181,6 +181,16 @@ def _memory_numbers(ev: Evidence) -> str:
     return f"{name} {shown} of {fmt_bytes(req)} requested" if req else f"{name} {shown}"
 
 
+def _memory_enforcer(ev: Evidence) -> str:
+    """Who ended it: the kernel in the job's cgroup when a cgroup OOM is on record (the nanny saw
+    one, or the accounting says the job or a step ran out of memory the cgroup way, SLURM's
+    OUT_OF_MEMORY); otherwise the batch system's own check (PBS's MOM, Grid Engine's h_vmem)."""
+    raw = str(_acct(ev).get("raw_state") or "")
+    if _nanny(ev).get("cgroup_oom") or _step_oom(ev) or raw.startswith("OUT_OF_MEMORY") or not ev.accounting:
+        return "the kernel's OOM killer fired in its cgroup"
+    return f"the batch system's memory check ended the job: {raw}" if raw else "the batch system's memory check"
+
+
 # Each rule: (predicate over evidence, builder of (cause, text)). First match wins; the
 # order says which evidence is stronger: our intent, then the batch system's own verdict
 # on the job, then kernel/nanny facts about the process, then log lines, then timing.
@@ -208,7 +218,7 @@ RULES = [
     (lambda ev: _nanny(ev).get("cgroup_oom") or _acct_state(ev) == "out-of-memory" or _step_oom(ev)
      or (_log_says(ev, "memory-batch") and _nanny(ev).get("signal") in (None, 9)),
      lambda ev: ("memory-batch", f"the batch system's memory limit ended the worker {_running(ev)} "
-                                 f"(the kernel's OOM killer fired in its cgroup; {_memory_numbers(ev)})")),
+                                 f"({_memory_enforcer(ev)}; {_memory_numbers(ev)})")),
     (lambda ev: _acct_state(ev) == "cancelled",
      lambda ev: ("cancelled", f"{_job(ev)} was cancelled" + (f" by uid {_acct(ev)['cancelled_by']}"
                                                              if _acct(ev).get("cancelled_by") else "")
@@ -284,6 +294,7 @@ class MemoryPicture:
     """The numbers of one memory death (bytes; None where unknown)."""
 
     limit: int | None = None          # the worker's memory_limit (or the job's request)
+    request: int | None = None        # the job's memory request, as its accounting says
     at_death: int | None = None       # what the worker process had when it was ended (at least)
     growth: int | None = None         # what the running task(s) added since the oldest started
     start_rss: int | None = None      # the process when that task started
@@ -312,6 +323,7 @@ class MemoryPicture:
 def memory_picture(ev: Evidence, cause: str) -> MemoryPicture:
     m, n, a = ev.memory or {}, _nanny(ev), _acct(ev)
     p = MemoryPicture(limit=m.get("limit") or n.get("memory_limit") or a.get("requested_memory"),
+                      request=a.get("requested_memory"),
                       held=m.get("managed"), spilled=m.get("spilled") or None,
                       stored_total=m.get("stored_total"), fractions=m.get("fractions") or {})
     # The nanny samples the process 10 times a second; without it, the worker's own reports
@@ -321,8 +333,10 @@ def memory_picture(ev: Evidence, cause: str) -> MemoryPicture:
         seen.append(a.get("max_rss"))
     if cause == "memory-batch" and m.get("limit"):
         # The kernel ends a process when its cgroup is full, and the worker's memory_limit is
-        # at most its cgroup's: samples taken before a fast allocation undercount it.
-        seen.append(m["limit"])
+        # at most its cgroup's: samples taken before a fast allocation undercount it. Where the
+        # job's own request is smaller (Grid Engine's h_vmem is asked apart from memory=), the
+        # job ended at that request, so that is the floor.
+        seen.append(min(m["limit"], p.request) if p.request else m["limit"])
     p.at_death = max((int(x) for x in seen if x), default=None)
     start_rss, start_managed = m.get("start_rss"), m.get("start_managed")
     if p.at_death is None or start_rss is None or not ev.executing:
@@ -367,6 +381,13 @@ def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
         size = ask_for(max(1.25 * need, 1.5 * limit))
         grew = (f"the running task grew by {_size(p.growth)} (the worker reached {_size(p.at_death)})"
                 if p.growth is not None else f"the worker reached {_size(p.at_death)}")
+        if cause == "memory-batch" and p.request and p.request < limit:
+            # The batch system enforced a request below the workers' budget (Grid Engine's
+            # resource_spec h_vmem, a site's default): that request is what to raise.
+            return (f"{grew}; the job's memory request, what the batch system enforced, was {_size(p.request)}, "
+                    f"below the workers' memory_limit of {_size(limit)}: raise the job's request (on Grid Engine "
+                    f"resource_spec='h_vmem=...', or 'h_vmem={{memory}}' to ask for memory=) to '{ask_for(1.5 * p.request)}'"
+                    " or more, or make the task use less memory")
         if cause == "memory-batch":
             return (f"{grew}; memory= gives {_size(limit)} per worker: raise memory= to '{size}' or more "
                     "per worker process (the job's request is shared by its processes), or make the task "

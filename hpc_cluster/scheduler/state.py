@@ -537,8 +537,14 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws.used_memory += ts.memory
         self._update_free(ws)
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
-        self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
-                                "deps": deps, "priority": list(ts.priority)})
+        msg = {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
+               "priority": list(ts.priority)}
+        # The sizes of the inputs it must fetch: it fetches large ones only for a task a thread
+        # is free for, not ahead (worker.py, FETCH_AHEAD_BYTES).
+        sizes = {dep.key: dep.nbytes for dep in ts.dependencies if dep.nbytes and ws not in dep.who_has}
+        if sizes:
+            msg["sizes"] = sizes
+        self._send(ws.address, msg)
 
     # -- inspection --------------------------------------------------------------
     def counts(self) -> dict[str, int]:

@@ -17,7 +17,8 @@ from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
 from ..protocol.secret import SECRET_ENV, read_cluster_file, take_secret_from_env
 from ..protocol.tls import Security
-from .store import MemoryFractions, tune_malloc
+from .memory import tune_malloc
+from .store import MemoryFractions
 from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
                     threads_per_worker)

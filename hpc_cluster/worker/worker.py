@@ -13,7 +13,6 @@ import collections
 import heapq
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -26,10 +25,12 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
+from .fetch import FetchMixin
 from .logs import LogBuffer
 from .reattach import reattach
 from .sizeof import sizeof
-from .store import MONITOR_INTERVAL, MemoryFractions, MemoryManager
+from .memory import MemoryManager
+from .store import MONITOR_INTERVAL, MemoryFractions
 
 logger = logging.getLogger("hpc_cluster.worker")
 
@@ -37,17 +38,18 @@ logger = logging.getLogger("hpc_cluster.worker")
 # that starts more nested levels than this waits for a thread, as in dask's own pools.
 SECEDED_THREADS = 64
 
-
 class _Task:
-    __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing")
+    __slots__ = ("key", "func", "args", "deps", "priority", "state", "missing", "sizes", "fetched")
 
-    def __init__(self, key, func, args, deps, priority):
+    def __init__(self, key, func, args, deps, priority, sizes=None):
         self.key, self.func, self.args, self.deps, self.priority = key, func, args, deps, priority
-        self.state = "fetching"
+        self.sizes: dict = sizes or {}           # bytes of the inputs held elsewhere, as the scheduler knows them
+        self.fetched = 0                         # bytes asked for this task's inputs
+        self.state = "waiting"                   # inputs elsewhere, not asked for yet (_fetch_more)
         self.missing: set[str] = set()
 
 
-class Worker:
+class Worker(FetchMixin):
     def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
                  name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
@@ -76,6 +78,7 @@ class Worker:
         self.borrowed: collections.Counter = collections.Counter()
         self.tasks: dict[str, _Task] = {}
         self.ready: list = []
+        self.waiting: list = []                  # heap of (priority, key): fetches not started yet
         self.executing: set[str] = set()
         self.seceded: set[str] = set()           # running, but gave up their slot (worker_client)
         self._rejoining: collections.deque = collections.deque()   # (key, event): waiting for a slot
@@ -215,7 +218,7 @@ class Worker:
         if paused:
             # Tasks waiting here for a thread go back to the scheduler, for a worker with room
             # (or for this one once it resumes): none is stranded on a worker that stays paused.
-            self._hand_back([k for k, ts in self.tasks.items() if ts.state == "ready"], paused=True)
+            self._hand_back([k for k, ts in self.tasks.items() if ts.state in ("waiting", "ready")], paused=True)
         else:
             self._run_ready()
 
@@ -269,14 +272,15 @@ class Worker:
         if key in self.nbytes:                   # we already hold it: say so again
             self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})
             return
-        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()))
+        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()),
+                   msg.get("sizes"))
         self.tasks[key] = ts
         for dep in ts.deps:
             self.borrowed[dep] += 1
             if dep not in self.data:
                 ts.missing.add(dep)
         if ts.missing:
-            self._fetch_for(ts)
+            heapq.heappush(self.waiting, (ts.priority, key))   # _run_ready, after the batch, fetches
         else:
             self._make_ready(ts)
 
@@ -303,7 +307,7 @@ class Worker:
         given = []
         for key in keys:
             ts = self.tasks.get(key)
-            if ts is not None and ts.state in ("fetching", "ready"):
+            if ts is not None and ts.state in ("waiting", "fetching", "ready"):
                 self._forget_task(ts)
                 given.append(key)
         if given or not paused:
@@ -319,85 +323,9 @@ class Worker:
                     self.data.pop(dep, None)
 
     # -- fetching inputs from peers -------------------------------------------------
-    def _fetch_for(self, ts: _Task) -> None:
-        by_holder: dict[str, list[str]] = collections.defaultdict(list)
-        for dep in ts.missing:
-            if dep in self._fetching:
-                continue
-            holders = [h for h in ts.deps[dep] if h != self.address]
-            if not holders:
-                self._missing(ts, dep, ts.deps[dep])
-                return
-            by_holder[random.choice(holders)].append(dep)
-        for holder, keys in by_holder.items():
-            fut = self.loop.create_future()
-            fut.holder = holder
-            for k in keys:
-                self._fetching[k] = fut
-            asyncio.create_task(self._fetch(holder, keys, fut))
-        asyncio.create_task(self._await_inputs(ts))
-
-    async def _fetch(self, holder: str, keys: list[str], fut: asyncio.Future) -> None:
-        try:
-            reply = await self.request(holder, {"op": "get-data", "keys": keys})
-            for k, blob in reply["data"].items():
-                if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
-                    self.data.put(k, serialize.loads_value(blob), spill=False)
-            self.memory.spill_soon()
-            if len(self._unsendable) > 10_000:
-                self._unsendable.clear()
-            self._unsendable.update((k, str(why)) for k, why in (reply.get("errors") or {}).items())
-            fut.set_result(reply.get("missing") or [])
-        except Exception as exc:
-            logger.warning("could not fetch %d keys from %s: %s", len(keys), holder, exc)
-            fut.set_result(list(keys))
-        finally:
-            for k in keys:
-                if self._fetching.get(k) is fut:
-                    del self._fetching[k]
-
-    async def _await_inputs(self, ts: _Task) -> None:
-        while ts.missing:
-            dep = next(iter(ts.missing))
-            fut = self._fetching.get(dep)
-            if fut is not None:
-                await fut
-            if self.tasks.get(ts.key) is not ts:
-                return
-            if dep in self.data:
-                ts.missing.discard(dep)
-            elif dep in self._unsendable and dep not in self._fetching:
-                # Its holder cannot send it (see _payloads): fetching again fails alike.
-                self._forget_task(ts)
-                exc = RuntimeError(f"input of {ts.key!r}: {self._unsendable[dep]}")
-                self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
-                                     "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
-                return
-            elif dep not in self._fetching:
-                self._missing(ts, dep, [getattr(fut, "holder", None) or h for h in ts.deps[dep]][:1])
-                return
-        if self.tasks.get(ts.key) is ts and ts.state == "fetching":
-            self._make_ready(ts)
-            self._run_ready()
-
-    async def _fetch_replica(self, key: str, holders: list[str]) -> None:
-        """Keep a copy the scheduler asked for (client.replicate)."""
-        for holder in random.sample(holders, len(holders)):
-            try:
-                reply = await self.request(holder, {"op": "get-data", "keys": [key]})
-            except Exception as exc:
-                logger.warning("could not copy %r from %s: %s", key, holder, exc)
-                continue
-            if key in reply["data"]:
-                self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]), spill=False)
-                self.memory.spill_soon()
-                self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
-                return
-        self.scheduler.send({"op": "replica-failed", "key": key})
-
-    def _missing(self, ts: _Task, dep: str, holders: list[str]) -> None:
-        self._forget_task(ts)
-        self.scheduler.send({"op": "missing-data", "key": ts.key, "dep": dep, "holders": holders})
+    def _input_erred(self, ts: _Task, exc: Exception) -> None:
+        self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
+                             "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
 
     # -- execution -------------------------------------------------------------------
     def _busy(self) -> int:
@@ -408,6 +336,7 @@ class Worker:
             key, event = self._rejoining.popleft()        # a seceded task first: it holds memory
             self._take_slot_again(key)
             event.set()
+        self._fetch_more()                # a thread may have freed: tasks made ready here start below
         starting = []
         while self.ready and self._busy() < self.nthreads and not self.memory.paused and not self.memory.behind():
             _, key = heapq.heappop(self.ready)
@@ -420,6 +349,7 @@ class Worker:
                 start = self.memory.at_task_start()
             self.scheduler.send({"op": "task-started", "key": key, "memory": start})
             starting.append(ts)
+        self._fetch_more()                # and again, with the tasks just started running
         if starting:
             # Put "started" on the wire before the task can crash this process: the
             # scheduler charges a death only to tasks it knows were executing.

@@ -18,7 +18,10 @@ _JOB_CLASS = ("dask-jobqueue's internal Job class ({name}): no equivalent (we de
 
 REASONS = {
     "MoabCluster": _NO_ADAPTER.format(name="MoabCluster", system="Moab"),
-    "SGECluster": _NO_ADAPTER.format(name="SGECluster", system="SGE"),
+    # hpc_cluster.SGECluster exists (issue 18), but dask-jobqueue's test_sge.py is not yet run
+    # on it here: its header is checked against dask-jobqueue's SGEJob in tests/adapters.
+    "SGECluster": ("SGECluster: dask-jobqueue's SGE tests are not wired to hpc_cluster.SGECluster yet "
+                   "(tests/adapters/test_sge_template.py compares the header with dask-jobqueue's SGEJob)"),
     "LSFCluster": _NO_ADAPTER.format(name="LSFCluster", system="LSF"),
     "OARCluster": _NO_ADAPTER.format(name="OARCluster", system="OAR"),
     "HTCondorCluster": _NO_ADAPTER.format(name="HTCondorCluster", system="HTCondor"),

@@ -1,0 +1,32 @@
+"""A real one-host Grid Engine for the SGE tests: brought up if needed, never mocked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CLUSTER_SH = Path(__file__).resolve().parent / "cluster.sh"
+
+
+def gridengine_is_up() -> bool:
+    if shutil.which("qstat") is None:
+        return False
+    return subprocess.run(["bash", str(CLUSTER_SH), "status"], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def gridengine():
+    """The gridengine, up: started with cluster.sh when we are root; skipped loudly otherwise."""
+    if gridengine_is_up():
+        return
+    if os.geteuid() != 0:
+        pytest.skip(f"SGE TESTS SKIPPED: the test gridengine is not up and we are not root to start it. "
+                    f"Run `sudo {CLUSTER_SH} up` first.")
+    proc = subprocess.run(["bash", str(CLUSTER_SH), "up"], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"{CLUSTER_SH} up failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
