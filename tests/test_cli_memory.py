@@ -170,7 +170,7 @@ def test_status_json_has_the_documented_keys_and_deaths_with_memory(memory_death
     local_cluster_file(cluster, "lc")
     # A LocalCluster has no job manager: the daemon's job table is the one thing faked here.
     table = {"jobs": [], "target": 0, "halted": None, "renewals": 0, "queue_wait": None, "errors": [],
-             "adaptive": None, "pools": {"default": {"target": 0, "jobs": []}}}
+             "adaptive": None, "batch_calls": {"squeue": 3}, "pools": {"default": {"target": 0, "jobs": []}}}
     monkeypatch.setattr(cli_cluster, "_jobs", lambda *a, **k: table)
     code, out, err = run(capsys, "status", "lc", "--json")
     assert code == 0, err

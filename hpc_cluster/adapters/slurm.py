@@ -223,6 +223,16 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
     return out
 
 
+def parse_squeue_states(text: str) -> dict[str, JobStatus]:
+    """`squeue --only-job-state -h -o '%i|%T'` -> {id: JobStatus} with states only."""
+    out = {}
+    for line in text.splitlines():
+        job_id, _, raw = line.strip().partition("|")
+        if job_id and raw:
+            out[job_id] = JobStatus(job_id=job_id, state=map_state(raw)[0], raw_state=raw.strip())
+    return out
+
+
 def parse_sacct(text: str) -> list[AccountingRecord]:
     """`sacct -P --format=<SACCT_FIELDS>` with steps -> one record per job, steps attached.
 
@@ -337,6 +347,30 @@ def accounting_disabled(sacct_stderr: str) -> bool:
     return bool(_ACCOUNTING_DISABLED.search(sacct_stderr or ""))
 
 
+def parse_slurm_version(text: str) -> tuple[int, int, int] | None:
+    """`squeue --version` / `sinfo -V` ('slurm 24.05.1', 'slurm-wlm 22.05.8', 'slurm 23.11.0-0rc1')
+    -> (24, 5, 1); None when it names no version."""
+    m = re.search(r"\bslurm(?:-wlm)?\s+(\d+)\.(\d+)(?:\.(\d+))?", text or "", re.I)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+# squeue --only-job-state: ids and states only, through a lighter RPC (and, where the site
+# enables SchedulerParameters=enable_job_state_cache, from slurmctld's job-state cache without
+# the job table lock). Slurm's NEWS: added in 23.11.5 ("squeue - Add `--only-job-state`
+# argument to use faster query of job states"); 25.05.0rc1 fixed "a false fatal with squeue
+# --only-job-state -j<job id>", hence the fallback to the full form when it is refused.
+ONLY_JOB_STATE_SINCE = (23, 11, 5)
+# sacct --starttime: relative to the login node's own clock ("now-N"), so no clock skew
+# between it and us matters; the margin covers the submission's own latency.
+STARTTIME_MARGIN = 600
+
+
+def sacct_starttime(within: float) -> str:
+    """The --starttime value for jobs all submitted within the last `within` seconds. With -j
+    and no --starttime, sacct reads from the epoch: slurmdbd scans all of its history."""
+    return f"now-{int(math.ceil(within)) + STARTTIME_MARGIN}"
+
+
 def status_from_accounting(record: AccountingRecord) -> JobStatus:
     return JobStatus(job_id=record.job_id, state=record.state, raw_state=record.raw_state,
                      node=record.node, elapsed=record.elapsed, time_limit=record.time_limit)
@@ -447,14 +481,34 @@ class SLURMAdapter(BatchAdapter):
             raise BatchError(f"scancel {' '.join(job_ids)} failed (exit {result.returncode}): "
                              + "; ".join(problems))
 
-    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        """{id: JobStatus} from one squeue call; jobs squeue forgot come from accounting."""
+    def version(self) -> tuple[int, int, int] | None:
+        """This SLURM's version, asked once (`squeue --version`); None when unreadable."""
+        if not hasattr(self, "_version"):
+            result = self._run(["squeue", "--version"])
+            self._version = parse_slurm_version(result.stdout) if result.returncode == 0 else None
+        return self._version
+
+    def _squeue(self, ids: list[str]):
+        """One squeue for `ids`: --only-job-state where this SLURM has it (a lighter RPC, but
+        states only: nodes, reasons and times then come from the registrations and sacct)."""
+        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
+        version = self.version() if getattr(self, "only_job_state", True) else None
+        if version is not None and version >= ONLY_JOB_STATE_SINCE:
+            result = self._run(["squeue", "--only-job-state", "-h", "-j", ",".join(ids), "-o", "%i|%T"])
+            if result.returncode == 0 or "Invalid job id" in result.stderr:
+                return result, parse_squeue_states
+            self.only_job_state = False       # refused here after all: the full form from now on
+        return self._run(argv), parse_squeue
+
+    def status(self, job_ids: Sequence[str], within: float | None = None) -> dict[str, JobStatus]:
+        """{id: JobStatus} from one squeue call; jobs squeue forgot come from one sacct call
+        (`within`: seconds since the earliest of them was submitted, when known)."""
         if not job_ids:
             return {}
         ids = list(dict.fromkeys(job_ids))
-        result = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
+        result, parse = self._squeue(ids)
         if result.returncode == 0:
-            found = parse_squeue(result.stdout)
+            found = parse(result.stdout)
         elif "Invalid job id" in result.stderr:
             found = {}  # every id has left the controller (older SLURMs fail instead of omitting)
         else:
@@ -462,18 +516,20 @@ class SLURMAdapter(BatchAdapter):
         out = {i: found[i] for i in ids if i in found}
         missing = [i for i in ids if i not in found]
         if missing:
-            for job_id, record in self.accounting(missing).items():
+            for job_id, record in self.accounting(missing, within=within).items():
                 out[job_id] = status_from_accounting(record)
         for job_id in ids:
             out.setdefault(job_id, JobStatus(job_id=job_id, state="unknown", raw_state=""))
         return out
 
-    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord]:
-        """{id: AccountingRecord} from one sacct call (steps included); scontrol if sacct is off."""
+    def accounting(self, job_ids: Sequence[str], within: float | None = None) -> dict[str, AccountingRecord]:
+        """{id: AccountingRecord} from one sacct call (steps included); scontrol if sacct is off.
+        `within` (seconds since the earliest was submitted) bounds what slurmdbd scans."""
         if not job_ids:
             return {}
         ids = list(dict.fromkeys(job_ids))
-        result = self._run(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
+        window = ["--starttime", sacct_starttime(within)] if within is not None else []
+        result = self._run(["sacct", "-P", *window, "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
         if result.returncode == 0:
             records = parse_sacct(result.stdout)
         elif accounting_disabled(result.stderr):

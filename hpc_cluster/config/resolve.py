@@ -301,6 +301,11 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
         problems.append(f"scheduler_in_job: true ({in_job.source}) with ssh is not supported yet: the scheduler "
                         "job's plan and cluster file would have to be on the login node; run `hpc-cluster up "
                         "--scheduler-in-job` on the login node itself, or remove one of them")
+    fast, steady = merged["poll_interval_fast"], merged["poll_interval"]
+    if fast.value > steady.value:
+        problems.append(f"poll_interval_fast={fast.value:g} ({fast.source}) is longer than poll_interval="
+                        f"{steady.value:g} ({steady.source}): the fast pace is for jobs starting or ending; "
+                        "lower poll_interval_fast or raise poll_interval")
     cores, processes = merged["cores"].value, merged["processes"].value
     if processes is None and cores is not None:
         merged["processes"] = Entry(None, default_processes(cores), "default:sqrt(cores)")

@@ -413,6 +413,17 @@ OPTIONS: tuple[Option, ...] = (
            aliases=("drain_margin",)),
     Option("startup_failures", "int >= 0", _int(0), 3,
            "jobs ending before their worker registers, in a row, before resubmission stops", "both"),
+    # How often the cluster daemon asks the batch system (deploy/polling.py, docs/admin-guide.md).
+    Option("poll_interval", "seconds", _seconds(False), 30,
+           "seconds between job-state polls when every job runs with its workers registered (the workers "
+           "report their own start and death; polls are fast only while jobs start or end)", "both"),
+    Option("poll_interval_fast", "seconds", _seconds(False), 2,
+           "seconds between job-state polls while a job is starting, ending, or just after a worker died; "
+           "at most poll_interval", "both"),
+    Option("batch_calls_per_minute", "int >= 6", _int(6), 60,
+           "most batch-system commands (squeue, sacct, sbatch, scancel, qstat ...) the cluster daemon runs in "
+           "any minute; a command over it waits. Default: half of Slurm's rl_enable allowance of 2 per second",
+           "both"),
     Option("scheduler_in_job", "bool", _bool, False,
            "run the cluster daemon (the scheduler) itself as a small batch job instead of a process on this "
            "machine, for sites that forbid long processes on login nodes; it renews its own job before its "

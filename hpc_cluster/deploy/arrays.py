@@ -72,3 +72,4 @@ async def submit_array(manager, n: int, job_class) -> None:
         manager.jobs[job_id] = job_class(job_id, now, index=index)
     logger.info("submitted array %s of pool %s: %d jobs %s .. %s (workers' index %d-%d)",
                 array_id, manager.pool, n, ids[0], ids[-1], indices[0], indices[-1])
+    manager.poke()                       # the queue shows them soon: poll fast (deploy/polling.py)

@@ -30,6 +30,7 @@ from ..protocol.secret import journal_for, read_cluster_file, write_cluster_file
 from ..protocol.tls import Security
 from ..scheduler.journal import Journal, resume_from
 from ..scheduler.server import Scheduler
+from .polling import PollSettings
 from .pools import PoolManager, announce
 from .runner import LocalRunner, SSHRunner
 from .scheduler_job import (Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job, owner_path,
@@ -101,7 +102,7 @@ async def run(plan: dict) -> int:
                                               "n_jobs": plan.get("n_jobs", 0)}}
     meta["pools"] = {name: {"processes": p["job"].get("processes", 1), "max_jobs": p.get("max_jobs")}
                      for name, p in pools.items()}
-    jm = PoolManager(sched, adapter, pools, poll_interval=plan.get("poll_interval", 2.0),
+    jm = PoolManager(sched, adapter, pools, poll=PollSettings.from_plan(plan),
                      max_jobs_in_queue=plan.get("max_jobs_in_queue"), startup_failures=plan.get("startup_failures", 3),
                      # Without a log_directory the batch system writes job logs where it was
                      # asked to submit: our cwd, or the login node's over SSH.
@@ -112,6 +113,7 @@ async def run(plan: dict) -> int:
     if dashboard is not None:
         meta["dashboard"] = dashboard.link     # the link with its token: `hpc-cluster status` prints it
     sched.expecting_workers = lambda: bool(jm.active())
+    sched.worker_events.append(jm.worker_event)   # registrations and deaths replace polls
     meta["job_log_directory"] = jm.log_directory()
     stop = asyncio.Event()
     # Why we stop: "shutdown" (down, SIGTERM, the owner gone: the cluster ends), or "handover" /
@@ -123,7 +125,7 @@ async def run(plan: dict) -> int:
         return await jm.scale(int(msg["jobs"]), msg.get("pool"))
 
     async def jobs(msg):
-        await jm.poll_once()                   # what the batch system says now, not a guess
+        await jm.refresh()                     # the batch system's word when it may have changed
         return jm.table()
 
     async def shutdown(msg):

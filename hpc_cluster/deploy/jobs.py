@@ -19,6 +19,7 @@ from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 from ..config.pools import DEFAULT_POOL
 from ..scheduler.placement import workload
 from .arrays import submit_array, use_array
+from .polling import Pacer, PollSettings, poll_forever
 from .remote import job_logs
 
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
@@ -66,31 +67,27 @@ class AdaptPolicy:
     target_duration: float = 5.0           # size the cluster to finish the queued work in about this
 
 
-async def poll_forever(owner) -> None:
-    """Every poll_interval: the batch system's states, then the jobs brought in line (a
-    JobManager's, or deploy/pools.py's PoolManager's for every pool at once)."""
-    while True:
-        try:
-            await owner.poll_once()
-            await owner.reconcile()
-        except Exception:
-            logger.exception("job poll failed; trying again")
-        await asyncio.sleep(owner.poll_interval)
-
-
-async def read_statuses(adapter: BatchAdapter, ids: list[str]) -> dict | None:
-    """The queue's word on `ids` (one batch command), or None when there are none or it failed."""
+async def read_statuses(adapter: BatchAdapter, ids: list[str], within: float | None = None) -> dict:
+    """The queue's word on `ids`: one batch command for all of them (and, for jobs the queue
+    forgot, one accounting command reaching back `within` seconds, to the earliest submission
+    among them, where the adapter takes it: SLURM's sacct --starttime). {} when there are
+    none; BatchError when it failed."""
     if not ids:
-        return None
+        return {}
+    if within is not None and _takes_within(adapter.status):
+        return await asyncio.to_thread(adapter.status, ids, within=within)
+    return await asyncio.to_thread(adapter.status, ids)
+
+
+def _takes_within(method) -> bool:
     try:
-        return await asyncio.to_thread(adapter.status, ids)
-    except BatchError as exc:
-        logger.warning("could not read job states: %s", exc)
-        return None
+        return "within" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class JobManager:
-    def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll_interval: float = 2.0,
+    def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll: PollSettings | None = None,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
                  submit_directory: str | None = None, lifetime: float | None = None,
                  pool: str = DEFAULT_POOL, max_jobs: int | None = None, pools=None):
@@ -100,7 +97,10 @@ class JobManager:
         self.pool, self.max_jobs, self.pools = pool, max_jobs, pools
         # A job's span: its walltime, or sooner its workers' --lifetime (without restart).
         self.job_span = min(spec.walltime, lifetime) if lifetime else spec.walltime
-        self.poll_interval = poll_interval
+        # When to ask the batch system (deploy/polling.py); with pools, the PoolManager's pacer.
+        self.pacer = Pacer(poll or PollSettings(), clock)
+        self.wakeup = asyncio.Event()
+        self.poll_error: str | None = None
         self.max_jobs_in_queue = max_jobs_in_queue
         self.startup_failures = startup_failures
         self.clock = clock
@@ -212,6 +212,7 @@ class JobManager:
         self.adaptive = AdaptPolicy(minimum, maximum, max(0.05, interval), max(1, wait_count),
                                     max(0.001, target_duration))
         self._lower_rounds = 0
+        self.poke()
         if self._adapter_task is None or self._adapter_task.done():
             self._adapter_task = asyncio.ensure_future(self._adapt_forever())
 
@@ -322,6 +323,7 @@ class JobManager:
             self._next_index = index + 1
             self.jobs[job_id] = Job(job_id, self.clock(), index=index)
             logger.info("submitted job %s of pool %s (workers' index %d)", job_id, self.pool, index)
+            self.poke()
 
     def submit_failed(self, exc: BatchError) -> None:
         self.errors.append(SubmitError(self.clock(), str(exc)))
@@ -349,6 +351,7 @@ class JobManager:
             await self._cancel(to_cancel)
 
     async def _cancel(self, job_ids: list[str]) -> None:
+        self.poke()                           # retiring jobs are polled fast until they end
         try:
             await asyncio.to_thread(self.adapter.cancel, job_ids)
         except BatchError as exc:
@@ -397,11 +400,34 @@ class JobManager:
     def unfinished(self) -> list[str]:
         return [j.job_id for j in self.jobs.values() if not j.final]
 
-    async def poll_once(self) -> None:
+    def jobs_watched(self) -> list[Job]:
+        return list(self.jobs.values())
+
+    def poke(self, event: bool = False) -> None:
+        """Something happened that the batch system will show soon (a submit, a cancel, a
+        resize): poll now; `event` (a death): and fast for a while (deploy/polling.py)."""
+        if self.pools is not None:
+            self.pools.poke(event)
+            return
+        self.pacer.event() if event else self.pacer.wake()
+        self.wakeup.set()
+
+    def within(self, ids: list[str]) -> float | None:
+        """Seconds since the earliest submission of `ids` (sacct --starttime: no scan of all history)."""
+        times = [self.jobs[j].submitted for j in ids if j in self.jobs]
+        return max(0.0, self.clock() - min(times)) if times else None
+
+    async def poll_once(self) -> bool:
+        """One status call for our unfinished jobs; False when the batch system failed."""
         ids = self.unfinished()
-        statuses = await read_statuses(self.adapter, ids)
-        if statuses is not None:
+        try:
+            statuses = await read_statuses(self.adapter, ids, self.within(ids))
+        except BatchError as exc:
+            self.poll_error = str(exc)
+            return False
+        if ids:
             self.apply_statuses(ids, statuses)
+        return True
 
     def apply_statuses(self, ids: list[str], statuses: dict) -> None:
         """What the batch system said of our unfinished jobs `ids` (one status call may serve every pool)."""
@@ -422,8 +448,12 @@ class JobManager:
             self.scheduler.fail_if_stranded()    # the last job that could start a worker ended
 
     # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) ----
-    async def accounting(self, job_ids: list[str]) -> dict[str, dict]:
-        records = await asyncio.to_thread(self.adapter.accounting, job_ids)
+    async def accounting(self, job_ids: list[str], within: float | None = None) -> dict[str, dict]:
+        within = within if within is not None else self.within(job_ids)
+        if within is not None and _takes_within(self.adapter.accounting):
+            records = await asyncio.to_thread(self.adapter.accounting, job_ids, within=within)
+        else:
+            records = await asyncio.to_thread(self.adapter.accounting, job_ids)
         out = {}
         for jid, rec in records.items():
             d = dataclasses.asdict(rec)

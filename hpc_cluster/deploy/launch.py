@@ -305,6 +305,8 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
         "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
         "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
         "pools": plan_pools, "escalate": v["escalate"],
+        "poll_interval": v["poll_interval"], "poll_interval_fast": v["poll_interval_fast"],
+        "batch_calls_per_minute": v["batch_calls_per_minute"],
         "startup_failures": v["startup_failures"], "journal": v["journal"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
     }
 

@@ -14,9 +14,10 @@ import asyncio
 import logging
 import time
 
-from ..adapters.base import BatchAdapter, JobSpec
+from ..adapters.base import BatchAdapter, BatchError, JobSpec
 from ..config.pools import DEFAULT_POOL
-from .jobs import JobManager, poll_forever, read_statuses
+from .jobs import JobManager, read_statuses
+from .polling import Pacer, PollSettings, budget_adapter, poll_forever
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -32,17 +33,23 @@ def announce(state, pools: dict[str, dict], escalate: dict | None) -> bool:
 
 
 class PoolManager:
-    def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, dict], poll_interval: float = 2.0,
+    def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, dict], poll: PollSettings | None = None,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
                  submit_directory: str | None = None):
         """`pools`: name -> {"job": JobSpec fields, "max_jobs", "job_lifetime"} (the plan's, launch.py)."""
         if DEFAULT_POOL not in pools:
             raise ValueError("the pools must include 'default', the cluster's own job spec")
         self.scheduler, self.adapter, self.clock = scheduler, adapter, clock
-        self.poll_interval = poll_interval
+        poll = poll or PollSettings()
+        # Every batch command of the cluster (status, accounting, submit, cancel) under one
+        # budget per minute; one pacer and one wake-up for every pool (deploy/polling.py).
+        self.runner = budget_adapter(adapter, poll.calls_per_minute)
+        self.pacer = Pacer(poll, clock)
+        self.wakeup = asyncio.Event()
+        self.poll_error: str | None = None
         self.escalation_only = {name: bool(p.get("escalation_only")) for name, p in pools.items()}
         self.managers: dict[str, JobManager] = {
-            name: JobManager(scheduler, adapter, JobSpec(**p["job"]), poll_interval=poll_interval,
+            name: JobManager(scheduler, adapter, JobSpec(**p["job"]), poll=poll,
                              max_jobs_in_queue=max_jobs_in_queue, startup_failures=startup_failures, clock=clock,
                              submit_directory=submit_directory, lifetime=p.get("job_lifetime"), pool=name,
                              max_jobs=p.get("max_jobs"), pools=self)
@@ -96,6 +103,8 @@ class PoolManager:
         out["halted"] = next((t["halted"] if name == DEFAULT_POOL else f"pool {name}: {t['halted']}"
                               for name, t in tables.items() if t["halted"]), None)
         out["errors"] = sorted((e for t in tables.values() for e in t["errors"]), key=lambda e: e["time"])[-5:]
+        # The batch commands this cluster ran, by name (the budget: deploy/polling.py).
+        out["batch_calls"] = dict(self.runner.counts)
         out["pools"] = {}
         for name, m in self.managers.items():
             t, spec = tables[name], m.spec
@@ -147,15 +156,57 @@ class PoolManager:
         for m in self.managers.values():
             await m.reconcile()
 
-    async def poll_once(self) -> None:
-        """One status call for the unfinished jobs of every pool."""
-        ids = {name: m.unfinished() for name, m in self.managers.items()}
-        statuses = await read_statuses(self.adapter, [jid for some in ids.values() for jid in some])
-        if statuses is None:
+    def jobs_watched(self) -> list:
+        return [j for m in self.managers.values() for j in m.jobs.values()]
+
+    def poke(self, event: bool = False) -> None:
+        """Something the batch system will show soon: poll now; `event` (a death): and fast
+        for a while (deploy/polling.py)."""
+        self.pacer.event() if event else self.pacer.wake()
+        self.wakeup.set()
+
+    def worker_event(self, kind: str, info: dict) -> None:
+        """The scheduler's word on a worker (Scheduler.worker_events): "joined" tells that its
+        job runs, with no poll; "removed" and "exit-report" that the job may end and its
+        accounting is wanted: poll now and fast for a while."""
+        job_id = str(info.get("job_id") or "")
+        job = self.owner(job_id).jobs.get(job_id) if job_id else None
+        if kind == "joined":
+            if job is not None and not job.final:
+                job.registered = True
+                if job.state == "pending":
+                    now = self.clock()
+                    job.state, job.raw_state = "running", "RUNNING"
+                    start = info.get("job_start")
+                    job.started = float(start) if isinstance(start, (int, float)) and start <= now else now
             return
+        if job is not None or kind == "exit-report":
+            self.poke(event=True)
+
+    async def poll_once(self) -> bool:
+        """One status call for the unfinished jobs of every pool; False when it failed."""
+        ids = {name: m.unfinished() for name, m in self.managers.items()}
+        every = [jid for some in ids.values() for jid in some]
+        within = [m.within(ids[name]) for name, m in self.managers.items() if ids[name]]
+        within = [w for w in within if w is not None]
+        try:
+            statuses = await read_statuses(self.adapter, every, max(within) if within else None)
+        except BatchError as exc:
+            self.poll_error = str(exc)
+            return False
         for name, m in self.managers.items():
             if ids[name]:
                 m.apply_statuses(ids[name], statuses)
+        return True
+
+    async def refresh(self) -> None:
+        """Before answering `jobs`: a poll, if the table may be stale, that is while the
+        pacer polls fast anyway (jobs starting or ending); in steady state the events and
+        the steady poll keep it current, and a client asking every second costs nothing."""
+        if self.pacer.interval(self.jobs_watched()) <= self.pacer.settings.fast and \
+                self.clock() - self.pacer.last_poll >= 0.5:
+            if await self.poll_once():
+                self.pacer.polled()
 
     def stop_watching(self) -> None:
         """Leave the jobs as they are (no poll, no adapt, no cancel): another daemon takes them
@@ -172,7 +223,10 @@ class PoolManager:
 
     # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) -----------
     async def accounting(self, job_ids: list[str]) -> dict[str, dict]:
-        return await self.default.accounting(job_ids)      # one adapter serves every pool
+        # One adapter serves every pool; sacct from the earliest submission among them.
+        within = [m.within([j for j in job_ids if j in m.jobs]) for m in self.managers.values()]
+        within = [w for w in within if w is not None]
+        return await self.default.accounting(job_ids, within=max(within) if within else None)
 
     def log_directory(self) -> str | None:
         return self.default.log_directory()

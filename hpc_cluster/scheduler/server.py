@@ -78,6 +78,9 @@ class Scheduler(BacklogMixin):
         # to each client as it registers (client.dashboard_link). Filled by whoever starts them.
         self.services: dict[str, str] = {}
         self.stream = TaskStream()                         # recent executions, for the dashboard
+        # Who wants to hear of workers joining, lost, and nannies' exit reports (deploy's job
+        # manager: it polls the batch system less when the workers tell it first): fn(kind, info).
+        self.worker_events: list[Callable[[str, dict], None]] = []
         self.closed = asyncio.Event()
 
     async def start(self) -> str:
@@ -239,8 +242,18 @@ class Scheduler(BacklogMixin):
         if stream is not None and isinstance(info.get("pid"), int):
             stream.send({"op": "end-unresponsive", "pid": info["pid"]})
 
+    def _tell(self, kind: str, info: dict) -> None:
+        for listener in self.worker_events:
+            try:
+                listener(kind, info)
+            except Exception:
+                logger.exception("a worker-event listener failed on %s", kind)
+
     def _remove_worker(self, addr: str, connection: str) -> None:
         """A worker is gone: judge on what we know now; later evidence may refine it."""
+        ws = self.state.workers.get(addr)
+        if ws is not None:
+            self._tell("removed", dict(ws.info))
         self.streams.pop(addr, None)
         self._retiring.discard(addr)
         self._drain_intent.pop(addr, None)
@@ -310,6 +323,7 @@ class Scheduler(BacklogMixin):
         if self._backlog:
             self._replay_backlog()            # its results may be inputs a client's submission waits for
         logger.info("worker %s registered (%d threads)", addr, nthreads)
+        self._tell("joined", info)
         connection = "closed"
         try:
             while True:
@@ -400,6 +414,7 @@ class Scheduler(BacklogMixin):
             self.nannies[msg["nanny_id"]] = BatchedSend(comm)
         elif op == "exit-report" and isinstance(msg.get("report"), dict):
             self.deaths.exit_report(msg["report"])
+            self._tell("exit-report", msg["report"])
         else:
             raise ProtocolError(f"unknown op {op!r} from nanny")
 

@@ -183,6 +183,9 @@ def test_many_jobs_take_one_command_each_for_status_and_accounting(outcomes):
     ids = [r.job_id for r in records.values()]
     runner = Counting()
     adapter = SLURMAdapter(runner)
+    # The version (for squeue --only-job-state) is read once per adapter, never per poll.
+    assert adapter.version() is not None and runner.commands == ["squeue"]
+    runner.commands.clear()
     statuses = adapter.status(ids)
     assert sorted(statuses) == sorted(ids) and all(s.state != "unknown" for s in statuses.values())
     # squeue once; the jobs it has already forgotten come from one sacct call
@@ -190,3 +193,6 @@ def test_many_jobs_take_one_command_each_for_status_and_accounting(outcomes):
     runner.commands.clear()
     assert sorted(adapter.accounting(ids)) == sorted(ids)
     assert runner.commands == ["sacct"]
+    runner.commands.clear()
+    statuses = adapter.status(ids, within=3600)      # jobs squeue forgot: sacct from an hour (+10 min) ago
+    assert runner.commands in (["squeue"], ["squeue", "sacct"]) and all(s.state != "unknown" for s in statuses.values())
