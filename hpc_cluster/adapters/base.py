@@ -71,6 +71,9 @@ class JobSpec:
     job_cpu: int | None = None              # SLURM: --cpus-per-task instead of cores
     job_mem: str | None = None              # SLURM: --mem as written, instead of memory
     worker_index: int = 0                   # the job's number in its cluster: workers are NAME-<index>
+    # One batch system's own keywords (config/jobqueue.py's BATCH_OPTIONS: LSF's ncpus, mem,
+    # lsf_units, use_stdin; HTCondor's disk and command extras), read by that adapter alone.
+    batch_options: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -185,6 +188,12 @@ class BatchAdapter:
             from .local_runner import LocalRunner      # it imports base: hence here, not on top
             runner = LocalRunner()
         self.runner = runner
+        self.options: dict = {}
+
+    def configure(self, options: dict) -> None:
+        """The jobs' `batch_options` for what is not in the script: how to submit and cancel
+        (LSF's use_stdin, HTCondor's command extras). The daemon calls it with its plan's."""
+        self.options = dict(options or {})
 
     # -- rendering -----------------------------------------------------------------
     def template_context(self, spec: JobSpec) -> dict:
