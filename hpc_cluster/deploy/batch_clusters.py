@@ -1,4 +1,4 @@
-"""LSFCluster: dask-jobqueue's class for LSF.
+"""LSFCluster and HTCondorCluster: dask-jobqueue's classes for LSF and HTCondor.
 
 Beside cluster.py rather than in it only to keep that module under ~600 lines: these are the
 same kind of thing as SLURMCluster, a JobQueueCluster with its batch system and its keywords
@@ -35,4 +35,26 @@ class LSFCluster(JobQueueCluster):
     batch = "lsf"
 
 
-__all__ = ["LSFCluster"]
+class HTCondorCluster(JobQueueCluster):
+    __doc__ = """Workers as HTCondor jobs (condor_submit), joining one scheduler that explains their deaths.
+
+    dask-jobqueue's HTCondorCluster, keyword for keyword: `disk` is required (request_disk),
+    `job_extra_directives` is a dict of submit-description commands (a list of 'key = value'
+    strings works too), `submit_command_extra` and `cancel_command_extra` go to condor_submit and
+    condor_rm. The walltime is enforced by a periodic_remove expression, which HTCondor has no
+    keyword for. Verified on outputs captured from public sources and on a simulator, not a real
+    HTCondor (docs/htcondor.md).
+
+    Parameters
+    ----------
+""" + JOB_PARAMETERS + """    disk : str
+        Disk each job asks for (request_disk), e.g. '1 GB'; required
+    submit_command_extra : list of str
+        Extra arguments to condor_submit, e.g. ['-name', 'schedd.example.org']
+    cancel_command_extra : list of str
+        Extra arguments to condor_rm (and to condor_q and condor_history)
+"""
+    batch = "htcondor"
+
+
+__all__ = ["LSFCluster", "HTCondorCluster"]
