@@ -5,62 +5,27 @@ simulated jobs, compute, and die of the run limit and the memory limit the way L
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 
-import cloudpickle
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lsf_sim"))
+import lsfsim  # noqa: E402
+from sim_common import final_death, grow, sleep_then, square, stop_simulator, use_simulator  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LSFCluster  # noqa: E402
 
-SIM = Path(__file__).resolve().parent / "lsf_sim"
-sys.path.insert(0, str(SIM))
-import lsfsim  # noqa: E402
-
 pytestmark = pytest.mark.timeout(300)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])     # the workers cannot import this module
-
-
-def square(x):
-    return x * x
-
-
-def sleep_then(value, seconds):
-    time.sleep(seconds)
-    return value
-
-
-def grow(limit_bytes, chunk=8 << 20, pause=0.02):
-    held = []
-    while len(held) * chunk < limit_bytes:
-        held.append(b"x" * chunk)
-        time.sleep(pause)
-    return len(held) * chunk
 
 
 @pytest.fixture
 def lsf(isolated_home, monkeypatch):
-    home = isolated_home / "lsf_sim_home"
-    home.mkdir()
-    monkeypatch.setenv("LSF_SIM_HOME", str(home))
-    monkeypatch.setenv("LSF_SIM_UNITS", "mb")
-    monkeypatch.setenv("LSF_SIM_MINUTE", "60")
-    monkeypatch.setenv("PATH", f"{SIM / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    home = use_simulator(monkeypatch, lsfsim, isolated_home / "lsf_sim_home", "LSF_SIM_HOME", **{"LSF_SIM_UNITS": "mb", "LSF_SIM_MINUTE": "60"})
     yield home
-    lsfsim.cleanup(str(home))
-    wait_until(lambda: not lsfsim.live_pids(str(home)), 15, "simulator processes to exit")
-
-
-def final_death(client, predicate, timeout=90):
-    def final():
-        found = [d for d in client.deaths() if predicate(d)]
-        return found[0] if found and found[0].get("final_at") is not None else None
-    return wait_until(final, timeout, "a final verdict", interval=0.3)
+    stop_simulator(lsfsim, home)
 
 
 def test_lsf_cluster_computes_and_closes(lsf, isolated_home):

@@ -4,9 +4,7 @@ adapter reads back."""
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,28 +13,22 @@ from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.lsf import LSFAdapter
 from hpc_cluster.deploy.runner import LocalRunner
 
-SIM = Path(__file__).resolve().parent.parent / "lsf_sim"
-sys.path.insert(0, str(SIM))
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "lsf_sim"))
 import lsfsim  # noqa: E402
+from sim_common import cancel_running, run_to_end, stop_simulator, use_simulator  # noqa: E402
 
 MiB = 2**20
 
 
 @pytest.fixture
 def lsf_sim(tmp_path, monkeypatch):
-    home = tmp_path / "lsf_sim_home"
-    home.mkdir()
     (tmp_path / "logs").mkdir()
-    monkeypatch.setenv("LSF_SIM_HOME", str(home))
-    monkeypatch.setenv("LSF_SIM_MINUTE", "2")           # -W 0:01 ends a job after 2 s
-    monkeypatch.setenv("LSF_SIM_UNITS", "mb")
-    monkeypatch.setenv("PATH", f"{SIM / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)
+    home = use_simulator(monkeypatch, lsfsim, tmp_path / "lsf_sim_home", "LSF_SIM_HOME", **{"LSF_SIM_MINUTE": "2", "LSF_SIM_UNITS": "mb"})
     yield home
-    lsfsim.cleanup(str(home))
-    deadline = time.monotonic() + 15
-    while lsfsim.live_pids(str(home)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    stop_simulator(lsfsim, home)
 
 
 def adapter() -> LSFAdapter:
@@ -49,15 +41,6 @@ def spec(tmp_path: Path, command: str, **kw) -> JobSpec:
     return JobSpec(worker_command=command, job_name="simjob", walltime=kw.pop("walltime", 600),
                    memory=kw.pop("memory", 512 * MiB), log_directory=str(tmp_path / "logs"),
                    batch_options={"lsf_units": "mb"}, **kw)
-
-
-def run_to_end(a: LSFAdapter, job_spec: JobSpec, timeout: float = 20):
-    job_id = a.submit(a.render(job_spec))
-    deadline = time.monotonic() + timeout
-    while a.status([job_id])[job_id].state in ("pending", "running"):
-        assert time.monotonic() < deadline, f"job {job_id} did not end in {timeout} s"
-        time.sleep(0.1)
-    return job_id, a.accounting([job_id])[job_id]
 
 
 def test_completed_job_and_its_output(lsf_sim, tmp_path):
@@ -94,15 +77,7 @@ def test_memory_limit_is_out_of_memory(lsf_sim, tmp_path):
 def test_bkill_of_a_running_job_and_unknown_ids(lsf_sim, tmp_path):
     a = adapter()
     job_id = a.submit(a.render(spec(tmp_path, "sleep 60")))
-    deadline = time.monotonic() + 10
-    while a.status([job_id])[job_id].state != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    a.cancel([job_id])
-    deadline = time.monotonic() + 10
-    while not (rec := a.accounting([job_id])[job_id]).final:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    rec = cancel_running(a, job_id)
     assert (rec.state, rec.cancelled_by) == ("cancelled", "the job's owner")
     a.cancel([job_id])                                  # already finished: quiet
     assert a.status(["424242"])["424242"].state == "unknown" and a.accounting(["424242"]) == {}
