@@ -32,7 +32,7 @@ def test_lsf_cluster_computes_and_closes(lsf, isolated_home):
     cluster = LSFCluster(cores=1, memory="1GB", walltime="00:10", lsf_units="mb",
                          log_directory=str(isolated_home / "logs"))
     try:
-        assert "#BSUB -W 0:10\n" in cluster.job_script() and "#BSUB -M 1000\n" in cluster.job_script()
+        assert "#BSUB -W 00:10\n" in cluster.job_script() and "#BSUB -M 1000\n" in cluster.job_script()
         cluster.scale(2)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=120)
@@ -52,11 +52,11 @@ def test_lsf_cluster_computes_and_closes(lsf, isolated_home):
 
 
 def test_run_limit_kill_is_walltime_and_memory_limit_kill_is_memory_batch(lsf, isolated_home, monkeypatch):
-    monkeypatch.setenv("LSF_SIM_MINUTE", "15")          # -W 0:01 ends the job 15 s after it starts
+    monkeypatch.setenv("LSF_SIM_MINUTE", "15")          # -W 00:01 ends the job 15 s after it starts
     cluster = LSFCluster(name="lsf-deaths", cores=1, memory="2GB", mem="400MB", walltime="1", lsf_units="mb",
                          allowed_failures=0, log_directory=str(isolated_home / "logs"))
     try:
-        assert "#BSUB -M 400\n#BSUB -W 0:01\n" in cluster.job_script()
+        assert "#BSUB -M 400\n#BSUB -W 00:01\n" in cluster.job_script()
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=60)

@@ -92,10 +92,10 @@ def parse_lsf_duration(text: str | None, bare: str = "seconds") -> int | None:
 
 
 def lsf_walltime(seconds: int) -> str:
-    """bsub -W's [hours:]minutes for a walltime in seconds, rounded up to whole minutes (LSF
-    has no seconds): 5400 -> '1:30', 59 -> '0:01'."""
+    """bsub -W's hours:minutes for a walltime in seconds, rounded up to whole minutes (LSF has
+    no seconds), spelled as dask-jobqueue's default '00:30': 5400 -> '01:30', 59 -> '00:01'."""
     minutes = max(1, math.ceil(seconds / 60))
-    return f"{minutes // 60}:{minutes % 60:02d}"
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 def lsf_memory(nbytes: int, units: str) -> str:

@@ -19,7 +19,7 @@ def test_keywords_become_the_bsub_header():
     c = LSFCluster(cores=4, memory="8GB", queue="normal", project="p1", walltime="01:30", ncpus=8, mem="4GB",
                    lsf_units="mb", job_extra_directives=["-u me@example.org"])
     script = c.job_script()
-    assert ('#BSUB -q normal\n#BSUB -P "p1"\n#BSUB -n 8\n#BSUB -R "span[hosts=1]"\n#BSUB -M 4000\n#BSUB -W 1:30\n'
+    assert ('#BSUB -q normal\n#BSUB -P "p1"\n#BSUB -n 8\n#BSUB -R "span[hosts=1]"\n#BSUB -M 4000\n#BSUB -W 01:30\n'
             '#BSUB -u me@example.org\n') in script
     assert "export HPC_CLUSTER_JOB_WALLTIME=5400\n" in script
 
@@ -27,7 +27,7 @@ def test_keywords_become_the_bsub_header():
 def test_defaults_follow_cores_memory_and_lsf_conf(home):
     (home / "lsf.conf").write_text("LSF_UNIT_FOR_LIMITS=GB\n")
     script = LSFCluster(cores=1, memory="2GB", walltime="30").job_script()
-    assert "#BSUB -n 1\n#BSUB -M 2\n#BSUB -W 0:30\n" in script and "span[hosts=1]" not in script
+    assert "#BSUB -n 1\n#BSUB -M 2\n#BSUB -W 00:30\n" in script and "span[hosts=1]" not in script
 
 
 def test_bad_keywords_say_what_to_change():

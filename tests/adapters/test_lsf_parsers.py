@@ -42,7 +42,7 @@ class TestLSF(AdapterConformance):
     adapter_class = LSFAdapter
     entry_point = "lsf"
     script_must_contain = ("#BSUB -J kit-job", "#BSUB -q kit-queue", '#BSUB -P "kit-account"', "#BSUB -n 3",
-                           '#BSUB -R "span[hosts=1]"', "#BSUB -W 1:30")
+                           '#BSUB -R "span[hosts=1]"', "#BSUB -W 01:30")
     submit_output = Captured("bsub", read("bsub.txt"))
     submitted_job_id = "771278"
     status_outputs = [bjobs("bjobs_running_balsam.json", match="806290"), bjobs("bjobs_pend_lsfclient.json", "12345679"),
@@ -132,7 +132,7 @@ def test_values():
     assert parse_lsf_duration("16038 second(s)") == 16038 and parse_lsf_duration("00:10:00") == 600
     assert parse_lsf_duration("1440.0", bare="minutes") == 86400 and parse_lsf_duration("600.0/hostA", bare="minutes") == 36000
     assert parse_lsf_duration("x:y") is None and parse_lsf_duration("") is None
-    assert lsf_walltime(5400) == "1:30" and lsf_walltime(59) == "0:01" and lsf_walltime(86400 * 2) == "48:00"
+    assert lsf_walltime(5400) == "01:30" and lsf_walltime(59) == "00:01" and lsf_walltime(86400 * 2) == "48:00"
     assert lsf_memory(1234567890, "mb") == "1235" and lsf_memory(2 * GiB, "kb") == "2147484"
     assert lsf_memory(2 * GiB, "GB") == "3"
     with pytest.raises(BatchError, match="lsf_units='mib': use one of kb, mb"):
@@ -188,7 +188,7 @@ def test_render_memory_units_logs_and_refusals():
     script = lsf(ReplayRunner()).render(kit_spec(log_directory="/logs", working_directory="/w",
                                                  batch_options={"lsf_units": "mb"}))
     assert "#BSUB -e /logs/kit-job-%J.err\n#BSUB -o /logs/kit-job-%J.out\n#BSUB -q kit-queue\n" in script
-    assert "#BSUB -M 2148\n#BSUB -W 1:30\n#BSUB -cwd /w\n" in script
+    assert "#BSUB -M 2148\n#BSUB -W 01:30\n#BSUB -cwd /w\n" in script
     assert 'export HPC_CLUSTER_JOB_ID="$LSB_JOBID"' in script
     one = lsf(ReplayRunner()).render(kit_spec(cores=1))
     assert "#BSUB -n 1\n" in one and "span[hosts=1]" not in one

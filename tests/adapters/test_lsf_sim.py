@@ -60,7 +60,7 @@ def test_exit_code_and_segfault(lsf_sim, tmp_path):
 
 
 def test_run_limit_is_a_timeout_with_sigusr2(lsf_sim, tmp_path):
-    _, rec = run_to_end(adapter(), spec(tmp_path, "sleep 60", walltime=60))     # -W 0:01: 2 s here
+    _, rec = run_to_end(adapter(), spec(tmp_path, "sleep 60", walltime=60))     # -W 00:01: 2 s here
     assert (rec.state, rec.exit_code, rec.signal) == ("timeout", 140, 12)
     assert rec.time_limit == 60 and rec.elapsed >= 60
     assert rec.raw_state == "EXIT (TERM_RUNLIMIT: job killed after reaching LSF run time limit)"
