@@ -142,6 +142,20 @@ def kept_directives(directives: Sequence[Sequence[str]], skip: Sequence[str]) ->
             if not any(s in line for s in skip for line in spellings)]
 
 
+def clock_seconds(text: str) -> int | None:
+    """Seconds for a batch system's [[h:]m:]s clock ('0:10:0', '00:10:00', '6.5'); None if not one."""
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    if len(parts) > 3:
+        return None
+    seconds = 0.0
+    for p in parts:
+        seconds = seconds * 60 + p
+    return int(round(seconds))
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

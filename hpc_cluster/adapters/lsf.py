@@ -19,7 +19,7 @@ import re
 from typing import Sequence
 
 from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
-                   kept_directives)
+                   clock_seconds, kept_directives)
 
 # The bjobs -o fields we read, in one call (LSF 10.1 names; -json prints them upper case).
 BJOBS_FIELDS = ("jobid stat exit_code exit_reason pend_reason run_time runtimelimit max_mem memlimit "
@@ -78,17 +78,7 @@ def parse_lsf_duration(text: str | None, bare: str = "seconds") -> int | None:
     m = re.match(r"^(\d+(?:\.\d+)?)\s*(?:second\(s\)|seconds?|s)?$", text)
     if m:
         return int(round(float(m.group(1)) * (60 if bare == "minutes" and "second" not in text else 1)))
-    parts = text.split(":")
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        return None
-    if len(numbers) > 3:
-        return None
-    seconds = 0.0
-    for n in numbers:
-        seconds = seconds * 60 + n
-    return int(round(seconds))
+    return clock_seconds(text)
 
 
 def lsf_walltime(seconds: int) -> str:
