@@ -10,6 +10,7 @@ _EXPORTS = {
     "Client": "client",
     "Future": "futures", "as_completed": "futures", "wait": "futures",
     "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster", "SGECluster": "deploy.cluster",
+    "LSFCluster": "deploy.batch_clusters", "HTCondorCluster": "deploy.batch_clusters",
     "LocalCluster": "deploy.local",
     "Security": "protocol.tls",
     "progress": "progress",

@@ -72,9 +72,15 @@ WALLTIME_FORMS_BY_BATCH = {
     # h_rt is [[hours:]minutes:]seconds, like PBS's walltime (sge_types(1): time_specifier).
     "sge": "Grid Engine's h_rt forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may "
            "pass 24), or units like '90m', '1h30m', '2d'",
+    # bsub -W is [hours:]minutes: '30' is 30 minutes and '00:30' half an hour (dask-jobqueue's
+    # LSF default). Seconds are not LSF's; 'HH:MM:SS' is read as ours, rounded up to minutes.
+    "lsf": "LSF's -W forms: minutes ('30'), 'HH:MM' ('01:30' is 90 minutes), 'HH:MM:SS' (rounded up "
+           "to whole minutes), or units like '90m', '1h30m', '2d'",
 }
 # Batch systems without a day form ('D-HH:MM:SS' is SLURM's alone).
-_NO_DAYS = ("pbs", "sge")
+_NO_DAYS = ("pbs", "sge", "lsf")
+# Batch systems for which a bare number is minutes.
+_MINUTES = ("slurm", "lsf")
 
 
 def walltime_batch(batch: str | None) -> str | None:
@@ -106,6 +112,10 @@ def _colon_seconds(text: str, batch: str | None) -> float:
         h, m, s = parts
         if m >= 60 or s >= 60:
             raise ValueError
+    elif len(parts) == 2 and batch == "lsf":
+        (h, m), s = parts, 0                   # bsub -W HH:MM
+        if m >= 60:
+            raise ValueError
     elif len(parts) == 2:
         h, (m, s) = 0, parts
         # SLURM and PBS both read 'MM:SS' with any number of minutes; our own reading
@@ -118,10 +128,10 @@ def _colon_seconds(text: str, batch: str | None) -> float:
 
 
 def parse_walltime(value: int | float | str, what: str = "walltime", batch: str | None = None) -> int:
-    """Seconds for a walltime, read as `batch` ("slurm", "pbs", "sge" or None for our own forms) reads it.
+    """Seconds for a walltime, read as `batch` ("slurm", "pbs", "sge", "lsf" or None for ours) reads it.
 
     '01:00:00', '30:00', '2-00:00:00' (SLURM), '90m', '1h30m', 3600 ... A bare number is
-    minutes for SLURM and seconds otherwise, whether written as text or as a number.
+    minutes for SLURM and LSF and seconds otherwise, whether written as text or as a number.
     """
     forms = WALLTIME_FORMS_BY_BATCH.get(batch or "", WALLTIME_FORMS)
     if isinstance(value, bool):
@@ -131,9 +141,9 @@ def parse_walltime(value: int | float | str, what: str = "walltime", batch: str 
     try:
         if re.fullmatch(r"\d+(\.\d+)?", text):
             number = float(text)
-            if batch == "slurm" and not number.is_integer():
+            if batch in _MINUTES and not number.is_integer():
                 raise ValueError
-            seconds = number * 60 if batch == "slurm" else number
+            seconds = number * 60 if batch in _MINUTES else number
         elif _WALL_UNIT_RE.match(text):
             seconds = sum(float(n) * _WALL_UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
         else:

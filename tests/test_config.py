@@ -266,7 +266,7 @@ def test_unknown_key_names_file_line_site_and_suggestion():
     ("walltime: soon", r"line 4: walltime='soon' is not a duration I understand; use .*HH:MM:SS"),
     ("cores: -4", r"line 4: cores=-4 must be a whole number greater than 0"),
     ("processes: 1.5", r"line 4: processes=1.5 must be a whole number greater than 0"),
-    ("batch: lsf", r"line 4: batch='lsf' is not an installed batch system; installed: (.*, )?pbs, (.*, )?slurm"),
+    ("batch: loadleveler", r"line 4: batch='loadleveler' is not an installed batch system; installed: (.*, )?pbs, (.*, )?slurm"),
     ("nanny: maybe", r"line 4: nanny='maybe' must be true or false"),
     ("job_script_prologue: module load x", r"line 4: job_script_prologue='module load x' must be a list of strings; write \['module load x'\]"),
     ("memory_terminate_fraction: 1.5", r"line 4: memory_terminate_fraction=1.5 must be a fraction"),

@@ -208,12 +208,12 @@ def test_import_makes_a_site_of_each_slurm_and_pbs_section_and_says_what_it_left
     assert sites["pbs"] == {"batch": "pbs", "cores": 2, "resource_spec": "select=1:ncpus=2"}
     text = "\n".join(notes)
     assert "dashboard_address" not in text
-    for part in ("jobqueue.slurm.ncpus: not a setting", "idle_timeout']: not an option of hpc-cluster's scheduler",
+    for part in ("jobqueue.slurm.ncpus: a LSF setting; left out", "idle_timeout']: not an option of hpc-cluster's scheduler",
                  "jobqueue.slurm.extra: renamed to worker_extra_args", "jobqueue.pbs.job-cpu: a SLURM setting",
                  "jobqueue.mine: cannot tell which batch system"):
         assert part in text, part
     assert sites["sge"] == {"batch": "sge", "queue": "all.q", "walltime": "00:30:00", "account": "p1"}
-    assert "lsf" not in text and "jobqueue.sge" not in text and set(sites) == {"slurm", "pbs", "sge"}
+    assert "jobqueue.lsf" not in text and "jobqueue.sge" not in text and set(sites) == {"slurm", "pbs", "sge"}
     sites, _ = import_jobqueue(tree, {"mine": "pbs"})
     assert sites["mine"] == {"batch": "pbs", "cores": 1}
     assert customized({"name": "dask-worker", "walltime": "00:30:00", "cores": None}) == {}
@@ -230,7 +230,7 @@ def test_config_import_jobqueue_writes_a_site_config_that_resolves_the_same(home
     assert main(["config", "import-jobqueue", str(jq), "--path", str(target)]) == 0
     out = capsys.readouterr().out
     assert f"wrote {target}: site 'slurm'" in out and "site 'pbs'" in out
-    assert "jobqueue.slurm.ncpus: not a setting" in out and "env-extra: ignored, job_script_prologue is set" in out
+    assert "jobqueue.slurm.ncpus: a LSF setting" in out and "env-extra: ignored, job_script_prologue is set" in out
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         via_site = resolve(config=target, site="slurm", jobqueue=False)

@@ -74,6 +74,9 @@ class JobSpec:
     job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/arrays.py)
     array_size: int = 0                     # this submission is an array of so many elements (0: one job);
                                             # element i's workers are NAME-<worker_index + i>
+    # One batch system's own keywords (config/jobqueue.py's BATCH_OPTIONS: LSF's ncpus, mem,
+    # lsf_units, use_stdin; HTCondor's disk and command extras), read by that adapter alone.
+    batch_options: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -142,6 +145,20 @@ def kept_directives(directives: Sequence[Sequence[str]], skip: Sequence[str]) ->
             if not any(s in line for s in skip for line in spellings)]
 
 
+def clock_seconds(text: str) -> int | None:
+    """Seconds for a batch system's [[h:]m:]s clock ('0:10:0', '00:10:00', '6.5'); None if not one."""
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    if len(parts) > 3:
+        return None
+    seconds = 0.0
+    for p in parts:
+        seconds = seconds * 60 + p
+    return int(round(seconds))
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -177,6 +194,9 @@ class BatchAdapter:
 
     name = "base"
     template_name = ""
+    # How the batch system writes "running" (a job's raw_state): a job whose worker registered
+    # is shown running before the next poll confirms it (deploy/polling.py), in the system's word.
+    running_state = "RUNNING"
     submit_command = ""
     cancel_command = ""           # named to users who must cancel jobs by hand (`hpc-cluster down`)
     # Where `template_name` is: ours are in hpc_cluster/templates; a plugin's adapter ships its
@@ -194,6 +214,12 @@ class BatchAdapter:
             from .local_runner import LocalRunner      # it imports base: hence here, not on top
             runner = LocalRunner()
         self.runner = runner
+        self.options: dict = {}
+
+    def configure(self, options: dict) -> None:
+        """The jobs' `batch_options` for what is not in the script: how to submit and cancel
+        (LSF's use_stdin, HTCondor's command extras). The daemon calls it with its plan's."""
+        self.options = dict(options or {})
 
     # -- rendering -----------------------------------------------------------------
     def template_context(self, spec: JobSpec) -> dict:

@@ -371,6 +371,7 @@ def sanitize_job_name(name: str) -> str:
 
 class PBSAdapter(BatchAdapter):
     name = "pbs"
+    running_state = "R"
     template_name = "pbs.sh.j2"
     submit_command = "qsub"
     cancel_command = "qdel"

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from typing import Sequence
 
 from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
-                   fill_resource_spec, kept_directives)
+                   clock_seconds, fill_resource_spec, kept_directives)
 from ..units import format_walltime
 
 # qstat's state letters (a job shows several at once: 'hqw', 'Eqw', 'dr', 'Rr'). Checked in
@@ -62,18 +62,7 @@ def parse_sge_size(text: str | None) -> int | None:
 def parse_sge_time(text: str | None) -> int | None:
     """Seconds for '6s', '6.021s', '6' (qacct) or '0:10:0', '600' (h_rt): [[h:]m:]s."""
     text = (text or "").strip().rstrip("s")
-    if not text:
-        return None
-    try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        return None
-    if len(parts) > 3:
-        return None
-    seconds = 0.0
-    for p in parts:
-        seconds = seconds * 60 + p
-    return int(round(seconds))
+    return clock_seconds(text) if text else None
 
 
 def parse_category(text: str | None) -> dict[str, str]:
@@ -271,6 +260,7 @@ def sanitize_job_name(name: str) -> str:
 
 class SGEAdapter(BatchAdapter):
     name = "sge"
+    running_state = "r"
     template_name = "sge.sh.j2"
     submit_command = "qsub"
     cancel_command = "qdel"

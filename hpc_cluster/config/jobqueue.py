@@ -33,18 +33,27 @@ KEY_MAP = {
     "job-directives-skip": "job_directives_skip", "log-directory": "log_directory",
     "scheduler-options": "scheduler_options", "job-cpu": "job_cpu", "job-mem": "job_mem",
     "resource-spec": "resource_spec", "project": "account",
+    "ncpus": "ncpus", "mem": "mem", "lsf-units": "lsf_units", "use-stdin": "use_stdin",
+    "disk": "disk", "submit-command-extra": "submit_command_extra", "cancel-command-extra": "cancel_command_extra",
 }
 # Our own batch systems; a plugin's (an entry point, plugins.py) is none of these.
-KNOWN_BATCHES = ("slurm", "pbs", "sge")
+KNOWN_BATCHES = ("slurm", "pbs", "sge", "lsf", "htcondor")
 # Settings only some batch systems have: dask-jobqueue's other cluster classes do not read them.
-BATCH_ONLY = {"job_cpu": ("slurm",), "job_mem": ("slurm",), "resource_spec": ("pbs", "sge")}
+BATCH_ONLY = {"job_cpu": ("slurm",), "job_mem": ("slurm",), "resource_spec": ("pbs", "sge"),
+              "ncpus": ("lsf",), "mem": ("lsf",), "lsf_units": ("lsf",), "disk": ("htcondor",)}
+# ... and batch-only settings with a default (use_stdin: true), or a list: dropped silently
+# elsewhere, since every dask-jobqueue section carries the default (its jobqueue.yaml).
+BATCH_ONLY_DEFAULTED = {"use_stdin": ("lsf",), "submit_command_extra": ("htcondor",),
+                        "cancel_command_extra": ("htcondor",)}
+# The settings a JobSpec carries in batch_options for its adapter (adapters/lsf.py, htcondor.py).
+BATCH_OPTIONS = ("ncpus", "mem", "lsf_units", "use_stdin", "disk", "submit_command_extra", "cancel_command_extra")
 # Names dask-jobqueue renamed (old -> new). As there, the old one still counts, with a
 # FutureWarning, but only where the new one ends up empty.
 DEPRECATED = {"project": "account", "extra": "worker_extra_args", "env_extra": "job_script_prologue",
               "job_extra": "job_extra_directives", "header_skip": "job_directives_skip"}
 # ... except where it is no old name: dask-jobqueue's SGECluster calls its account `project`
 # (qsub -P), so there it is the setting itself, read without a warning.
-NATIVE_NAMES = {"sge": {"project"}}
+NATIVE_NAMES = {"sge": {"project"}, "lsf": {"project"}}
 # What dask's standard worker module means here: our worker. Not worth a note.
 DEFAULT_WORKER_COMMAND = "distributed.cli.dask_worker"
 
@@ -96,6 +105,8 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
             out.notes.append(f"{where} ({source.removeprefix('jobqueue:')}) is not a setting of "
                              f"dask-jobqueue's {_cluster_name(batch)} nor of ours; ignored")
             continue
+        if _defaulted_elsewhere(option, raw, batch):
+            continue
         if option in BATCH_ONLY and batch in KNOWN_BATCHES and batch not in BATCH_ONLY[option]:
             out.notes.append(f"{where} is a {_upper(BATCH_ONLY[option])} setting; "
                              f"{_cluster_name(batch)} does not use it (nor does dask-jobqueue's); ignored")
@@ -118,8 +129,16 @@ def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: 
         problems.append(f"{where} ({source.removeprefix('jobqueue:')}): {e}")
 
 
+def _defaulted_elsewhere(option: str, value: Any, batch: str | None) -> bool:
+    """use_stdin: true (dask-jobqueue's default, in every section its jobqueue.yaml writes) or
+    an empty command_extra list, in another batch system's section: nothing to say."""
+    only = BATCH_ONLY_DEFAULTED.get(option)
+    return bool(only) and batch not in only and value in (True, [])
+
+
 def _cluster_name(batch: str | None) -> str:
-    return {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}.get(batch or "", "cluster")
+    return {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster",
+            "htcondor": "HTCondorCluster"}.get(batch or "", "cluster")
 
 
 def _upper(batches) -> str:
@@ -238,7 +257,7 @@ JOBQUEUE_DEFAULTS = {
     "job-script-prologue": [], "job-extra-directives": [], "job-directives-skip": [],
     "scheduler-options": {}, "use-stdin": True,
 }
-SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs", "sge": "sge"}
+SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs", "sge": "sge", "lsf": "lsf", "htcondor": "htcondor"}
 
 
 def customized(section: Mapping[str, Any]) -> dict:
@@ -272,6 +291,8 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
         option = KEY_MAP.get(k)
         if option is None:
             notes.append(f"{where}: not a setting of dask-jobqueue's {_cluster_name(batch)} nor of ours; left out")
+        elif _defaulted_elsewhere(option, value, batch):
+            continue
         elif option in BATCH_ONLY and batch not in BATCH_ONLY[option]:
             notes.append(f"{where}: a {_upper(BATCH_ONLY[option])} setting; left out")
         elif option == "worker_command" and str(value).strip() == DEFAULT_WORKER_COMMAND:
@@ -298,12 +319,12 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
     return settings, notes
 
 
-OTHER_SECTIONS = ("lsf", "oar", "htcondor", "moab", "local")
+OTHER_SECTIONS = ("oar", "moab", "local")
 
 
 def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, dict], list[str]]:
-    """Sites from a whole `jobqueue:` tree: one per SLURM, PBS or SGE section (named after it),
+    """Sites from a whole `jobqueue:` tree: one per SLURM, PBS, SGE, LSF or HTCondor section (named after it),
     and notes on everything left behind, sections of other batch systems included.
     `batches` names the batch system of sections with names of the user's own."""
     sites: dict[str, dict] = {}
@@ -323,9 +344,11 @@ def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None =
                              f"({', '.join(customized(section))}) were left out")
             else:
                 notes.append(f"jobqueue.{name}: cannot tell which batch system it is for; name it with "
-                             f"--section {name}=slurm (or =pbs, =sge)")
+                             f"--section {name}=slurm (or =pbs, =sge, =lsf, =htcondor)")
             continue
-        if name not in SUPPORTED_SECTIONS and not customized(section):
+        if not customized(section) and (name not in SUPPORTED_SECTIONS or batch in ("lsf", "htcondor")):
+            # An LSF or HTCondor section as dask-jobqueue's jobqueue.yaml writes it (every user's
+            # has one) is no site: it would be an HTCondor site without its required disk.
             continue
         sites[name], site_notes = site_from_section(section, name, batch)
         notes += site_notes

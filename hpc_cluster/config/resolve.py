@@ -316,9 +316,14 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
         entry = merged[option]
         # Only our own batch systems are known not to read it; a plugin's adapter says itself.
         if batch in KNOWN_BATCHES and batch not in only and entry.value is not None:
-            instead = "resource_spec" if "slurm" in only else "job_extra_directives"
+            instead = {"ncpus": "cores", "mem": "memory"}.get(option) or (
+                "resource_spec" if "slurm" in only else "job_extra_directives")
             problems.append(f"{option} ({entry.source}) is a {'/'.join(b.upper() for b in only)} setting; "
                             f"on {batch.upper()} use {instead}")
+    if batch == "htcondor" and merged["disk"].value is None:
+        # As dask-jobqueue's HTCondorCluster: request_disk has no sensible default.
+        problems.append("HTCondor needs the disk each job asks for: give disk='1 GB' (request_disk), as "
+                        "dask-jobqueue's HTCondorCluster requires")
     if batch == "pbs" and merged["account"].value is None and environ.get("PBS_ACCOUNT"):
         # dask-jobqueue's PBSCluster charges $PBS_ACCOUNT when no account is set.
         merged["account"] = Entry(environ["PBS_ACCOUNT"], environ["PBS_ACCOUNT"], "env:PBS_ACCOUNT")

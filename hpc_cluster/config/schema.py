@@ -109,6 +109,16 @@ def _str_list(key, v):
     return list(v)
 
 
+def _directives(key, v):
+    """A list of directives; or a map, as dask-jobqueue's HTCondorCluster takes them (submit
+    description commands): each becomes 'key = value', and, written after ours, overrides ours."""
+    if isinstance(v, Mapping):
+        if not all(isinstance(k, str) and isinstance(x, (str, int, float, bool)) for k, x in v.items()):
+            raise ValueError(f"{key}={v!r} must map submit commands to values, e.g. {{'+MyAttr': '\"x\"'}}")
+        return [f"{k} = {str(x).lower() if isinstance(x, bool) else x}" for k, x in v.items()]
+    return _str_list(key, v)
+
+
 def _env_map(key, v):
     if not isinstance(v, Mapping):
         raise ValueError(f"{key}={v!r} must be a map of variable names to values, e.g. {{OMP_NUM_THREADS: '1'}}")
@@ -152,6 +162,13 @@ def _slurm_mem(key, v):
         raise ValueError(f"{key}={v!r} is handed to sbatch as --mem={v}: write a number of megabytes "
                          "or a number with K, M, G or T, e.g. '100G' (or drop it: memory= sets --mem)")
     return text
+
+
+def _lsf_units(key, v):
+    units = ("kb", "mb", "gb", "tb", "pb", "eb")
+    if not isinstance(v, str) or v.strip().lower() not in units:
+        raise ValueError(f"{key}={v!r} must be one of {', '.join(units)}: LSF_UNIT_FOR_LIMITS in your lsf.conf")
+    return v.strip().lower()
 
 
 # What `worker_command` may name: dask's worker module means "the standard worker", which
@@ -304,7 +321,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("batch", "slurm|pbs|sge|<plugin>|local", _batch, None,
+    Option("batch", "slurm|pbs|sge|lsf|htcondor|<plugin>|local", _batch, None,
            "batch system that runs the workers; unset: the cluster class decides", example="slurm"),
     Option("cores", "int > 0", _int(1), None, "cores per job, shared by its worker processes (required, "
            "as in dask-jobqueue)", example=4),
@@ -316,7 +333,8 @@ OPTIONS: tuple[Option, ...] = (
            "reads it (SLURM: '60' is 60 minutes; PBS: '60' is 60 seconds)"),
     Option("queue", "str", _str, None, "SLURM partition or PBS queue", example="normal"),
     Option("account", "str", _str, None, "account (project) the jobs are charged to", example="lab123"),
-    Option("job_extra_directives", "list of str", _str_list, [], "extra batch directives, e.g. ['--gres=gpu:1']"),
+    Option("job_extra_directives", "list of str", _directives, [], "extra batch directives, e.g. ['--gres=gpu:1'] "
+           "(HTCondor: a map of submit commands, e.g. {'+MyAttr': '\"x\"'}, as in dask-jobqueue)"),
     Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of "
            "these strings (matched against both spellings of a directive: '-J' and '--job-name')"),
     Option("job_cpu", "int > 0", _int(1), None, "SLURM only: --cpus-per-task, instead of cores", example=8),
@@ -328,6 +346,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("resource_spec", "str", _str, None, "PBS only: the -l resource request, replacing "
            "select=1:ncpus={cores}:mem={memory} (Torque: nodes=1:ppn={cores},mem={memory})",
            example="nodes=1:ppn={cores},mem={memory}"),
+    # dask-jobqueue's LSFCluster and HTCondorCluster keywords (resolve.py refuses them elsewhere).
+    Option("ncpus", "int > 0", _int(1), None, "LSF only: bsub -n, instead of cores", example=8),
+    Option("mem", "size", _size, None, "LSF only: the bsub -M memory limit, instead of memory", example="16GB"),
+    Option("lsf_units", "kb|mb|gb|tb|pb|eb", _lsf_units, None, "LSF only: the unit of -M (LSF_UNIT_FOR_LIMITS); "
+           "unset: read from $LSF_ENVDIR/lsf.conf, else kb", example="mb"),
+    Option("use_stdin", "bool", _bool, True, "LSF only: submit with `bsub < script` (true) or `bsub script`"),
+    Option("disk", "size", _size, None, "HTCondor only: request_disk per job (required there, as in "
+           "dask-jobqueue)", example="1GB"),
+    Option("submit_command_extra", "list of str", _str_list, [], "HTCondor only: extra arguments to condor_submit, "
+           "e.g. ['-name', 'schedd.example.org']"),
+    Option("cancel_command_extra", "list of str", _str_list, [], "HTCondor only: extra arguments to condor_rm "
+           "(and condor_q/condor_history), e.g. ['-name', 'schedd.example.org']"),
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
     Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "

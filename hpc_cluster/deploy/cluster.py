@@ -1,4 +1,4 @@
-"""SLURMCluster, PBSCluster and SGECluster: dask-jobqueue's classes, so switching is a change of import.
+"""SLURMCluster, PBSCluster, SGECluster (LSF's, HTCondor's: batch_clusters.py): dask-jobqueue's classes.
 
     cluster = SLURMCluster(cores=4, memory="16GB", walltime="01:00:00")
     cluster.scale(8)                      # 8 workers: 2 jobs of 4 processes, as dask-jobqueue
@@ -149,12 +149,12 @@ class JobQueueCluster:
                                  f"rather than\ncluster = {cls}(..., {key}={given!r})")
         if job_cls is not None:
             raise ValueError(f"job_cls={job_cls!r}: hpc-cluster has no Job classes; a batch system is an "
-                             "adapter (SLURMCluster, PBSCluster, SGECluster, or batch='slurm'/'pbs'/'sge' or a "
-                             "plugin's name in a site)")
+                             "adapter (SLURMCluster, PBSCluster, SGECluster, LSFCluster, HTCondorCluster, or batch= "
+                             "'slurm'/'pbs'/'sge'/'lsf'/'htcondor' or a plugin's name in a site)")
         if not self.batch and not job_kwargs.get("batch"):
             raise ValueError(f"You need to specify a Job type (dask-jobqueue's job_cls), that is a batch system, "
-                             f"for {cls}: use SLURMCluster, PBSCluster or SGECluster, or pass batch='slurm', "
-                             "'pbs', 'sge' or an installed plugin's name")
+                             f"for {cls}: use SLURMCluster, PBSCluster, SGECluster, LSFCluster or HTCondorCluster, "
+                             "or pass batch='slurm', 'pbs', 'sge', 'lsf', 'htcondor' or an installed plugin's name")
         if scheduler_cls is not None:
             raise ValueError(f"scheduler_cls={scheduler_cls!r}: hpc-cluster runs its own scheduler in the "
                              "cluster daemon; remove scheduler_cls")

@@ -56,6 +56,10 @@ async def run(plan: dict) -> int:
     sc = plan["scheduler"]
     runner = make_runner(plan.get("ssh"))
     adapter = get_adapter(plan["batch"], runner)
+    # How to submit and cancel (LSF's use_stdin, HTCondor's command extras) is the jobs' own
+    # setting, not the script's: the default pool's (pools share the batch system's commands).
+    default_job = ((plan.get("pools") or {}).get("default") or {}).get("job") or plan.get("job") or {}
+    adapter.configure(default_job.get("batch_options") or {})
     # Run as a scheduler job (scheduler_in_job, deploy/scheduler_job.py): this job's id and times.
     in_job = own_job() if plan.get("scheduler_job") else None
     if in_job and plan.get("successor_of"):

@@ -176,7 +176,7 @@ class PoolManager:
                 job.registered = True
                 if job.state == "pending":
                     now = self.clock()
-                    job.state, job.raw_state = "running", "RUNNING"
+                    job.state, job.raw_state = "running", getattr(self.adapter, "running_state", "RUNNING")
                     start = info.get("job_start")
                     job.started = float(start) if isinstance(start, (int, float)) and start <= now else now
             return
