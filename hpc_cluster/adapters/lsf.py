@@ -212,7 +212,7 @@ class LSFAdapter(BatchAdapter):
             raise BatchError("job_cpu and job_mem are SLURM settings; on LSF use ncpus= (bsub -n) and mem= (bsub -M)")
         opts = spec.batch_options
         ncpus = opts.get("ncpus") or spec.cores
-        # deploy/lsf_conf.py fills lsf_units in from lsf.conf; without it, LSF's own default.
+        # deploy/batch_options.py fills lsf_units in from lsf.conf; without it, LSF's own default.
         units = opts.get("lsf_units") or self.options.get("lsf_units") or "kb"
         mem = lsf_memory(opts.get("mem") or spec.memory, units)
         # dask-jobqueue's LSFJob header, in its order and spelling (each with no other spelling).

@@ -31,11 +31,10 @@ from ..protocol.secret import (cluster_file_for, clusters_dir, journal_for, new_
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
-from ..config.jobqueue import BATCH_ONLY, BATCH_ONLY_DEFAULTED, BATCH_OPTIONS
 from ..config.pools import DEFAULT_POOL
 from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
-from .lsf_conf import detect_lsf_units
+from .batch_options import batch_options
 from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
 
@@ -186,14 +185,6 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool:
                    job_mem=v["job_mem"], job_array=v["job_array"],
                    batch_options=batch_options(v))
 
-
-def batch_options(v: dict) -> dict:
-    """The batch system's own keywords that are set, for its adapter (JobSpec.batch_options)."""
-    only = {**BATCH_ONLY, **BATCH_ONLY_DEFAULTED}
-    out = {k: v[k] for k in BATCH_OPTIONS if v.get(k) not in (None, []) and v["batch"] in only[k]}
-    if v["batch"] == "lsf" and "lsf_units" not in out:
-        out["lsf_units"] = detect_lsf_units()          # as dask-jobqueue: the site's lsf.conf
-    return out
 
 
 def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worker",

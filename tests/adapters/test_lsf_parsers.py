@@ -142,7 +142,7 @@ def test_values():
 
 
 def test_lsf_units_from_lsf_conf(tmp_path):
-    from hpc_cluster.deploy.lsf_conf import detect_lsf_units
+    from hpc_cluster.deploy.batch_options import detect_lsf_units
     (tmp_path / "lsf.conf").write_text("LSF_UNIT_FOR_LIMITS=KB\n# later wins\nLSF_UNIT_FOR_LIMITS=MB\n")
     assert detect_lsf_units({"LSF_ENVDIR": str(tmp_path)}) == "mb"
     assert detect_lsf_units({"LSF_ENVDIR": str(tmp_path / "none")}) == "kb"
