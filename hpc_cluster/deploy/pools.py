@@ -203,8 +203,12 @@ class PoolManager:
         """Before answering `jobs`: a poll, if the table may be stale, that is while the
         pacer polls fast anyway (jobs starting or ending); in steady state the events and
         the steady poll keep it current, and a client asking every second costs nothing."""
-        if self.pacer.interval(self.jobs_watched()) <= self.pacer.settings.fast and \
-                self.clock() - self.pacer.last_poll >= 0.5:
+        jobs = self.jobs_watched()
+        # A job submitted since the last poll has no word from the batch system yet: ask, so
+        # the table shows the system's state (squeue's PENDING), never our placeholder.
+        unseen = any(not j.final and j.submitted >= self.pacer.last_poll for j in jobs)
+        if unseen or (self.pacer.interval(jobs) <= self.pacer.settings.fast and
+                      self.clock() - self.pacer.last_poll >= 0.5):
             if await self.poll_once():
                 self.pacer.polled()
 
