@@ -275,9 +275,9 @@ def test_resource_spec_reaches_a_pbs_job_and_is_refused_on_slurm(config):
     assert "#PBS -l nodes=1:ppn=4,mem=16GB" in script and "select=" not in script
     # Refused when the configuration is read (dask-jobqueue's SLURMCluster has no such keyword),
     # and by the adapter for a spec made some other way.
-    with pytest.raises(ConfigError, match=r"resource_spec \(keyword\) is a PBS setting; on SLURM use job_extra_directives"):
+    with pytest.raises(ConfigError, match=r"resource_spec \(keyword\) is a PBS/SGE setting; on SLURM use job_extra_directives"):
         config(resource_spec="nodes=1")
-    with pytest.raises(BatchError, match="resource_spec=.* is a PBS setting; on SLURM .*job_extra_directives"):
+    with pytest.raises(BatchError, match="resource_spec=.* is a PBS/SGE setting; on SLURM .*job_extra_directives"):
         SLURMAdapter().render(job_spec(config(), CLUSTER_FILE).replace(resource_spec="nodes=1"))
 
 

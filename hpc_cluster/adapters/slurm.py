@@ -402,7 +402,7 @@ class SLURMAdapter(BatchAdapter):
     def template_context(self, spec: JobSpec) -> dict:
         check_env_names(spec.env)
         if spec.resource_spec:
-            raise BatchError(f"resource_spec={spec.resource_spec!r} is a PBS setting; on SLURM add what "
+            raise BatchError(f"resource_spec={spec.resource_spec!r} is a PBS/SGE setting; on SLURM add what "
                              "you need with job_extra_directives, e.g. ['--gres=gpu:1']")
         if spec.cores < 1:
             raise BatchError(f"cores={spec.cores!r}: a job needs at least one core")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,6 +60,17 @@ def private_tmp_wrapper(mode: str, keep: Iterable[str] = ()) -> list[str]:
         script = ('old=$(mktemp -d /var/tmp/hpc-cluster-old-tmp-XXXXXX) && mount --bind /tmp "$old"'
                   f' && {_MOUNT_TMP.split(" && exec")[0]}{binds} && umount "$old" && rmdir "$old" && exec "$@"')
     return ["unshare", *_UNSHARE[mode], "--", "sh", "-c", script, "private-tmp"]
+
+
+def own_network(mode: str, command: list[str]) -> list[str]:
+    """`command` run in a network namespace of its own (loopback only), as root: dask's tests
+    start distributed clusters of their own on its default port 8787, and two runs side by
+    side (or anything else on the machine) holding it turns distributed's "Port 8787 is
+    already in use" warning into a failure under dask's `filterwarnings = error`. As another
+    user, the command as it is."""
+    if mode != "root" or not shutil.which("ip"):
+        return command
+    return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "own-network", *command]
 
 
 def kept_under_tmp() -> list[str]:

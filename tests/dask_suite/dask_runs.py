@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dask_clusters import own_network
 from dask_fetch import FILES, PACKAGE, VERSION, extract
 from upstream import PYTEST, PytestRun, Result, cache_dir, isolated_environ, read_junit
 
@@ -107,7 +108,7 @@ def make_run(suite: Path, base: Path, client: str, files: tuple[str, ...], priva
         command += ["--dask-only", str(cwd / "only.txt")]
     if shard:
         command += ["--dask-shard", f"{shard[0]}/{shard[1]}"]
-    return DaskRun(cwd=cwd, command=command, environ=environ, client=client, files=files, only=only)
+    return DaskRun(cwd=cwd, command=own_network(private_tmp, command), environ=environ, client=client, files=files, only=only)
 
 
 def session_directory() -> Path:
