@@ -109,7 +109,9 @@ async def reattach(client) -> bool:
         address = client.scheduler_address
         if client._cluster_file:
             try:
-                address = read_cluster_file(client._cluster_file)["address"]
+                # `up` resuming a cluster writes the file with no address until its scheduler
+                # listens: not yet, so the old address (refused) and another round.
+                address = read_cluster_file(client._cluster_file)["address"] or address
             except (OSError, ValueError, KeyError):
                 pass
         try:

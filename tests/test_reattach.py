@@ -183,6 +183,33 @@ def test_workers_and_clients_follow_the_cluster_file_to_a_new_address(processes,
     kill(second)
 
 
+def test_a_client_waits_through_a_cluster_file_with_no_address_yet(processes, tmp_path, caplog):
+    """`hpc-cluster up` resuming a killed daemon writes the cluster file with an empty address
+    until the new scheduler listens (deploy/launch.py); a client reconnecting then took '' for
+    an address, failed to parse it and cancelled every future at once (CI, test_restart.py)."""
+    import logging
+
+    from hpc_cluster.protocol.secret import read_cluster_file, write_cluster_file
+    caplog.set_level(logging.INFO, logger="hpc_cluster.client")
+    cluster_file = tmp_path / "cluster.json"
+    write_cluster_file(cluster_file, "tcp://127.0.0.1:1", processes.secret)
+    first, address = processes.scheduler(0, "--cluster-file", str(cluster_file))
+    wait_until(lambda: read_cluster_file(cluster_file)["address"] == address, what="the cluster file")
+    processes.worker(address, "--no-nanny", "--cluster-file", str(cluster_file))
+    with Client(cluster_file=str(cluster_file), timeout=20) as c:
+        c.wait_for_workers(1, 30)
+        kill(first)
+        write_cluster_file(cluster_file, "", processes.secret)
+        seen = len(caplog.records)
+        wait_until(lambda: sum("not reachable yet" in r.getMessage() for r in caplog.records[seen:]) >= 2,
+                   20, "the client to retry while the cluster file names no address")
+        late = c.submit(marked, str(tmp_path), "late", 5)
+        second, new_address = processes.scheduler(0, "--cluster-file", str(cluster_file), "--reattach-grace", "3")
+        assert late.result(timeout=60) == 50
+        assert c.scheduler_address == new_address
+    kill(second)
+
+
 def test_a_nanny_rejoins_the_restarted_scheduler_so_restart_reaches_it(processes):
     """The nanny's own link to the scheduler comes back too: client.restart() after a scheduler
     restart restarts the worker through its nanny (a new worker process), instead of finding a
