@@ -11,8 +11,10 @@ dask's SpillBuffer in spirit (distributed/spill.py), and its thresholds
 - pause (0.8): above it the worker starts no new task until its memory falls again;
 - terminate (0.95): the nanny's kill (worker/nanny.py), the last resort.
 
-Each can be False (off). A spilled result comes back into memory when a task reads it; a
-peer or client that asks for it gets the file's bytes as they are (no unpickling, no
+Each can be False (off). A spilled result comes back into memory when a task reads it and
+it fits under the target as it is; when memory is full it is read for the task and stays on
+disk (bringing it back would only push another result out: a write per read, where a
+reduction over persisted data that does not fit reads each chunk once). A peer or client that asks for it gets the file's bytes as they are (no unpickling, no
 unspilling). Values are written as `serialize.dumps_value` makes them, the pickle stream
 and each out-of-band buffer (numpy/pandas data) as they are, so an array goes from its own
 memory to the file without an extra copy and is read back into a buffer of its own.
@@ -211,9 +213,8 @@ class SpillStore:
             except FileNotFoundError:
                 raise KeyError(key) from None
         with self._lock:
-            back = self.slow.get(key) is entry and self._unspill(key, value, entry)
-        if back:
-            self._evict_to(self.target)            # outside the lock: writing takes a while
+            if self.slow.get(key) is entry:
+                self._unspill(key, value, entry)
         return value
 
     def payload(self, key: str, max_inband: int | None = None) -> Opaque:
@@ -357,11 +358,11 @@ class SpillStore:
             pass
 
     def _unspill(self, key: str, value, entry) -> bool:
-        """A task read a spilled value: keep it in memory again (unless it alone is larger
-        than the target), dropping its file. True when it came back (the caller then spills
-        others if that is too much, outside the lock)."""
+        """A task read a spilled value: keep it in memory again, dropping its file, when it
+        fits under the target with what is there; otherwise it stays on disk (alive while the
+        task holds it). True when it came back."""
         weight = self.weight.get(key, 0)
-        if self.target is not None and weight > self.target:
+        if self.target is not None and self.memory_bytes + weight > self.target:
             try:
                 self._alive[key] = value
             except TypeError:
