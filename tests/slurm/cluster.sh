@@ -219,8 +219,15 @@ start_slurm() {
     fi
     sacctmgr_quiet add account hpctest cluster="$CLUSTER_NAME" description=tests organization=tests
     sacctmgr_quiet add user root account=hpctest cluster="$CLUSTER_NAME" defaultaccount=hpctest
-    if ! start slurmctld /run/slurm/slurmctld.pid /usr/sbin/slurmctld; then
-        ((CONFIG_CHANGED)) && { log "config changed: scontrol reconfigure"; scontrol reconfigure; }
+    if ! start slurmctld /run/slurm/slurmctld.pid /usr/sbin/slurmctld && ((CONFIG_CHANGED)); then
+        log "config changed: scontrol reconfigure"
+        if ! scontrol reconfigure; then
+            # A node's CPUs or memory changed: only a restart of both daemons takes that.
+            log "restarting slurmctld and slurmd for the new node configuration"
+            stop_daemon slurmd
+            stop_daemon slurmctld
+            start slurmctld /run/slurm/slurmctld.pid /usr/sbin/slurmctld
+        fi
     fi
     wait_for slurmctld 60 bash -c 'scontrol ping | grep -q UP'
     start slurmd /run/slurm/slurmd.pid /usr/sbin/slurmd || true
@@ -242,21 +249,27 @@ cmd_up() {
     log "cluster $CLUSTER_NAME up in $((SECONDS - t0))s: node $NODE, partitions debug (default), low, high"
 }
 
+# stop_daemon NAME: stop a daemon the state dir says we started.
+stop_daemon() {
+    local name=$1 pidfile pid
+    [[ -s $STATE_DIR/$name ]] || return 0
+    pidfile=$(cat "$STATE_DIR/$name")
+    if pid_alive "$pidfile"; then
+        pid=$(cat "$pidfile")
+        log "stopping $name (pid $pid)"
+        kill -TERM "$pid"
+        local deadline=$((SECONDS + 30))
+        while proc_alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+        if proc_alive "$pid"; then log "$name did not stop; SIGKILL"; kill -KILL "$pid"; fi
+    fi
+    rm -f "$STATE_DIR/$name"
+}
+
 # Stop in reverse order, only what the state dir says we started.
 cmd_down() {
-    local name pidfile pid
+    local name
     for name in slurmd slurmctld slurmdbd mysqld munged; do
-        [[ -s $STATE_DIR/$name ]] || continue
-        pidfile=$(cat "$STATE_DIR/$name")
-        if pid_alive "$pidfile"; then
-            pid=$(cat "$pidfile")
-            log "stopping $name (pid $pid)"
-            kill -TERM "$pid"
-            local deadline=$((SECONDS + 30))
-            while proc_alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
-            if proc_alive "$pid"; then log "$name did not stop; SIGKILL"; kill -KILL "$pid"; fi
-        fi
-        rm -f "$STATE_DIR/$name"
+        stop_daemon "$name"
     done
     log "down"
 }
