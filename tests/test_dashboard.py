@@ -121,6 +121,23 @@ def test_the_states_death_memory_is_preferred_to_the_records_own():
     assert len(Views(fake_scheduler(st)).death_memory(0)["memory"]["samples"]) == 5
 
 
+def test_a_finished_and_forgotten_map_still_shows_done_in_its_bar():
+    """Tasks gathered and let go leave the scheduler; their bar counts them as released
+    (dask's progress bars do the same) instead of vanishing."""
+    from hpc_cluster.scheduler.records import TaskState
+    st = SchedulerState()
+    for i in range(5):
+        st.tasks[f"inc-{i}"] = TaskState(f"inc-{i}", state="memory")
+    now = [100.0]
+    views = Views(fake_scheduler(st), clock=lambda: now[0])
+    assert {r["prefix"]: r["memory"] for r in views.tasks()["prefixes"]} == {"inc": 5}
+    for i in range(3):
+        del st.tasks[f"inc-{i}"]
+    now[0] += 2.0
+    row = {r["prefix"]: r for r in views.tasks()["prefixes"]}["inc"]
+    assert (row["memory"], row["released"], row["total"]) == (2, 3, 5)
+
+
 def test_progress_per_prefix_counts_each_state_column_and_is_reused_for_a_second():
     from hpc_cluster.scheduler.records import TaskState
     st = SchedulerState()

@@ -92,6 +92,9 @@ class Views:
         self._prefixes: tuple[float, dict] | None = None
         self._reuse = TASKS_CACHE                     # seconds the last counts stay good
         self._prefix_of: dict[str, str] = {}          # key -> key_prefix(key), for the tasks alive
+        # Tasks seen by an earlier count and forgotten since (their results gathered and let
+        # go), per prefix: the bar of a finished map still shows it done, as dask's does.
+        self._gone: Counter = Counter()
 
     @property
     def state(self):
@@ -107,14 +110,20 @@ class Views:
         started = time.perf_counter()
         tasks, known = self.state.tasks, self._prefix_of
         # The prefix map follows the tasks by set differences (C speed); only new keys are split.
-        for key in known.keys() - tasks.keys():
-            del known[key]
+        gone = known.keys() - tasks.keys()
+        if gone:
+            self._gone.update(map(known.pop, gone))
+            if len(self._gone) > 4 * MAX_PREFIXES:        # keys without a common name: bounded
+                self._gone = Counter(dict(self._gone.most_common(2 * MAX_PREFIXES)))
         for key in tasks.keys() - known.keys():
             known[key] = key_prefix(key)
         # One pass over every task, counted by (prefix, state) in C: the cost per task is what
         # decides this page's cost with 100,000 tasks (docs/dashboard.md, BENCHMARKS.md).
         pairs = Counter(zip(map(known.__getitem__, tasks), map(_STATE, tasks.values())))
         counts: dict[str, dict[str, int]] = {}
+        for prefix, n in self._gone.items():
+            counts[prefix] = dict.fromkeys(COLUMNS, 0)
+            counts[prefix]["released"] = n
         for (prefix, state), n in pairs.items():
             row = counts.get(prefix)
             if row is None:
