@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +15,14 @@ import pytest
 # the suite must not see the developer's ~/.config/dask, nor leave files there (importing
 # dask_jobqueue copies its jobqueue.yaml into dask's config directory). Set before dask loads.
 os.environ["DASK_CONFIG"] = tempfile.mkdtemp(prefix="hpc-cluster-tests-dask-config-")
+# Likewise our own: cluster files, journals and logs of the clusters tests start go to
+# $XDG_CONFIG_HOME/hpc-cluster/clusters; they piled up in the developer's ~/.config (and a
+# user's config file there would change what the tests see). Tests that need a home of
+# their own still make one (isolated_home, own_home).
+_CONFIG_HOME = tempfile.mkdtemp(prefix="hpc-cluster-tests-config-home-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+atexit.register(shutil.rmtree, _CONFIG_HOME, True)
+atexit.register(shutil.rmtree, os.environ["DASK_CONFIG"], True)
 
 from hpc_cluster import Client, LocalCluster
 

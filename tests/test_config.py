@@ -545,7 +545,7 @@ def test_show_with_an_unknown_site_fails(shell, capsys):
 
 def test_cli_entry_point_in_a_subprocess(place):
     place.write(place.user_file, "sites:\n  s:\n    cores: -1\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HPC_CLUSTER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPC_CLUSTER_") and k != "XDG_CONFIG_HOME"}
     env.update(place.environ, PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "config", "check"],
                          cwd=place.work, env=env, capture_output=True, text=True, timeout=60)
