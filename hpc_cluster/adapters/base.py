@@ -71,6 +71,7 @@ class JobSpec:
     job_cpu: int | None = None              # SLURM: --cpus-per-task instead of cores
     job_mem: str | None = None              # SLURM: --mem as written, instead of memory
     worker_index: int = 0                   # the job's number in its cluster: workers are NAME-<index>
+    worker_name: str = ""                   # that NAME (the cluster's name=); "" where none is known
     job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/arrays.py)
     array_size: int = 0                     # this submission is an array of so many elements (0: one job);
                                             # element i's workers are NAME-<worker_index + i>

@@ -226,9 +226,12 @@ class HTCondorAdapter(BatchAdapter):
             raise BatchError("HTCondor needs the disk each job asks for: give disk='1 GB' (request_disk)")
         # dask-jobqueue's HTCondorJob header, in its order and names; the requests are written as
         # numbers (not expressions over MY.DaskWorker*), so condor_q -json prints them as numbers.
+        # batch_name is the job's own name, NAME-<index>, as dask-jobqueue's HTCondorJob writes its
+        # `name` there (not job_name): condor_q's BATCH_NAME then names the workers the job runs.
+        batch_name = f"{spec.worker_name}-{spec.worker_index}" if spec.worker_name else spec.job_name
         ours = [
             ('MY.DaskWorkerName = "htcondor--$F(MY.JobId)--"', "MY.DaskWorkerName"),
-            (f"batch_name = {spec.job_name}", "batch_name"),
+            (f"batch_name = {condor_literal(batch_name)}", "batch_name"),
             (f"RequestCpus = {spec.cores}", "RequestCpus"),
             (f"RequestMemory = {math.ceil(spec.memory / MiB)}", "RequestMemory"),
             (f"RequestDisk = {math.ceil(int(disk) / 1024)}", "RequestDisk"),

@@ -182,7 +182,7 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool:
                    python=worker_python(cfg), nanny=v["nanny"], env=dict(v["env"]),
                    working_directory=v["working_directory"], template=v["template"],
                    resource_spec=v["resource_spec"], shebang=v["shebang"], job_cpu=v["job_cpu"],
-                   job_mem=v["job_mem"], job_array=v["job_array"],
+                   job_mem=v["job_mem"], job_array=v["job_array"], worker_name=name,
                    batch_options=batch_options(v))
 
 

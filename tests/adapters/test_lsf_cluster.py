@@ -45,3 +45,13 @@ def test_lsf_keywords_elsewhere_are_refused_with_the_keyword_to_use():
     from hpc_cluster import SLURMCluster
     with pytest.raises(ConfigError, match="ncpus .* is a LSF setting; on SLURM use cores"):
         SLURMCluster(cores=1, memory="1GB", ncpus=2)
+
+
+@pytest.mark.parametrize("config_value,keyword", [(None, False), (None, True), (True, None), (False, None),
+                                                  (True, False)])
+def test_use_stdin_comes_from_the_keyword_over_jobqueue_config(config_value, keyword):
+    """dask-jobqueue's test_use_stdin, which reads it off their internal Job object, on ours."""
+    import dask
+    with dask.config.set({"jobqueue.lsf.use-stdin": config_value}):
+        c = LSFCluster(cores=1, memory="2GB", **({} if keyword is None else {"use_stdin": keyword}))
+        assert c.config.values["use_stdin"] is (config_value if keyword is None else keyword)

@@ -46,8 +46,10 @@ def test_htcondor_header_has_dask_jobqueues_commands_in_its_order(tmp_path):
     kwargs = dict(cores=2, memory="4GB", disk="1GB", log_directory="/tmp/logs", job_name="dw")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        job = HTCondorJob(scheduler="tcp://127.0.0.1:8786", name="dw", cores=2, memory="4GB", disk="1GB",
-                          log_directory="/tmp/logs")
+        # In a cluster named "w", dask-jobqueue names its first job "w-0" (SpecCluster's worker
+        # name), and HTCondorJob writes that name, not job_name, as batch_name.
+        job = HTCondorJob(scheduler="tcp://127.0.0.1:8786", name="w-0", job_name="dw", cores=2, memory="4GB",
+                          disk="1GB", log_directory="/tmp/logs")
     theirs = {k: str(v) for k, v in job.job_header_dict.items()}
     cfg = resolve(batch="htcondor", jobqueue=False, **kwargs)
     lines = get_adapter("htcondor").template_context(job_spec(cfg, str(tmp_path / "c.json"), "w"))["directives"]
@@ -57,4 +59,5 @@ def test_htcondor_header_has_dask_jobqueues_commands_in_its_order(tmp_path):
     same = {k for k in theirs if not k.startswith("Request")}
     assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
     assert (ours["RequestCpus"], ours["RequestMemory"], ours["RequestDisk"]) == ("2", "3815", "976563")
+    assert ours["batch_name"] == "w-0"
     assert theirs["RequestMemory"] == "floor(MY.DaskWorkerMemory / 1048576)"     # 4e9 / 2**20, floored: 3814

@@ -24,6 +24,8 @@ from djq_suite import VERSION, SuiteUnavailable  # noqa: E402
 from djq_table import TableError, known_failures  # noqa: E402
 from slurm_jobs import CLUSTER_SH, cluster_is_up  # noqa: E402
 
+SGE_CLUSTER_SH = HERE.parent / "sge" / "cluster.sh"
+
 
 def pytest_terminal_summary(terminalreporter):
     if SUMMARIES:
@@ -32,25 +34,37 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(text)
 
 
-def slurm_unavailable() -> str | None:
-    """None when the SLURM test cluster is up; else why the SLURM run is skipped.
+def unavailable(system: str, cluster_sh: Path, is_up, command: str) -> str | None:
+    """None when `system`'s test cluster is up (`is_up()`); else why its run is skipped.
 
-    As tests/slurm/conftest.py's `slurm_cluster`: started with cluster.sh when we are root
-    (a failed start is an error, not a skip), skipped loudly otherwise.
+    As tests/slurm's `slurm_cluster` and tests/sge's `gridengine` fixtures: started with its
+    cluster.sh when we are root (a failed start is an error, not a skip), skipped loudly otherwise.
     """
-    if cluster_is_up():
+    if is_up():
         return None
     if os.geteuid() != 0:
-        reason = ("SLURM TESTS SKIPPED: the test cluster is not up and we are not root to start "
-                  f"it. Run `sudo {CLUSTER_SH} up` first.")
-        if shutil.which("sbatch") is None:
-            reason += " (no sbatch on PATH either)"
+        reason = (f"{system} TESTS SKIPPED: the test cluster is not up and we are not root to start "
+                  f"it. Run `sudo {cluster_sh} up` first.")
+        if shutil.which(command) is None:
+            reason += f" (no {command} on PATH either)"
         return reason
-    proc = subprocess.run([str(CLUSTER_SH), "up"], stdin=subprocess.DEVNULL,
+    proc = subprocess.run(["bash", str(cluster_sh), "up"], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"{CLUSTER_SH} up failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise RuntimeError(f"{cluster_sh} up failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return None
+
+
+def gridengine_is_up() -> bool:
+    return shutil.which("qstat") is not None and subprocess.run(
+        ["bash", str(SGE_CLUSTER_SH), "status"], capture_output=True, timeout=60).returncode == 0
+
+
+# The runs that need a real batch system, and how to know it is there.
+REAL_SYSTEMS = {"slurm": lambda: unavailable("SLURM", CLUSTER_SH, cluster_is_up, "sbatch"),
+                "sge": lambda: unavailable("SGE", SGE_CLUSTER_SH, gridengine_is_up, "qsub")}
+# The runs on our command-level simulators: nothing to bring up.
+SIMULATED = ("pbs", "lsf", "htcondor")
 
 
 class Runs:
@@ -93,22 +107,24 @@ def djq_runs(request, tmp_path_factory):
         runs.table = known_failures()
         suite = prepare(base)
     except (SuiteUnavailable, TableError, OSError) as e:
-        runs.failed = {env: str(e) for env in (None, "slurm", "pbs")}
+        runs.failed = {env: str(e) for env in (None, *REAL_SYSTEMS, *SIMULATED)}
         yield runs
         return
-    for env in (None, "pbs"):
+    for env in (None, *SIMULATED):
         if env in wanted:
             runs.runs[env] = make_run(suite, base, env).start()
-    if "slurm" in wanted:
+    for env, unavailable in REAL_SYSTEMS.items():
+        if env not in wanted:
+            continue
         try:
-            reason = slurm_unavailable()
+            reason = unavailable()
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            runs.failed["slurm"] = str(e)
+            runs.failed[env] = str(e)
         else:
             if reason:
-                runs.skipped["slurm"] = reason
+                runs.skipped[env] = reason
             else:
-                runs.runs["slurm"] = make_run(suite, base, "slurm").start()
+                runs.runs[env] = make_run(suite, base, env).start()
     yield runs
     for run in runs.runs.values():
         run.close()                       # in case a test was interrupted before its run ended

@@ -1,7 +1,7 @@
 """Stand-ins for the dask-jobqueue names hpc-cluster does not provide.
 
-The rewritten test modules import these in place of MoabCluster, SGEJob, the internal Job
-class and so on. Importing one costs nothing, so a file that also tests SLURMCluster is
+The rewritten test modules import these in place of MoabCluster, OARCluster, SGEJob, the
+internal Job class and so on (SLURM, PBS, SGE, LSF and HTCondor clusters are ours). Importing one costs nothing, so a file that also tests SLURMCluster is
 still collected; *using* one (calling it, reading a public attribute, subclassing it and calling
 the subclass) skips that test with the reason below. Identity and issubclass checks
 (`Cluster is LocalCluster`, `issubclass(Cluster, LocalCluster)`) work as on any class and
@@ -18,13 +18,7 @@ _JOB_CLASS = ("dask-jobqueue's internal Job class ({name}): no equivalent (we de
 
 REASONS = {
     "MoabCluster": _NO_ADAPTER.format(name="MoabCluster", system="Moab"),
-    # hpc_cluster.SGECluster exists (issue 18), but dask-jobqueue's test_sge.py is not yet run
-    # on it here: its header is checked against dask-jobqueue's SGEJob in tests/adapters.
-    "SGECluster": ("SGECluster: dask-jobqueue's SGE tests are not wired to hpc_cluster.SGECluster yet "
-                   "(tests/adapters/test_sge_template.py compares the header with dask-jobqueue's SGEJob)"),
-    "LSFCluster": _NO_ADAPTER.format(name="LSFCluster", system="LSF"),
     "OARCluster": _NO_ADAPTER.format(name="OARCluster", system="OAR"),
-    "HTCondorCluster": _NO_ADAPTER.format(name="HTCondorCluster", system="HTCondor"),
     "LocalCluster": ("dask_jobqueue.local.LocalCluster (jobs as local processes, dask-jobqueue's "
                      "stand-in for a batch system): no equivalent (hpc_cluster.LocalCluster is "
                      "distributed's kind, not a job queue)"),
@@ -32,8 +26,14 @@ REASONS = {
 }
 
 
+# The private methods of dask-jobqueue's Job class their tests call on the class itself
+# (`Job._call(["condor_q", "-batch"])` in test_htcondor.py): a use like a public one.
+JOB_PRIVATE_API = {"_call", "_submit_job", "_close_job", "_job_id_from_submit_output"}
+
+
 class Placeholder(type):
-    """Metaclass of the stand-ins: calling one or reading a public attribute skips the test."""
+    """Metaclass of the stand-ins: calling one or reading a public attribute (or one of
+    JOB_PRIVATE_API) skips the test."""
 
     def __call__(cls, *args, **kwargs):
         pytest.skip(cls.reason)
@@ -42,7 +42,7 @@ class Placeholder(type):
         # Python and pytest probe objects for dunders and private names (__wrapped__,
         # _pytestfixturefunction ...) while collecting; those get the usual answer, so only
         # a test's own use of the stand-in skips it.
-        if attr.startswith("_"):
+        if attr.startswith("_") and attr not in JOB_PRIVATE_API:
             raise AttributeError(attr)
         pytest.skip(cls.reason)
 

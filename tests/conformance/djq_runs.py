@@ -1,10 +1,13 @@
 """The inner pytest runs of dask-jobqueue's tests: start, wait, clean up, read their junit-xml.
 
-Three runs, as dask-jobqueue's CI has one per batch system:
+Six runs, as dask-jobqueue's CI has one per batch system:
 
-* no -E: the tests that need no batch system (job scripts, keywords, config, errors);
+* no -E: the tests that need no batch system (job scripts, keywords, config, errors), over
+  every cluster class we have;
 * -E slurm: against our SLURMCluster on the real one-host SLURM (tests/slurm/cluster.sh);
-* -E pbs: against our PBSCluster on the command-level PBS simulator (tests/pbs_sim).
+* -E sge: against our SGECluster on the real one-host Grid Engine (tests/sge/cluster.sh);
+* -E pbs, -E lsf, -E htcondor: against our PBSCluster, LSFCluster and HTCondorCluster on the
+  command-level simulators (tests/pbs_sim, tests/lsf_sim, tests/htcondor_sim).
 
 Each is a pytest subprocess in its own directory, with HOME, XDG_CONFIG_HOME,
 HPC_CLUSTER_SYSTEM_CONFIG_DIR and dask's config directories there too, and no
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import time
 from collections import Counter
@@ -30,6 +34,14 @@ from upstream import PYTEST, PytestRun, Result, indent, isolated_environ, last_l
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PBS_SIM = REPO / "tests" / "pbs_sim"
+# The simulators each -E run puts first on PATH: (directory, its state directory's variable,
+# the variable of the delay between its kill signals). They share pbs_sim's layout of job
+# directories and pid files, so pbssim's live_pids and cleanup serve all three.
+SIMULATORS = {
+    "pbs": (PBS_SIM, "PBS_SIM_HOME", "PBS_SIM_KILL_DELAY"),
+    "lsf": (REPO / "tests" / "lsf_sim", "LSF_SIM_HOME", "LSF_SIM_KILL_DELAY"),
+    "htcondor": (REPO / "tests" / "htcondor_sim", "CONDOR_SIM_HOME", "CONDOR_SIM_KILL_DELAY"),
+}
 
 # A hung test fails on its own (their tests wait QUEUE_WAIT = 60 s at most per step, and
 # closing a cluster takes a few seconds more); a run as a whole is stopped after RUN_TIMEOUT.
@@ -49,7 +61,10 @@ SUMMARIES: list[str] = []
 DESCRIPTIONS = {
     None: "no -E: the tests that need no batch system",
     "slurm": "-E slurm: our SLURMCluster on the real one-host SLURM",
+    "sge": "-E sge: our SGECluster on the real one-host Grid Engine",
     "pbs": "-E pbs: our PBSCluster on the PBS simulator (tests/pbs_sim)",
+    "lsf": "-E lsf: our LSFCluster on the LSF simulator (tests/lsf_sim)",
+    "htcondor": "-E htcondor: our HTCondorCluster on the HTCondor simulator (tests/htcondor_sim)",
 }
 
 
@@ -85,17 +100,20 @@ class Run(PytestRun):
             if ids:
                 subprocess.run(["scancel", *ids], capture_output=True)
                 self.leftovers += [f"SLURM job {i}" for i in ids]
-        elif self.env == "pbs":
-            home = Path(self.environ["PBS_SIM_HOME"])
-            live = _load_pbssim().live_pids(str(home))
+        elif self.env == "sge":
+            self.leftovers += [f"SGE job {i}" for i in _cancel_sge_jobs_under(self.cwd)]
+        elif self.env in SIMULATORS:
+            _, home_var, _ = SIMULATORS[self.env]
+            home, sim = self.environ[home_var], _load_pbssim()
+            live = sim.live_pids(home)
             if live:
-                _load_pbssim().cleanup(str(home))
-                self.leftovers += [f"PBS simulator process {p}" for p in live]
+                sim.cleanup(home)
+                self.leftovers += [f"{self.env} simulator process {p}" for p in live]
                 deadline = time.monotonic() + 15
-                while _load_pbssim().live_pids(str(home)) and time.monotonic() < deadline:
+                while sim.live_pids(home) and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if _load_pbssim().live_pids(str(home)):
-                    self.leftovers.append(f"(still alive after SIGKILL: {_load_pbssim().live_pids(str(home))})")
+                if sim.live_pids(home):
+                    self.leftovers.append(f"(still alive after SIGKILL: {sim.live_pids(home)})")
 
     def results(self) -> list[Result]:
         return read_junit(self.junit, table_id) if self.junit.exists() else []
@@ -106,11 +124,12 @@ def make_run(suite: Path, base: Path, env: str | None) -> Run:
     cwd.mkdir()
     # Our plugin and placeholders, then this checkout's hpc_cluster (not another install).
     environ = isolated_environ(cwd, [str(HERE), str(REPO)])
-    if env == "pbs":
-        (cwd / "pbs_sim_home").mkdir()
-        environ["PBS_SIM_HOME"] = str(cwd / "pbs_sim_home")
-        environ["PBS_SIM_KILL_DELAY"] = "1"
-        environ["PATH"] = f"{PBS_SIM / 'bin'}{os.pathsep}{environ['PATH']}"
+    if env in SIMULATORS:
+        directory, home_var, delay_var = SIMULATORS[env]
+        (cwd / f"{env}_sim_home").mkdir()
+        environ[home_var] = str(cwd / f"{env}_sim_home")
+        environ[delay_var] = "1"
+        environ["PATH"] = f"{directory / 'bin'}{os.pathsep}{environ['PATH']}"
     command = [*PYTEST, str(suite / PACKAGE),
                "-c", str(suite / "pytest.ini"),
                "--rootdir", str(suite), "-p", "djq_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
@@ -118,6 +137,23 @@ def make_run(suite: Path, base: Path, env: str | None) -> Run:
     if env:
         command += ["-E", env]
     return Run(env=env, cwd=cwd, command=command, environ=environ)
+
+
+def _cancel_sge_jobs_under(cwd: Path) -> list[str]:
+    """qdel the Grid Engine jobs submitted from `cwd` (our daemons submit from the run's
+    directory and `#$ -cwd` records it: `qstat -j`'s cwd line); returns their ids. Jobs of
+    anyone else on the shared test gridengine are not touched."""
+    out = subprocess.run(["qstat", "-xml"], capture_output=True, text=True, timeout=60)
+    ids = re.findall(r"<JB_job_number>(\d+)</JB_job_number>", out.stdout)
+    ours = []
+    for job_id in dict.fromkeys(ids):
+        detail = subprocess.run(["qstat", "-j", job_id], capture_output=True, text=True, timeout=60).stdout
+        m = re.search(r"^cwd:\s*(\S+)", detail, re.M)
+        if m and Path(m.group(1)).is_relative_to(cwd):
+            ours.append(job_id)
+    if ours:
+        subprocess.run(["qdel", *ours], capture_output=True, timeout=60)
+    return ours
 
 
 # -- results ----------------------------------------------------------------------------

@@ -4,15 +4,19 @@ Nothing of theirs is kept in this repository: the sdist is downloaded with pip a
 into a cache outside git (~/.cache/hpc-cluster-tests, or $XDG_CACHE_HOME), checked against
 its published sha256 and its PKG-INFO version, and only these files of
 dask_jobqueue/tests/ are extracted into a temporary package `dask_jobqueue_tests`:
-__init__.py, test_slurm.py, test_pbs.py, test_jobqueue_core.py and test_job.py.
+__init__.py, test_slurm.py, test_pbs.py, test_sge.py, test_lsf.py, test_htcondor.py,
+test_jobqueue_core.py and test_job.py (not test_oar.py: no OAR adapter; not test_runner.py:
+no runner).
 
 The rewrites (import statements only; every other line is theirs, unchanged):
 
-1. `from dask_jobqueue import X` / `from dask_jobqueue.core import X`: SLURMCluster and
-   PBSCluster come `from hpc_cluster`, JobQueueCluster `from hpc_cluster.deploy.cluster`.
-2. Every other name from `dask_jobqueue` or a submodule (MoabCluster, SGECluster,
-   LSFCluster, OARCluster, HTCondorCluster, dask_jobqueue.local.LocalCluster, Job, PBSJob,
-   SGEJob, SLURMRunner ...) becomes `X = placeholder("dask_jobqueue.<module>.X")`
+1. `from dask_jobqueue import X` / `from dask_jobqueue.core import X`: SLURMCluster,
+   PBSCluster, SGECluster, LSFCluster and HTCondorCluster come `from hpc_cluster`,
+   JobQueueCluster `from hpc_cluster.deploy.cluster`, and the module `lsf` (test_lsf.py
+   computes its expected `#BSUB -M` with `lsf.lsf_format_bytes_ceil`) is our LSF adapter's,
+   which keeps that function under dask-jobqueue's name.
+2. Every other name from `dask_jobqueue` or a submodule (MoabCluster, OARCluster,
+   dask_jobqueue.local.LocalCluster, Job, PBSJob, SGEJob, SLURMRunner ...) becomes `X = placeholder("dask_jobqueue.<module>.X")`
    (djq_placeholders.py): using it skips the test, saying why.
 3. `Client` imported from `distributed` or `dask.distributed` comes `from hpc_cluster`;
    every other name from distributed (Security, Scheduler, Status, utils_test ...) stays
@@ -41,11 +45,13 @@ SDIST = f"dask_jobqueue-{VERSION}.tar.gz"
 # The sha256 PyPI publishes for that file; pip checks it on download (--require-hashes)
 # and we check it again on every use of the cached copy.
 SHA256 = "494ef64b7bb3848c7d72ed334c288030caca6a09dca54cfaa3f395f4ba7f5c47"
-TEST_FILES = ("__init__.py", "test_slurm.py", "test_pbs.py", "test_jobqueue_core.py", "test_job.py")
+TEST_FILES = ("__init__.py", "test_slurm.py", "test_pbs.py", "test_sge.py", "test_lsf.py", "test_htcondor.py",
+              "test_jobqueue_core.py", "test_job.py")
 PACKAGE = "dask_jobqueue_tests"
 
-OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster",
-        "JobQueueCluster": "hpc_cluster.deploy.cluster"}
+OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster", "SGECluster": "hpc_cluster",
+        "LSFCluster": "hpc_cluster", "HTCondorCluster": "hpc_cluster",
+        "JobQueueCluster": "hpc_cluster.deploy.cluster", "lsf": "hpc_cluster.adapters"}
 OUR_CLIENT = "hpc_cluster"
 
 

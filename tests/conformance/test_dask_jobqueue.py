@@ -1,4 +1,4 @@
-"""dask-jobqueue 0.9.0's own SLURM, PBS, core and job tests, run against our classes.
+"""dask-jobqueue 0.9.0's own SLURM, PBS, SGE, LSF, HTCondor, core and job tests, run against our classes.
 
 Their sdist is downloaded from the package registry at test time (nothing of theirs is in
 this repository), its imports are switched to ours (djq_suite.py says exactly which) and
@@ -7,8 +7,8 @@ does. Every test must pass, skip for a stated reason (a batch system we have no 
 for, their internal Job class), or be listed with its reason in
 docs/migrating-from-dask-jobqueue.md: the table there is read here and its tests must fail.
 
-Run alone: `.venv/bin/python -m pytest tests/conformance -ra` (add `-k no-E`, `-k E-pbs`
-or `-k E-slurm` for one run); each run's summary ends the output with a command line that
+Run alone: `.venv/bin/python -m pytest tests/conformance -ra` (add `-k no-E`, `-k E-pbs`,
+`-k E-slurm`, `-k E-sge`, `-k E-lsf` or `-k E-htcondor` for one run); each run's summary ends the output with a command line that
 repeats it by hand.
 """
 
@@ -68,6 +68,10 @@ def test_placeholders_skip_the_test_that_uses_them():
     with pytest.raises(pytest.skip.Exception, match="internal Job class"):
         placeholder("dask_jobqueue.slurm.SLURMJob").job_script
     job = placeholder("dask_jobqueue.core.Job")
+    with pytest.raises(pytest.skip.Exception, match=r"internal Job class \(Job\)"):
+        job._call(["condor_q", "-batch"])                # their Job's private API, used by test_htcondor.py
+    with pytest.raises(AttributeError):
+        job._pytestfixturefunction                       # what pytest probes while collecting: not a use
 
     class MyJob(job):
         pass
@@ -95,8 +99,9 @@ def test_table_rows_are_read_strictly(tmp_path):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 120)
-@pytest.mark.parametrize("env", [None, pytest.param("slurm", marks=pytest.mark.slurm), "pbs"],
-                         ids=["no-E", "E-slurm", "E-pbs"])
+@pytest.mark.parametrize("env", [None, pytest.param("slurm", marks=pytest.mark.slurm),
+                                 pytest.param("sge", marks=pytest.mark.sge), "pbs", "lsf", "htcondor"],
+                         ids=["no-E", "E-slurm", "E-sge", "E-pbs", "E-lsf", "E-htcondor"])
 def test_their_tests_pass_on_our_classes(djq_runs, env):
     run = djq_runs.get(env)
     results = run.results()

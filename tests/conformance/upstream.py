@@ -65,12 +65,12 @@ def download_sdist(requirement: str, filename: str, path: Path, what: str) -> No
 
 
 def isolated_environ(cwd: Path, pythonpath: list[str]) -> dict[str, str]:
-    """os.environ without the caller's settings (ours, dask's, the PBS simulator's, and
+    """os.environ without the caller's settings (ours, dask's, the PBS, LSF and HTCondor simulators', and
     pytest's own: PYTEST_ADDOPTS, PYTEST_CURRENT_TEST of the outer run), with HOME,
     XDG_CONFIG_HOME, HPC_CLUSTER_SYSTEM_CONFIG_DIR and dask's config directories made
     empty under `cwd`, and `pythonpath` first on PYTHONPATH."""
     environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("HPC_CLUSTER_", "DASK_", "PBS_SIM_", "PYTEST_"))}
+               if not k.startswith(("HPC_CLUSTER_", "DASK_", "PBS_SIM_", "LSF_SIM_", "CONDOR_SIM_", "PYTEST_"))}
     dirs = {"HOME": "home", "XDG_CONFIG_HOME": "xdg", "HPC_CLUSTER_SYSTEM_CONFIG_DIR": "etc",
             "DASK_CONFIG": "dask", "DASK_ROOT_CONFIG": "dask-etc"}
     for var, name in dirs.items():
