@@ -48,8 +48,9 @@ def check(s: SchedulerState) -> None:
             ws = ts.processing_on
             assert ws is not None and s.workers.get(ws.address) is ws, f"{ts} on a dead worker"
             assert ts in ws.processing and ts.executing == (ts in ws.executing)
+            assert not ts.executing or ts.queued_us == 0, ts          # started: no longer queued work
         else:
-            assert ts.processing_on is None and not ts.executing, ts
+            assert ts.processing_on is None and not ts.executing and ts.queued_us == 0, ts
         if ts.state == "waiting":
             assert ts.waiting_on and ts.waiting_on <= ts.dependencies, (ts, ts.waiting_on)
             assert all(d.state not in ("memory", "erred") for d in ts.waiting_on), (ts, ts.waiting_on)
@@ -72,12 +73,17 @@ def check(s: SchedulerState) -> None:
             assert s.tasks.get(ts.key) is ts and ws in ts.who_has, (ws, ts)
         # memory= is reserved while a task is on the worker, and only then (pools.py)
         assert ws.used_memory == sum(ts.memory for ts in ws.processing), (ws, ws.used_memory)
+        # the expected work waiting there is that of its tasks not started yet (prefetch.py)
+        assert ws.queued_us == sum(ts.queued_us for ts in ws.processing), (ws, ws.queued_us)
     for ws in s._free:
         assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
+    assert s._deep <= s._free, (s._deep, s._free)
 
 
 class Run:
     """One example: the state machine, the world around it, and the reports in flight."""
+
+    duration = 0.1                     # what each task takes, as the workers report it
 
     def __init__(self, data):
         self.data = data
@@ -182,7 +188,7 @@ class Run:
                     self.in_flight.append(("task_started", (addr, k, self.now)))
                     outcome = self.draw(st.sampled_from(["finished", "finished", "erred", "missing", "none"]))
                     if outcome == "finished":
-                        self.in_flight.append(("task_finished", (addr, k, 10, 0.1)))
+                        self.in_flight.append(("task_finished", (addr, k, 10, self.duration)))
                     elif outcome == "erred":
                         self.in_flight.append(("task_erred", (addr, k, {"text": "boom"})))
                     elif outcome == "missing" and msg["deps"]:
@@ -282,6 +288,25 @@ def play(run: Run, most: int) -> None:
 @given(st.data())
 def test_random_event_sequences_keep_the_state_machine_consistent(data):
     play(Run(data), 60)
+
+
+class ShortRun(Run):
+    """Tasks said to take a millisecond (most of them), which workers are sent beyond their base
+    slots (prefetch.py), among ones of unknown and of long durations."""
+
+    duration = 0.001
+
+    def start(self):
+        self.s.prefetch = 0            # no base prefetch slot: the deep ones are used sooner
+
+    def needs(self) -> dict:
+        return {"duration": self.draw(st.sampled_from([0.001, 0.001, 0.001, None, 0.1]))}
+
+
+@fuzz(150)
+@given(st.data())
+def test_random_event_sequences_of_short_tasks_keep_the_state_machine_consistent(data):
+    play(ShortRun(data), 60)
 
 
 GiB = 2**30
