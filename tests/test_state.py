@@ -54,8 +54,9 @@ def test_root_tasks_wait_for_a_slot_and_their_dependents_are_prefetched():
     s.add_worker("w4", nthreads=4, now=0)
     four = math.ceil(4 * ROOT_SATURATION)
     assert computes(s.take_outbox(), "w4") == [f"r{i}" for i in range(one + 1, min(6, one + 1 + four))]
-    # roots learned to take under SHORT_ROOT are prefetched up to nthreads + prefetch
-    s2 = SchedulerState(prefetch=2)
+    # roots learned to take under SHORT_ROOT are prefetched up to nthreads + prefetch (without
+    # the deeper queue of short tasks, test_short_tasks_are_prefetched_deeply)
+    s2 = SchedulerState(prefetch=2, prefetch_seconds=0)
     s2.add_worker("w1", nthreads=1, now=0)
     keys = [f"f-{i:032x}" for i in range(6)]                  # one function: one learned duration
     s2.update_graph("c", [task(keys[0])], keys[:1])
@@ -494,3 +495,74 @@ def test_a_compute_message_carries_the_sizes_of_the_inputs_the_worker_must_fetch
     here = "a" if computes(out, on["a"]) else "b"
     elsewhere = {"a": "b", "b": "a"}[here]
     assert msg["sizes"] == {elsewhere: {"a": 80_000_000, "b": 1_000}[elsewhere]}
+
+
+def _short_map(s, n, duration):
+    """A map of `n` tasks of one function, after one of them ran for `duration` seconds (learned)."""
+    keys = [f"f-{i:032x}" for i in range(n + 1)]
+    s.update_graph("c", [task(keys[0])], keys[:1])
+    w = next(iter(s.take_outbox()))
+    s.task_started(w, keys[0], now=0)
+    s.task_finished(w, keys[0], nbytes=8, duration=duration)
+    s.update_graph("c", [task(k) for k in keys[1:]], keys[1:])
+    return keys[1:]
+
+
+def test_short_tasks_are_prefetched_deeply():
+    # Lever 1 of BENCHMARKS.md: tasks known to take ~100 us are sent beyond the base slots, up to
+    # PREFETCH_SECONDS of expected work per thread waiting (bounded by MAX_PREFETCH_PER_THREAD);
+    # tasks of a second stay at nthreads + prefetch, so a death touches few of them.
+    from hpc_cluster.scheduler.prefetch import MAX_PREFETCH_PER_THREAD, PREFETCH_SECONDS
+    s = SchedulerState(prefetch=2)
+    s.add_worker("w1", nthreads=1, now=0)
+    keys = _short_map(s, 100, 0.0001)
+    sent = computes(s.take_outbox(), "w1")
+    expected = 1 + 2 + min(MAX_PREFETCH_PER_THREAD, round(PREFETCH_SECONDS / 0.0001) - 3)
+    assert sent == keys[:expected] and len(sent) > 10, len(sent)
+    # a task starting frees its share of the queued work: one more goes at the next event
+    s.task_started("w1", keys[0], now=1)
+    s.task_finished("w1", keys[0], nbytes=8, duration=0.0001)
+    assert computes(s.take_outbox(), "w1") == [keys[expected]]
+
+    long = SchedulerState(prefetch=2, queue_roots=False)        # (long roots would wait for a thread)
+    long.add_worker("w1", nthreads=1, now=0)
+    keys = _short_map(long, 100, 1.0)
+    assert computes(long.take_outbox(), "w1") == keys[:3]          # nthreads + prefetch, as before
+    # unknown durations (nothing learned yet) take the base slots only
+    unknown = SchedulerState(prefetch=2, queue_roots=False)
+    unknown.add_worker("w1", nthreads=2, now=0)
+    unknown.update_graph("c", [task(f"u{i}") for i in range(50)], [f"u{i}" for i in range(50)])
+    assert len(computes(unknown.take_outbox(), "w1")) == 4
+
+
+def test_deep_prefetch_is_bounded_and_holds_nothing_back_from_a_new_worker():
+    from hpc_cluster.scheduler.prefetch import MAX_PREFETCH_PER_THREAD
+    s = SchedulerState(prefetch=2)
+    s.add_worker("w1", nthreads=2, now=0)
+    keys = _short_map(s, 1000, 0.000001)                     # 1 us tasks: the count bound applies
+    assert len(computes(s.take_outbox(), "w1")) == 2 + 2 + 2 * MAX_PREFETCH_PER_THREAD
+    # a long task of another function waiting there closes the deep room: no more short ones go
+    s2 = SchedulerState(prefetch=1, queue_roots=False)
+    s2.add_worker("w1", nthreads=1, now=0)
+    slow = [f"slow-{i:032x}" for i in range(3)]
+    s2.update_graph("c", [task(k, priority=1) for k in slow[:2]], slow[:2])
+    s2.take_outbox()
+    s2.task_started("w1", slow[0], now=0)
+    s2.task_finished("w1", slow[0], nbytes=8, duration=5.0)
+    s2.update_graph("c", [task(slow[2], priority=1)], slow[2:])      # waits at w1 (expected 5 s)
+    keys = _short_map(s2, 20, 0.0001)
+    assert computes(s2.take_outbox(), "w1") == []
+    assert s2.workers["w1"].queued_us >= 5_000_000
+    # a death: only the executing task is charged; the queued short ones go back to the queue
+    s = SchedulerState(prefetch=2)
+    s.add_worker("w1", nthreads=1, now=0)
+    keys = _short_map(s, 50, 0.0001)
+    s.take_outbox()
+    s.task_started("w1", keys[0], now=1)
+    s.remove_worker("w1", 1, {"cause": "crash", "blame": True, "text": "segfault"})
+    charged = [k for k in keys if s.tasks[k].attempts]
+    assert charged == [keys[0]]
+    assert s.counts() == {"queued": 51}                      # and the learned one, lost with w1
+    s.add_worker("w2", nthreads=1, now=3)
+    assert len(computes(s.take_outbox(), "w2")) > 10          # deep again at once (durations known)
+    assert s.workers["w2"].queued_us == sum(s.tasks[k].queued_us for k in s.tasks)

@@ -48,14 +48,15 @@ def check(s: SchedulerState) -> None:
             ws = ts.processing_on
             assert ws is not None and s.workers.get(ws.address) is ws, f"{ts} on a dead worker"
             assert ts in ws.processing and ts.executing == (ts in ws.executing)
+            assert not ts.executing or ts.queued_us == 0, ts          # started: no longer queued work
         else:
-            assert ts.processing_on is None and not ts.executing, ts
+            assert ts.processing_on is None and not ts.executing and ts.queued_us == 0, ts
         if ts.state == "waiting":
             assert ts.waiting_on and ts.waiting_on <= ts.dependencies, (ts, ts.waiting_on)
             assert all(d.state not in ("memory", "erred") for d in ts.waiting_on), (ts, ts.waiting_on)
         else:
             assert not ts.waiting_on or ts.state in ("released", "erred") and not ts.waiting_on, ts
-        if ts.state in ("queued", "processing"):
+        if ts.state == "queued" or ts.state == "processing" and not ts.executing:   # a running one has its inputs
             assert all(d.state == "memory" for d in ts.dependencies), (ts, ts.dependencies)
         if ts.state in ACTIVE:
             assert ts.who_wants or ts.waiters, f"{ts} computed for nobody"
@@ -72,12 +73,17 @@ def check(s: SchedulerState) -> None:
             assert s.tasks.get(ts.key) is ts and ws in ts.who_has, (ws, ts)
         # memory= is reserved while a task is on the worker, and only then (pools.py)
         assert ws.used_memory == sum(ts.memory for ts in ws.processing), (ws, ws.used_memory)
+        # the expected work waiting there is that of its tasks not started yet (prefetch.py)
+        assert ws.queued_us == sum(ts.queued_us for ts in ws.processing), (ws, ws.queued_us)
     for ws in s._free:
         assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
+    assert s._deep <= s._free, (s._deep, s._free)
 
 
 class Run:
     """One example: the state machine, the world around it, and the reports in flight."""
+
+    duration = 0.1                     # what each task takes, as the workers report it
 
     def __init__(self, data):
         self.data = data
@@ -182,7 +188,7 @@ class Run:
                     self.in_flight.append(("task_started", (addr, k, self.now)))
                     outcome = self.draw(st.sampled_from(["finished", "finished", "erred", "missing", "none"]))
                     if outcome == "finished":
-                        self.in_flight.append(("task_finished", (addr, k, 10, 0.1)))
+                        self.in_flight.append(("task_finished", (addr, k, 10, self.duration)))
                     elif outcome == "erred":
                         self.in_flight.append(("task_erred", (addr, k, {"text": "boom"})))
                     elif outcome == "missing" and msg["deps"]:
@@ -282,6 +288,25 @@ def play(run: Run, most: int) -> None:
 @given(st.data())
 def test_random_event_sequences_keep_the_state_machine_consistent(data):
     play(Run(data), 60)
+
+
+class ShortRun(Run):
+    """Tasks said to take a millisecond (most of them), which workers are sent beyond their base
+    slots (prefetch.py), among ones of unknown and of long durations."""
+
+    duration = 0.001
+
+    def start(self):
+        self.s.prefetch = 0            # no base prefetch slot: the deep ones are used sooner
+
+    def needs(self) -> dict:
+        return {"duration": self.draw(st.sampled_from([0.001, 0.001, 0.001, None, 0.1]))}
+
+
+@fuzz(150)
+@given(st.data())
+def test_random_event_sequences_of_short_tasks_keep_the_state_machine_consistent(data):
+    play(ShortRun(data), 60)
 
 
 GiB = 2**30
@@ -504,3 +529,42 @@ def test_a_task_released_by_a_death_it_outlived_is_not_started_again():
     assert s.tasks["A"].state == "erred" and s.tasks["C"].state == "erred"
     assert s.tasks["B"].state == "released" and not s.workers["tcp://v:1"].processing
     assert "tcp://w:1" not in s.outbox                          # nothing queued for the dead worker
+
+
+def test_an_input_failed_in_the_same_submission_does_not_compute_the_others_for_nobody():
+    """C needs B and A; A needs the failed x. Activating C pushed B and A; A failed, which
+    failed C, and B was still made to compute, for nobody (found by fuzzing tasks of a millisecond). It
+    happened when A came off the stack first: the order of C's inputs' set, so both orders."""
+    for a, b in [("A", "B"), ("B", "A")]:
+        with stable_hashes():
+            s = SchedulerState(prefetch=1)
+            s.add_worker("tcp://w:1", nthreads=1, now=0)
+            s.add_client("c")
+            s.update_graph("c", [_task("x", deps=[a])], ["x"])           # a missing input: failed
+            assert s.tasks["x"].state == "erred"
+            s.update_graph("c", [_task(a, deps=["x"]), _task(b), _task("C", deps=[b, a])], ["C"])
+            check(s)
+            assert s.tasks["C"].state == "erred" and s.tasks[b].state == "released"
+            assert not s.take_outbox().get("tcp://w:1")
+
+
+def test_a_task_sent_to_a_worker_waits_again_when_its_only_input_holder_dies():
+    """t runs nowhere yet but was sent to v; its input's only copy dies with w. t goes back to
+    waiting for the recomputed input (v is told to drop it) rather than stay processing on v,
+    which would ask the dead holder in vain (found by fuzzing tasks of a millisecond)."""
+    s = SchedulerState(prefetch=0, queue_roots=False)
+    s.add_worker("tcp://w:1", nthreads=1, now=0)
+    s.add_client("c")
+    s.update_graph("c", [_task("a")], ["a"])
+    s.task_started("tcp://w:1", "a", 0)
+    s.task_finished("tcp://w:1", "a", 8, 0.1)
+    s.update_graph("c", [dict(_task("x"), priority=5), _task("t", deps=["a"])], ["x", "t"])
+    s.add_worker("tcp://v:1", nthreads=1, now=0)
+    assert s.tasks["t"].processing_on is s.workers["tcp://v:1"]
+    s.take_outbox()
+    s.remove_worker("tcp://w:1", 1, {"cause": "crash", "blame": True})
+    check(s)
+    assert s.tasks["t"].state == "waiting" and s.tasks["t"].waiting_on == {s.tasks["a"]}
+    out = s.take_outbox()
+    assert {"op": "free-keys", "keys": ["t"]} in out["tcp://v:1"]
+    assert s.tasks["a"].state in ("queued", "processing")        # being recomputed (after x, dead with w)

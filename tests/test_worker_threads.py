@@ -1,15 +1,112 @@
-"""A worker's task threads, with real processes: what happens to a task given up on while
-its thread still runs; two threads unpickling tasks that import one package."""
+"""A worker's task threads: the hand-off from the event loop to long-lived threads
+(worker/threads.py), driven directly; and with real processes, what happens to a task given up
+on while its thread still runs, two threads unpickling tasks that import one package."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
+import threading
 import time
 
 from hpc_cluster import Client, LocalCluster
+from hpc_cluster.protocol import serialize
+from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.worker.logs import LogBuffer
+from hpc_cluster.worker.threads import TaskThreads
+from hpc_cluster.worker.worker import Worker
 
 from waiting import wait_until
+
+
+def test_task_threads_live_on_and_take_what_was_queued_while_they_ran():
+    ran, gate = [], threading.Event()
+
+    def run(item):
+        if item == "block":
+            gate.wait(30)                  # as a seceded task waits on its subtasks
+        return threading.current_thread()
+
+    def done(item, thread):
+        # the worker's hand-back to its loop: called once the thread counts as idle, so what
+        # the loop starts next needs no new thread
+        ran.append((item, thread))
+
+    pool = TaskThreads(run, most=2, done=done)
+    try:
+        for i in range(20):
+            pool.submit(i)
+            wait_until(lambda: len(ran) == i + 1, 10, f"item {i}")
+        # one after another: one thread ran all of them, and it is a daemon (a task that never
+        # returns does not hold the process at exit)
+        assert len({t for _, t in ran}) == 1 and pool.threads == 1 and ran[0][1].daemon
+        pool.submit("block")                                   # holds the only thread
+        wait_until(lambda: pool._idle == 0, 10, "the thread to take the blocking item")
+        pool.submit("next")                                    # a second thread, up to `most`
+        wait_until(lambda: ("next" in [i for i, _ in ran]), 10, "the next item on another thread")
+        assert pool.threads == 2
+        pool.submit("queued")                                  # no third: waits for a free thread
+        assert pool.threads == 2
+        wait_until(lambda: "queued" in [i for i, _ in ran], 10, "the queued item")
+        gate.set()
+        wait_until(lambda: "block" in [i for i, _ in ran], 10, "the blocked item to end")
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+    pool.submit("after")                                       # closed: dropped
+    assert "after" not in [i for i, _ in ran]
+
+
+class FlushRecorder:
+    """The scheduler's end of a worker, in process: what was sent, and what was flushed."""
+
+    def __init__(self):
+        self.sent, self.flushed = [], []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def flush(self):
+        self.flushed.extend(self.sent[len(self.flushed):])
+
+
+def test_a_worker_hands_started_tasks_to_its_threads_after_task_started_is_flushed(monkeypatch):
+    """Blame needs `task-started` on the wire before a task runs; the threads run only what
+    the loop started (then flushed), and the results come back to the loop in order."""
+    monkeypatch.setattr(LogBuffer, "install", classmethod(lambda cls: None))
+    w = Worker("tcp://127.0.0.1:1", b"s" * 32, nthreads=1)
+    w.scheduler = FlushRecorder()
+    seen = []
+
+    def check_started(key):
+        # in the task thread: was this task's task-started flushed before it began?
+        seen.append(any(m["op"] == "task-started" and m["key"] == key for m in w.scheduler.flushed))
+        return key
+
+    monkeypatch.setattr(w.functions, "get", lambda blob: check_started)     # (a closure does not pickle)
+    func = Opaque(b"check_started")
+
+    async def run():
+        w.loop = asyncio.get_running_loop()
+        for i in range(30):
+            args, _ = serialize.dumps_args((f"k{i}",), {})
+            w._add_task({"op": "compute", "key": f"k{i}", "func": func, "args": Opaque(args), "priority": [i]})
+        w._run_ready()
+        deadline = time.monotonic() + 30
+        while len([m for m in w.scheduler.sent if m["op"] == "task-finished"]) < 30:
+            assert time.monotonic() < deadline, w.scheduler.sent[-5:]
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.executor.shutdown(wait=True)
+    assert seen == [True] * 30
+    finished = [m["key"] for m in w.scheduler.sent if m["op"] == "task-finished"]
+    assert finished == [f"k{i}" for i in range(30)]              # one thread, in priority order
+    assert w.executor.threads == 1 and not w.executing
+    assert [w.data[f"k{i}"] for i in (0, 29)] == ["k0", "k29"]
 
 
 def gated(gate: str, runs: str) -> str:

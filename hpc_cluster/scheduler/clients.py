@@ -187,7 +187,7 @@ class ClientsMixin:
             ws.executing.clear()
             ws.has_what.clear()
             ws.used_resources.clear()
-            ws.used_memory = 0
+            ws.used_memory = ws.queued_us = 0
             self._update_free(ws)
         return holders
 

@@ -31,7 +31,7 @@ class DrainMixin:
         if ws is None or ws.draining:
             return
         ws.draining = True
-        self._free.discard(ws)
+        self._update_free(ws)
         unstarted = []
         for ts in sorted(ws.processing, key=lambda t: t.priority):
             if not ts.executing:

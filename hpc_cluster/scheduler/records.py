@@ -28,6 +28,7 @@ class TaskState:
     who_has: set = field(default_factory=set)        # WorkerStates
     processing_on: "WorkerState | None" = None
     executing: bool = False
+    queued_us: int = 0                               # its share of processing_on.queued_us (prefetch.py)
     nbytes: int = 0
     error: dict | None = None
     attempts: list = field(default_factory=list)     # {"death": record, "ran_for": s} per death while it ran
@@ -62,6 +63,7 @@ class WorkerState:
     used_resources: dict = field(default_factory=dict)
     used_memory: int = 0                                 # memory= of the tasks it was given, reserved
     abandoned: set = field(default_factory=set)          # keys we gave up on that a thread still runs
+    queued_us: int = 0                                   # expected us of its tasks not started yet (prefetch.py)
     seceded: set = field(default_factory=set)            # running tasks that gave up their slot (worker_client)
     joined: float = 0.0
     last_seen: float = 0.0

@@ -16,7 +16,8 @@ Task states
                 come back yet (recovery.py)
 
 A task leaves the graph (forgotten) once nobody wants it and no dependent remains.
-Workers get at most `nthreads + prefetch` tasks, so a worker's death touches only what it
+Workers get `nthreads + prefetch` tasks, and more only of tasks known to be short, within a
+few ms of queued work per thread (prefetch.py): a worker's death touches little beyond what it
 was really running, and only tasks it reported as *executing* are charged for it.
 """
 
@@ -33,6 +34,7 @@ from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
+from .prefetch import PREFETCH_SECONDS, has_base_slot, has_deep_room, not_queued, queued_cost_us, room_for
 from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
                         wait_for_holder, worker_pool)
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
@@ -43,13 +45,14 @@ ACTIVE = ("waiting", "queued", "processing")
 class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
                      RecoveryMixin, TimelineMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
-                 queue_roots: bool = True):
+                 queue_roots: bool = True, prefetch_seconds: float = PREFETCH_SECONDS):
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
         self.clients: set[str] = set()
         self.allowed_failures = allowed_failures
         self.walltime_failures = walltime_failures       # innocent, but never going to fit
-        self.prefetch = prefetch
+        self.prefetch = prefetch                     # slots beyond the threads, for any task
+        self.prefetch_seconds = prefetch_seconds     # and short tasks' queued work per thread (0: none)
         self.queue_roots = queue_roots               # root tasks wait for a thread (placement.SHORT_ROOT)
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
@@ -58,6 +61,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self._roots: list = []                       # the same for tasks without (they may wait for a thread)
         self._seq = itertools.count()
         self._free: set[WorkerState] = set()         # workers with a free slot
+        self._deep: set[WorkerState] = set()         # those of them with room only for short tasks (prefetch.py)
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
         self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
@@ -94,16 +98,19 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         for cid in ts.who_wants:
             self._send(cid, msg)
 
-    def _capacity(self, ws: WorkerState) -> int:
-        # A task that seceded (waits on its own subtasks in worker_client) frees its slot.
-        return ws.nthreads + len(ws.seceded) + self.prefetch
-
     def _update_free(self, ws: WorkerState) -> None:
-        if (ws.address in self.workers and not ws.draining and not ws.paused
-                and len(ws.processing) + len(ws.abandoned) < self._capacity(ws)):
-            self._free.add(ws)
-        else:
-            self._free.discard(ws)
+        # A task that seceded (waits on its own subtasks in worker_client) frees its slot (prefetch.base_slots).
+        if ws.address in self.workers and not ws.draining and not ws.paused:
+            if has_base_slot(ws, self.prefetch):
+                self._free.add(ws)
+                self._deep.discard(ws)
+                return
+            if has_deep_room(ws, self.prefetch, self.prefetch_seconds):
+                self._free.add(ws)
+                self._deep.add(ws)
+                return
+        self._free.discard(ws)
+        self._deep.discard(ws)
 
     # -- workers ---------------------------------------------------------------
     def add_worker(self, address: str, nthreads: int, now: float, memory_limit: int = 0,
@@ -149,6 +156,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             return None
         self.set_time(now)
         self._free.discard(ws)
+        self._deep.discard(ws)
         self.outbox.pop(address, None)
         record = {"id": len(self.deaths), "worker": address, "name": ws.name, "time": now,
                   "cause": death.get("cause", "unknown"),
@@ -174,7 +182,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 ran = now - ts.started_at if ts.started_at is not None else None
                 ts.attempts.append({"death": record, "ran_for": ran, "pool": record["pool"]})
                 self._touch(ts)
-            ts.processing_on = None
+            ts.processing_on, ts.queued_us = None, 0
         executing = set(ws.executing)
         ws.processing.clear()
         ws.executing.clear()
@@ -219,10 +227,14 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ts.state = "released"
         self._touch(ts)
         for dep in ts.dependents:
-            if dep.state == "queued":
+            if dep.state == "processing" and not dep.executing:
+                # Its worker would ask the dead holder in vain (a missing-data round trip): it
+                # waits here for the recomputed input instead (found by tests/test_state_fuzz.py).
+                # A running one has its inputs.
+                self._abandon(dep)
+                dep.state = "queued"
+            if dep.state in ("queued", "waiting"):
                 dep.state = "waiting"
-                dep.waiting_on.add(ts)
-            elif dep.state == "waiting":
                 dep.waiting_on.add(ts)
         if ts.who_wants or ts.waiters:
             self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
@@ -237,10 +249,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ts = self.tasks.get(key)
         ws = self.workers.get(address)
         if ts is not None and ws is not None and ts.processing_on is ws:
+            not_queued(ts)
             ts.executing = True
             ts.started_at, ts.start_memory = now, memory
             ws.executing.add(ts)
             self._note_start(ws, key, now, memory)
+            # Room for more short tasks, used at the next event (its task-finished follows soon).
+            self._update_free(ws)
 
     def task_seceded(self, address: str, key: str, seceded: bool = True) -> None:
         """A running task gave up its thread slot (secede), or took one again (rejoin)."""
@@ -344,7 +359,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         stack = [root]
         while stack:
             ts = stack.pop()
-            if ts.state != "released":
+            if ts.state != "released" or not (ts.who_wants or ts.waiters):
+                # (an input pushed for a dependent that an earlier one's failure has failed since:
+                # found by tests/test_state_fuzz.py, it was computed for nobody)
                 continue
             if ts.func is None:
                 self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
@@ -381,6 +398,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
 
     def _unassign(self, ts: TaskState) -> None:
         ws = ts.processing_on
+        not_queued(ts)
         ts.processing_on, ts.executing = None, False
         if ws is not None:
             ws.processing.discard(ts)
@@ -508,7 +526,15 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 continue
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
-            ws = pick_worker(ts, self._free, expected, self.now, queue_root, self.pools)
+            cost = queued_cost_us(expected, self.prefetch_seconds)
+            free = self._free if not self._deep else room_for(self, cost, expected)
+            if not free:
+                # No base slot anywhere and this one is not short enough: it waits, and so do the
+                # tasks after it (in priority order: popping all of a long queue at every event
+                # would cost O(n) each time).
+                deferred.append((heap, prio, key))
+                break
+            ws = pick_worker(ts, free, expected, self.now, queue_root, self.pools)
             if ws is None and queue_root and not any(map(has_root_slot, self._free)):
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
@@ -525,13 +551,14 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if wait_for_holder(ts, ws, self.durations, self.now, self.pools):
                 deferred.append((heap, prio, key))          # its inputs' worker takes it when a slot frees
                 continue
-            self._assign(ts, ws)
+            self._assign(ts, ws, cost)
         for heap, prio, key in deferred:
             heapq.heappush(heap, (prio, key))
 
-    def _assign(self, ts: TaskState, ws: WorkerState) -> None:
-        ts.state, ts.processing_on = "processing", ws
+    def _assign(self, ts: TaskState, ws: WorkerState, cost_us: int) -> None:
+        ts.state, ts.processing_on, ts.queued_us = "processing", ws, cost_us
         ws.processing.add(ts)
+        ws.queued_us += cost_us
         for r, n in (ts.resources or {}).items():
             ws.used_resources[r] = ws.used_resources.get(r, 0) + n
         ws.used_memory += ts.memory

@@ -1,4 +1,4 @@
-"""The worker: runs tasks in a thread pool, holds results, serves them to peers.
+"""The worker: runs tasks in its task threads, holds results, serves them to peers.
 
 It executes at most `nthreads` tasks at a time and tells the scheduler when each one
 *starts*, so that a death is charged only to what was really running. Inputs held by
@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 import traceback as tb_module
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from ..protocol import context, serialize
@@ -31,6 +30,7 @@ from .reattach import reattach
 from .sizeof import sizeof
 from .memory import MemoryManager
 from .store import MONITOR_INTERVAL, MemoryFractions
+from .threads import TaskThreads
 
 logger = logging.getLogger("hpc_cluster.worker")
 
@@ -85,8 +85,10 @@ class Worker(FetchMixin):
         self.functions = serialize.FunctionCache()
         self._unpickle_lock = threading.Lock()
         # Concurrency is bounded by nthreads below (seceded tasks do not count), not by the
-        # pool: a task waiting on its subtasks in worker_client keeps its thread.
-        self.executor = ThreadPoolExecutor(self.nthreads + SECEDED_THREADS, thread_name_prefix="hpc-task")
+        # threads: a task waiting on its subtasks in worker_client keeps its thread. Long-lived
+        # threads taking started tasks from a queue, not an executor's Future per task (threads.py).
+        self.executor = TaskThreads(self._execute, self.nthreads + SECEDED_THREADS, name="hpc-task",
+                                    done=self._executed)
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
         self._fetching: dict[str, asyncio.Future] = {}
@@ -355,7 +357,7 @@ class Worker(FetchMixin):
             # scheduler charges a death only to tasks it knows were executing.
             self.scheduler.flush()
             for ts in starting:
-                self.executor.submit(self._execute, ts)
+                self.executor.submit(ts)
 
     # -- secede / rejoin (worker_client) -----------------------------------------------
     def _secede(self, key: str) -> None:
@@ -388,8 +390,8 @@ class Worker(FetchMixin):
             self.seceded.discard(key)
             self.scheduler.send({"op": "task-rejoined", "key": key})
 
-    def _execute(self, ts: _Task) -> None:
-        """Runs in a pool thread. Hands the outcome back to the event loop."""
+    def _execute(self, ts: _Task) -> tuple:
+        """Runs in a task thread (threads.py): the outcome and how long it took."""
         start = time.time()
         context.set_task(ts.key)              # for get_client()/secede() inside the task
         try:
@@ -407,7 +409,11 @@ class Worker(FetchMixin):
             outcome = ("error", exc, tb_module.format_exc())
         finally:
             context.set_task(None)
-        self._done.append((ts, outcome, time.time() - start))
+        return outcome, time.time() - start
+
+    def _executed(self, ts: _Task, result: tuple) -> None:
+        """In the task thread, after _execute: hand the outcome back to the event loop."""
+        self._done.append((ts, *result))
         if not self._done_scheduled:
             self._done_scheduled = True
             self.loop.call_soon_threadsafe(self._drain_done)
