@@ -28,13 +28,13 @@ import itertools
 from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
+from .free import FreeWorkers
 from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
-from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
-                        wait_for_holder, worker_pool)
+from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
@@ -57,7 +57,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self._ready: list = []                       # heap of (priority, key): tasks with inputs
         self._roots: list = []                       # the same for tasks without (they may wait for a thread)
         self._seq = itertools.count()
-        self._free: set[WorkerState] = set()         # workers with a free slot
+        # Workers with a free slot, kept in placement's order so that placing a task does not
+        # score every worker (free.py; issue 19: 500 workers)
+        self._free = FreeWorkers()
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
         self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
@@ -134,9 +136,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws.memory, ws.memory_at = memory, now
         self._note_memory(ws, memory, now)
         paused = bool(memory.get("paused"))
-        if paused != ws.paused:
-            ws.paused = paused
-            self._update_free(ws)
+        changed, ws.paused = paused != ws.paused, paused
+        self._update_free(ws)            # its memory is part of its place among the free (free.py)
+        if changed:
             self._schedule()
 
     def silent_workers(self, now: float, ttl: float) -> list[str]:
@@ -508,8 +510,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 continue
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
-            ws = pick_worker(ts, self._free, expected, self.now, queue_root, self.pools)
-            if ws is None and queue_root and not any(map(has_root_slot, self._free)):
+            ws = self._free.pick(ts, expected, self.now, queue_root, self.pools)
+            if ws is None and queue_root and not self._free.has_root_slot():
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
                 deferred.append((heap, prio, key))
