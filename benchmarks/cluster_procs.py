@@ -90,7 +90,10 @@ def start_dask(stack: contextlib.ExitStack, workers: int, threads: int = 1, nann
 class OurProcesses:
     """Our scheduler and workers started by hand (as a batch job's script would)."""
 
-    def __init__(self, stack: contextlib.ExitStack, scheduler_args: tuple = ()):
+    def __init__(self, stack: contextlib.ExitStack, scheduler_args: tuple = (), scheduler_path: str | None = None):
+        """`scheduler_path`: a directory holding another hpc_cluster package (e.g. `git archive`
+        of an older commit) for the scheduler alone, to compare two schedulers on the same
+        workers and client."""
         from hpc_cluster.protocol.secret import new_secret
         self.secret = new_secret()
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-ours-")))
@@ -101,9 +104,12 @@ class OurProcesses:
         self.log_path = tmp / "log"
         addr_file = tmp / "address"
         self.workers: list[subprocess.Popen] = []
+        env = dict(self.env, PYTHONPATH=os.pathsep.join([scheduler_path, self.env["PYTHONPATH"]])) \
+            if scheduler_path else self.env
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.scheduler", "--address-file", str(addr_file),
-             "--log-level", "WARNING", *scheduler_args], env=self.env, stdout=self.log, stderr=self.log)
+             "--log-level", "WARNING", *scheduler_args], env=env, stdout=self.log, stderr=self.log,
+            cwd=scheduler_path or None)
         stack.callback(self.close)
         deadline = time.monotonic() + 60
         while not addr_file.exists() or not addr_file.read_text():

@@ -132,7 +132,7 @@ def run_count(system: str, n: int, args) -> dict:
     out: dict = {"system": system, "workers": n}
     with contextlib.ExitStack() as stack:
         if system == "ours":
-            procs = cluster_procs.OurProcesses(stack)
+            procs = cluster_procs.OurProcesses(stack, scheduler_path=args.ours_scheduler_from)
             address, ping_env = procs.address, dict(os.environ, BENCH_SECRET=procs.secret.hex())
         else:
             import logging
@@ -158,6 +158,7 @@ def run_count(system: str, n: int, args) -> dict:
         time.sleep(args.idle)
         out["idle_cpu_per_s"] = round((_cpu(sched) - c0) / args.idle, 3)
         pinger = Pinger(system, address, ping_env)
+        spy = Profile(procs.scheduler.pid, args.profile, f"{system}-{n}") if args.profile else None
         windows = {}
         for name, func, count in (("sleep", sleep_01, args.sleep_rounds * n), ("noop", noop, args.noop_tasks)):
             off = 10**7 * (1 + len(windows))
@@ -176,11 +177,61 @@ def run_count(system: str, n: int, args) -> dict:
             del futures
             time.sleep(1)
         samples = pinger.stop()
+        if spy is not None:
+            out["profile"] = spy.stop()
         for name, (w0, w1) in windows.items():
             out[name]["latency"] = latency(samples, w0, w1)
         out["outcome"] = "completed" if all("outcome" not in out[k] for k in windows) else "timed out"
         client.close()
     return out
+
+
+class Profile:
+    """py-spy sampling the scheduler (--nonblocking: it is not paused) while the tasks run; the
+    result is summarised as the functions with the most samples on top (self) and anywhere
+    on the stack (total), in percent of the samples."""
+
+    def __init__(self, pid: int, directory: str, tag: str):
+        import shutil
+        spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"{tag}.txt")
+        self.proc = subprocess.Popen([spy, "record", "-p", str(pid), "-r", "50", "--nonblocking", "-f", "raw",
+                                      "-o", self.path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self, top: int = 12) -> dict:
+        import signal
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return {"file": self.path, "error": "py-spy did not stop"}
+        own: dict = {}
+        anywhere: dict = {}
+        total = 0
+        with contextlib.suppress(OSError), open(self.path) as f:
+            for line in f:
+                stack, _, count = line.rstrip().rpartition(" ")
+                if not count.isdigit():
+                    continue
+                frames = [_frame(fr) for fr in stack.split(";")]
+                n = int(count)
+                total += n
+                own[frames[-1]] = own.get(frames[-1], 0) + n
+                for fr in set(frames):
+                    anywhere[fr] = anywhere.get(fr, 0) + n
+
+        def pct(d):
+            return [(k, round(100 * v / total, 1)) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+        return {"file": self.path, "samples": total, "self": pct(own) if total else [],
+                "total": pct(anywhere) if total else []}
+
+
+def _frame(text: str) -> str:
+    """py-spy's 'function (path/to/file.py:123)' -> 'function (file.py)': a function's lines together."""
+    name, _, where = text.partition(" (")
+    return f"{name} ({os.path.basename(where.rstrip(')').rsplit(':', 1)[0])})" if where else name
 
 
 def _cpu(p: psutil.Process) -> float:
@@ -227,6 +278,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one step may take (default 300)")
     p.add_argument("--quick", action="store_true", help="2 sleep rounds, 2,000 no-op tasks, 2 s idle")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--ours-scheduler-from", metavar="DIR", help="run our scheduler from the hpc_cluster package in "
+                   "DIR (e.g. `git archive OLD hpc_cluster | tar -x -C DIR`): an A/B of two schedulers")
+    p.add_argument("--profile", metavar="DIR", help="sample the scheduler with py-spy while the tasks run "
+                   "(pip install py-spy); raw stacks to DIR, a summary in the results")
     args = p.parse_args(argv)
     if args.quick:
         args.sleep_rounds, args.noop_tasks, args.idle = 2, 2_000, 2.0
