@@ -139,3 +139,31 @@ def test_the_index_picks_what_a_scan_of_every_free_worker_picks():
             free = (not ws.draining and not ws.paused
                     and len(ws.processing) + len(ws.abandoned) < s._capacity(ws))
             assert (ws in s._free) == free, ws
+
+
+class _NoScan(dict):
+    """The task table, refusing to be walked whole (counting would do as well)."""
+
+    def values(self):
+        raise AssertionError("the whole task table was scanned")
+
+
+def test_a_worker_leaving_does_not_scan_every_task():
+    # Removing a worker used to look at every task for copies it was fetching: retiring 500
+    # workers of a cluster holding a million results cost 500 x 1,000,000 looks.
+    s = SchedulerState()
+    for i in range(3):
+        s.add_worker(f"tcp://w{i}", nthreads=1, now=0)
+    keys = [f"t{i}" for i in range(30)]
+    s.update_graph("c", [task(k) for k in keys], keys)
+    for _ in range(30):
+        for addr, ws in s.workers.items():
+            for ts in list(ws.processing):
+                s.task_finished(addr, ts.key, nbytes=8)
+    assert s.counts() == {"memory": 30}
+    s.replicate(["t0"], 2)                           # one copy on its way
+    (fetching,) = s.tasks["t0"].copying
+    s.tasks = _NoScan(s.tasks)
+    s.remove_worker(fetching, now=1, death={"cause": "retired"})
+    s.remove_worker(next(iter(s.workers)), now=1, death={"cause": "retired"})
+    assert fetching not in s.tasks["t0"].copying

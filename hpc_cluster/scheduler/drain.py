@@ -79,6 +79,7 @@ class DrainMixin:
             if not ts.copying:
                 target = targets[i % len(targets)]
                 ts.copying.add(target.address)
+                self.copying.add(ts)
                 self._send(target.address, {"op": "fetch-replica", "key": ts.key,
                                             "holders": [ws.address]})
         return False

@@ -54,6 +54,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
         self.replicated: set[str] = set()            # keys client.replicate() asked copies of
+        self.copying: set[TaskState] = set()         # tasks with a copy being fetched (may hold a few done)
         self._ready: list = []                       # heap of (priority, key): tasks with inputs
         self._roots: list = []                       # the same for tasks without (they may wait for a thread)
         self._seq = itertools.count()
@@ -190,9 +191,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws.has_what.clear()
         for ts in lost:
             self._data_lost(ts)
-        for ts in self.tasks.values():       # copies it was fetching will never arrive
-            if ts.copying:
-                ts.copying.discard(address)
+        # Copies it was fetching will never arrive. Only the tasks being copied are looked at
+        # (replicas.py's copying set), not every task: retiring 500 workers of a cluster holding
+        # a million tasks scanned all of them 500 times (issue 19).
+        for ts in list(self.copying):
+            ts.copying.discard(address)
+            if not ts.copying or self.tasks.get(ts.key) is not ts:
+                self.copying.discard(ts)
         for ts in short:
             self._ensure_replicas(ts)
         for ts in running:
