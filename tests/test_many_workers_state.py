@@ -167,3 +167,30 @@ def test_a_worker_leaving_does_not_scan_every_task():
     s.remove_worker(fetching, now=1, death={"cause": "retired"})
     s.remove_worker(next(iter(s.workers)), now=1, death={"cause": "retired"})
     assert fetching not in s.tasks["t0"].copying
+
+
+def test_draining_workers_sort_the_others_once_not_at_every_step(monkeypatch):
+    # A job array's workers reach their walltime together and drain; each copies its unique
+    # results to a worker staying on. Each drain step (every 0.5 s) used to sort every worker,
+    # for each draining worker, until its copies landed: 500 x 500 at every step.
+    import hpc_cluster.scheduler.drain as drain
+    s = SchedulerState()
+    n = 40
+    for i in range(n):
+        s.add_worker(f"tcp://w{i:02d}", nthreads=1, now=0)
+    keys = [f"t{i}" for i in range(n)]
+    s.update_graph("c", [task(k) for k in keys], keys)
+    for addr, ws in s.workers.items():
+        for ts in list(ws.processing):
+            s.task_finished(addr, ts.key, nbytes=8)
+    leaving = sorted(s.workers)[: n // 2]
+    for addr in leaving:
+        s.start_drain(addr)
+    sorts = []
+    monkeypatch.setattr(drain, "sorted", lambda *a, **k: sorts.append(1) or sorted(*a, **k), raising=False)
+    assert not any([s.drain_step(addr) for addr in leaving])         # copies started: one sort each
+    first = len(sorts)
+    assert 0 < first <= len(leaving)
+    for _ in range(3):                                               # copies still on their way
+        assert not any([s.drain_step(addr) for addr in leaving])
+    assert len(sorts) == first
