@@ -182,6 +182,9 @@ def run_count(system: str, n: int, args) -> dict:
         for name, (w0, w1) in windows.items():
             out[name]["latency"] = latency(samples, w0, w1)
         out["outcome"] = "completed" if all("outcome" not in out[k] for k in windows) else "timed out"
+        if system == "ours":              # workers lost on the way (e.g. silent past the heartbeat TTL)
+            causes = [d.get("cause") for d in client.deaths()]
+            out["deaths"] = {c: causes.count(c) for c in set(causes)}
         client.close()
     return out
 
