@@ -269,6 +269,27 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(report: dict) -> str:
+    """The same table as BENCHMARKS.md has it."""
+    lines = ["| workers | system | register | idle CPU | sleep(0.1) tasks/s (ideal) | sched CPU/task | "
+             "no-op tasks/s | sched CPU/task | latency sleep med / max | latency no-op med / max | outcome |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["results"]:
+        s, z = r.get("sleep") or {}, r.get("noop") or {}
+
+        def lat(x):
+            la = x.get("latency") or {}
+            return f"{la['median_ms']:.1f} / {la['max_ms']:.1f} ms" if la.get("samples") else "-"
+
+        def num(x, key, unit=""):
+            return f"{x[key]:,}{unit}" if key in x else "-"
+        lines.append(f"| {r['workers']} | {r['system']} | {num(r, 'register_s', ' s')} | "
+                     f"{num(r, 'idle_cpu_per_s', ' s/s')} | {num(s, 'tasks_per_s')} ({num(s, 'ideal_tasks_per_s')}) | "
+                     f"{num(s, 'scheduler_cpu_us_per_task', ' us')} | {num(z, 'tasks_per_s')} | "
+                     f"{num(z, 'scheduler_cpu_us_per_task', ' us')} | {lat(s)} | {lat(z)} | {r.get('outcome', '')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--ping":
         return ping_main(sys.argv[2], sys.argv[3], float(sys.argv[4]))
@@ -281,6 +302,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one step may take (default 300)")
     p.add_argument("--quick", action="store_true", help="2 sleep rounds, 2,000 no-op tasks, 2 s idle")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--markdown", action="store_true", help="print the table as BENCHMARKS.md has it")
     p.add_argument("--ours-scheduler-from", metavar="DIR", help="run our scheduler from the hpc_cluster package in "
                    "DIR (e.g. `git archive OLD hpc_cluster | tar -x -C DIR`): an A/B of two schedulers")
     p.add_argument("--profile", metavar="DIR", help="sample the scheduler with py-spy while the tasks run "
@@ -312,7 +334,7 @@ def main(argv=None) -> int:
     report["machine"]["load_after"] = list(os.getloadavg())
     from importlib.metadata import version
     report["versions"] = {p: version(p) for p in ("hpc-cluster", "distributed", "dask")}
-    print(format_table(report))
+    print(format_markdown(report) if args.markdown else format_table(report))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
