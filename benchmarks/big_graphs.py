@@ -26,13 +26,13 @@ import contextlib
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import psutil
+
+import cluster_procs      # benchmarks/ is on sys.path when run as a script
 
 
 def noop(x):
@@ -89,39 +89,9 @@ def start_ours(stack: contextlib.ExitStack, workers: int):
 
 
 def start_dask(stack: contextlib.ExitStack, workers: int):
-    import logging
-
-    from distributed import Client
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="big-graphs-dask-"))
-    sfile = os.path.join(tmp, "scheduler.json")
-    env = dict(os.environ, DASK_DISTRIBUTED__ADMIN__TICK__LIMIT="1h")
-    procs = []
-    stack.callback(lambda: [_end(p) for p in reversed(procs)])
-    procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                   "--port", "0", "--no-dashboard", "--scheduler-file", sfile],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sfile) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for _ in range(workers):
-        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                                       sfile, "--nthreads", "1", "--memory-limit", "2GB", "--nanny",
-                                       "--no-dashboard", "--host", "127.0.0.1"],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    client = stack.enter_context(Client(scheduler_file=sfile, timeout=120))
-    client.wait_for_workers(workers, timeout=120)
-    return client, procs[0].pid
-
-
-def _end(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    # `dask scheduler` and `dask worker --nanny` processes (cluster_procs.py, shared with
+    # throughput.py and many_workers.py), so the scheduler's RSS is its own
+    return cluster_procs.start_dask(stack, workers, threads=1, nanny=True, memory_limit="2GB", timeout=120)
 
 
 STARTERS = {"ours": start_ours, "dask": start_dask}

@@ -13,9 +13,19 @@ ours then dask, so that load from other processes hits both alike):
   chain  x = submit(inc, x) C times, then x.result()         -> tasks/s and us/task
 
 Both clusters run `--workers` worker processes with `--threads` threads each, under a
-nanny. dask's scheduler runs inside this (the client's) process, as dask's LocalCluster
-always does; ours runs in its own process. dask's dashboard is turned off; ours serves its
-dashboard (on a free port) unless the system is "ours-nodash", and "ours-viewed" polls it.
+nanny, and each scheduler runs in a process of its own: ours LocalCluster's, dask's started
+with `dask scheduler` and `dask worker --nanny` (cluster_procs.py), so that the CPU each
+process spends over a run (psutil user+sys) is split fairly: scheduler, workers, nannies and
+this client process, per task, and the scheduler's CPU seconds per 1,000 tasks (HyperQueue's
+figure). "dask-local" is dask's LocalCluster, whose scheduler runs inside this (the
+client's) process: its CPU is shown as one "client+scheduler" figure. dask's dashboard is
+turned off; ours serves its dashboard (on a free port) unless the system is "ours-nodash",
+and "ours-viewed" polls it.
+
+`--big N` then runs big_graphs.py's N-task map and N-task dask graph (submit time, run time,
+the scheduler's peak RSS per task) for ours and dask, each on a fresh cluster: minutes at
+N=1,000,000, so it is off by default. Every figure issue 19 sets a goal for is printed
+next to its goal (GOALS).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import cluster_procs       # benchmarks/ is on sys.path when run as a script
 
 
 # -- the tasks (module level; cloudpickle ships them by value from __main__) ---------------
@@ -105,6 +117,8 @@ def bench_chain(client, n: int) -> tuple[int, float]:
 BENCHMARKS = {"map": bench_map, "tree": bench_tree, "chain": bench_chain}
 SIZES = {"full": {"map": 20_000, "tree": 4_096, "chain": 2_000},
          "quick": {"map": 2_000, "tree": 512, "chain": 200}}
+# Issue 19's goals, printed next to the figures they are for.
+GOALS = {"map_tasks_per_s": 5_000, "chain_us_per_task": 300, "cpu_us_per_task": 250, "rss_bytes_per_task": 1_000}
 DESCRIPTIONS = {"map": "map(noop, range({n})) + gather",
                 "tree": "tree reduction, {n} leaves",
                 "chain": "chain of {n} dependent tasks"}
@@ -121,7 +135,7 @@ def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security
     client.wait_for_workers(workers, timeout=60)
     if viewer:
         stack.enter_context(DashboardViewer(cluster.dashboard_link))
-    return client
+    return client, cluster._scheduler.pid
 
 
 def _view(host: str, port: int, token: str, paths, interval: float, max_rounds: int, stop, results) -> None:
@@ -187,7 +201,13 @@ class DashboardViewer:
               f"(slowest {slowest * 1e3:.1f} ms)", file=sys.stderr)
 
 
-def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
+def start_dask(stack: contextlib.ExitStack, workers: int, threads: int):
+    """dask's scheduler and workers (under nannies) as processes of their own, as ours are."""
+    return cluster_procs.start_dask(stack, workers, threads, nanny=True, timeout=60)
+
+
+def start_dask_local(stack: contextlib.ExitStack, workers: int, threads: int, security: bool = False):
+    """dask's LocalCluster: its scheduler runs in this process (the scheduler pid is ours)."""
     import logging
 
     import dask
@@ -200,18 +220,20 @@ def start_dask(stack: contextlib.ExitStack, workers: int, threads: int, security
                                                processes=True, dashboard_address=None, **tls))
     client = stack.enter_context(Client(cluster, security=tls.get("security")))
     client.wait_for_workers(workers, timeout=60)
-    return client
+    return client, os.getpid()
 
 
-# "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary()).
+# "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary(),
+# on dask's LocalCluster: its scheduler in this process).
 # "ours-journal": the scheduler keeps its journal (issue 16; LocalCluster(journal=True)).
 # "ours-nodash": no dashboard (dashboard_address=None); "ours-viewed": the dashboard (as in "ours")
 # with a page open on it, fetching every /api endpoint every 2 s (issue 17's cost).
-STARTERS = {"ours": start_ours, "dask": start_dask,
+STARTERS = {"ours": start_ours, "dask": start_dask, "dask-local": start_dask_local,
             "ours-nodash": lambda *a: start_ours(*a, dashboard=None),
             "ours-viewed": lambda *a: start_ours(*a, viewer=True),
             "ours-journal": lambda *a: start_ours(*a, journal=True),
-            "ours-tls": lambda *a: start_ours(*a, security=True), "dask-tls": lambda *a: start_dask(*a, security=True)}
+            "ours-tls": lambda *a: start_ours(*a, security=True),
+            "dask-tls": lambda *a: start_dask_local(*a, security=True)}
 
 
 def warm_up(client) -> None:
@@ -226,14 +248,35 @@ def _load() -> list[float]:
         return []
 
 
-def summarise(samples: list[tuple[int, float]]) -> dict:
+def summarise(samples: list[tuple]) -> dict:
+    """(tasks, seconds, {process group: CPU seconds}) per run -> best and median figures; the
+    CPU per task is the median run's over each group (psutil user+sys, whole processes)."""
     tasks = samples[0][0]
-    times = [s for _, s in samples]
+    times = [s[1] for s in samples]
     best, median = min(times), statistics.median(times)
-    return {"tasks": tasks, "seconds": [round(t, 4) for t in times],
-            "best_s": round(best, 4), "median_s": round(median, 4),
-            "best_tasks_per_s": round(tasks / best, 1), "median_tasks_per_s": round(tasks / median, 1),
-            "best_us_per_task": round(best / tasks * 1e6, 1), "median_us_per_task": round(median / tasks * 1e6, 1)}
+    out = {"tasks": tasks, "seconds": [round(t, 4) for t in times],
+           "best_s": round(best, 4), "median_s": round(median, 4),
+           "best_tasks_per_s": round(tasks / best, 1), "median_tasks_per_s": round(tasks / median, 1),
+           "best_us_per_task": round(best / tasks * 1e6, 1), "median_us_per_task": round(median / tasks * 1e6, 1)}
+    cpus = [s[2] for s in samples if len(s) > 2 and s[2]]
+    if cpus:
+        groups = list(cpus[0])
+        per_task = {g: round(statistics.median(c[g] for c in cpus) / tasks * 1e6, 1) for g in groups}
+        per_task["total"] = round(statistics.median(sum(c.values()) for c in cpus) / tasks * 1e6, 1)
+        out["cpu_us_per_task"] = per_task
+        sched = next((g for g in ("scheduler", "client+scheduler") if g in per_task), None)
+        if sched:
+            # HyperQueue's figure: the server's CPU seconds per 1,000 tasks
+            out["scheduler_cpu_s_per_1000_tasks"] = round(per_task[sched] / 1000, 3)
+    return out
+
+
+def _groups(client, scheduler_pid: int) -> dict[str, list[int]]:
+    groups = cluster_procs.worker_groups(client, scheduler_pid)
+    if scheduler_pid == os.getpid():             # dask's LocalCluster: one process for both
+        del groups["scheduler"]
+        groups["client+scheduler"] = groups.pop("client")
+    return groups
 
 
 def run(args) -> dict:
@@ -255,24 +298,27 @@ def run(args) -> dict:
                           "python": platform.python_version(), "load_before": _load()},
               "config": {"workers": args.workers, "threads": args.threads, "repeat": args.repeat,
                          "quick": bool(args.quick), "sizes": {b: sizes[b] for b in benches}},
-              "versions": {}, "results": {}}
+              "versions": {}, "results": {}, "goals": GOALS}
     samples: dict[str, dict[str, list]] = {s: {b: [] for b in benches} for s in systems}
     with contextlib.ExitStack() as stack:
-        clients = {}
+        clients, meters = {}, {}
         for s in systems:
             t0 = time.perf_counter()
-            clients[s] = STARTERS[s](stack, args.workers, args.threads)
+            clients[s], scheduler_pid = STARTERS[s](stack, args.workers, args.threads)
             warm_up(clients[s])
+            meters[s] = cluster_procs.CPUMeter(_groups(clients[s], scheduler_pid))
             log(args, f"{s}: cluster up and warm in {time.perf_counter() - t0:.1f} s")
         report["versions"] = _versions(systems)
         for b in benches:
             for rep in range(args.repeat):
                 for s in systems:
                     gc.collect()
+                    meters[s].start()
                     tasks, seconds = BENCHMARKS[b](clients[s], sizes[b])
-                    samples[s][b].append((tasks, seconds))
+                    cpu = meters[s].stop()
+                    samples[s][b].append((tasks, seconds, cpu))
                     log(args, f"{b:5s} rep {rep + 1}/{args.repeat} {s:11s}: {tasks} tasks in {seconds:.3f} s "
-                              f"({tasks / seconds:,.0f} tasks/s)")
+                              f"({tasks / seconds:,.0f} tasks/s, {sum(cpu.values()) / tasks * 1e6:,.0f} CPU us/task)")
                     time.sleep(args.pause)          # let releases settle before the next run
     report["machine"]["load_after"] = _load()
     for s in systems:
@@ -284,7 +330,32 @@ def run(args) -> dict:
                 "median": round(report["results"]["ours"][b]["median_tasks_per_s"]
                                 / report["results"]["dask"][b]["median_tasks_per_s"], 3)}
             for b in benches}
+    if args.big:
+        report["big"] = run_big(args, [s for s in systems if s in ("ours", "dask")])
     return report
+
+
+def run_big(args, systems: list[str]) -> list[dict]:
+    """big_graphs.py's scenarios, by running it (not a copy of its code): an N-task map and an
+    N-task dask graph per system, each on a fresh cluster of --workers workers. As a script of
+    its own its task functions live in __main__ and travel by value, which dask needs: its
+    scheduler unpickles graphs, and could not import a benchmark module by reference."""
+    import subprocess
+    import tempfile
+    if not systems:
+        return []
+    with tempfile.TemporaryDirectory(prefix="throughput-big-") as tmp:
+        out = os.path.join(tmp, "big.json")
+        cmd = [sys.executable, str(Path(__file__).with_name("big_graphs.py")), "--tasks", str(args.big),
+               "--workers", str(args.workers), "--systems", ",".join(systems), "--timeout", str(args.big_timeout),
+               "--dask-timeout", str(args.big_dask_timeout), "--json", out]
+        log(args, f"big: {' '.join(cmd[1:])}")
+        proc = subprocess.run(cmd, stdout=None if not args.quiet else subprocess.DEVNULL)
+        if proc.returncode != 0 or not os.path.exists(out):
+            return [{"system": ",".join(systems), "scenario": "map,graph", "tasks": args.big,
+                     "outcome": f"big_graphs.py failed (exit {proc.returncode})"}]
+        with open(out) as f:
+            return json.load(f)["results"]
 
 
 def _git_state() -> str:
@@ -317,6 +388,13 @@ def log(args, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _goal(value: float | None, goal: float, at_least: bool) -> str:
+    if value is None:
+        return ""
+    met = value >= goal if at_least else value <= goal
+    return f"goal {'>=' if at_least else '<='} {goal:,}: {'met' if met else 'NOT met'}"
+
+
 def format_table(report: dict) -> str:
     cfg = report["config"]
     systems = list(report["results"])
@@ -324,16 +402,54 @@ def format_table(report: dict) -> str:
              f"cpus={report['machine']['cpus']} load before={report['machine']['load_before']} "
              f"after={report['machine']['load_after']}", ""]
     head = f"{'benchmark':34s} {'system':11s} {'tasks':>6s} {'best tasks/s':>13s} {'median tasks/s':>15s} " \
-           f"{'best us/task':>13s}"
+           f"{'best us/task':>13s} {'median us/task':>15s}"
     lines += [head, "-" * len(head)]
     for b, n in cfg["sizes"].items():
         for s in systems:
             r = report["results"][s][b]
+            goal = ""
+            if b == "map" and s.startswith("ours"):
+                goal = "  " + _goal(r["best_tasks_per_s"], GOALS["map_tasks_per_s"], True) + " tasks/s"
+            elif b == "chain" and s.startswith("ours"):
+                goal = "  " + _goal(r["best_us_per_task"], GOALS["chain_us_per_task"], False) + " us/task"
             lines.append(f"{DESCRIPTIONS[b].format(n=n):34s} {s:11s} {r['tasks']:6d} {r['best_tasks_per_s']:13,.0f} "
-                         f"{r['median_tasks_per_s']:15,.0f} {r['best_us_per_task']:13,.1f}")
+                         f"{r['median_tasks_per_s']:15,.0f} {r['best_us_per_task']:13,.1f} "
+                         f"{r['median_us_per_task']:15,.1f}{goal}")
         ratio = report.get("ratio_ours_over_dask", {}).get(b)
         if ratio:
             lines.append(f"{'':34s} {'ours/dask':>13s} best {ratio['best']:.2f}x, median {ratio['median']:.2f}x")
+    lines += ["", "CPU us per task, per process (psutil user+sys over the median run; nannies: the workers' "
+              "nannies; client: this process)"]
+    head = f"{'benchmark':10s} {'system':11s} {'scheduler':>10s} {'workers':>9s} {'nannies':>9s} {'client':>9s} " \
+           f"{'total':>9s} {'sched s/1k tasks':>17s}"
+    lines += [head, "-" * len(head)]
+    for b in cfg["sizes"]:
+        for s in systems:
+            r = report["results"][s][b]
+            c = r.get("cpu_us_per_task")
+            if not c:
+                continue
+            sched = c.get("scheduler")
+            client = c.get("client")
+            if sched is None:                     # dask's LocalCluster: one process for both
+                sched, client = None, c.get("client+scheduler")
+            cell = (lambda v: f"{v:,.0f}" if v is not None else "(in client)")
+            goal = "  " + _goal(c["total"], GOALS["cpu_us_per_task"], False) + " us" if s.startswith("ours") else ""
+            lines.append(f"{b:10s} {s:11s} {cell(sched):>10s} {c.get('workers', 0):9,.0f} {c.get('nannies', 0):9,.0f} "
+                         f"{cell(client):>9s} {c['total']:9,.0f} {r.get('scheduler_cpu_s_per_1000_tasks', 0):17.3f}"
+                         f"{goal}")
+    if report.get("big"):
+        lines += ["", f"Big submissions (big_graphs.py; scheduler peak RSS over its start, per task: goal "
+                      f"<= {GOALS['rss_bytes_per_task']:,} B per waiting task)"]
+        head = f"{'scenario':8s} {'system':7s} {'tasks':>10s} {'submit s':>9s} {'run s':>8s} {'tasks/s':>8s} " \
+               f"{'B/task':>7s}  outcome"
+        lines += [head, "-" * len(head)]
+        for r in report["big"]:
+            per = r.get("rss_per_task_bytes")
+            goal = f" ({_goal(per, GOALS['rss_bytes_per_task'], False)})" if per is not None and r["system"] == "ours" else ""
+            lines.append(f"{r['scenario']:8s} {r['system']:7s} {r['tasks']:10,d} {r.get('submit_s', '-')!s:>9s} "
+                         f"{r.get('run_s', '-')!s:>8s} {r.get('tasks_per_s', '-')!s:>8s} {per if per is not None else '-'!s:>7s}"
+                         f"  {r.get('outcome', '')}{goal}")
     return "\n".join(lines)
 
 
@@ -347,11 +463,18 @@ def parse_args(argv=None):
     p.add_argument("--tree", type=int, help="leaves in the tree reduction")
     p.add_argument("--chain", type=int, help="length of the dependent chain")
     p.add_argument("--benchmarks", default="map,tree,chain", help="comma-separated subset to run")
-    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, ours-tls, dask-tls "
+    p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, dask-local (dask's "
+                   "LocalCluster, its scheduler in this process), ours-tls, dask-tls "
                    "(TLS on every connection), ours-journal (the scheduler keeps its journal), ours-nodash (no dashboard), "
                    "ours-viewed (the dashboard polled every 2 s as an open page does); default ours,dask")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    p.add_argument("--big", type=int, metavar="N", default=0,
+                   help="also run big_graphs.py's N-task map and N-task dask graph (ours and dask, fresh clusters; "
+                        "1,000,000 takes most of an hour on 2 cores); off by default")
+    p.add_argument("--big-timeout", type=float, default=1800.0, help="seconds our big run may take after its submission")
+    p.add_argument("--big-dask-timeout", type=float, default=480.0,
+                   help="seconds dask's big run may take after its submission (default 480)")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")
     args = p.parse_args(argv)
     if args.repeat < 1 or args.workers < 1 or args.threads < 1:

@@ -77,7 +77,7 @@ def check(s: SchedulerState) -> None:
         assert ws.queued_us == sum(ts.queued_us for ts in ws.processing), (ws, ws.queued_us)
     for ws in s._free:
         assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
-    assert s._deep <= s._free, (s._deep, s._free)
+    assert s._deep <= set(s._free), (s._deep, set(s._free))
 
 
 class Run:

@@ -178,6 +178,7 @@ class ClientsMixin:
         if self.touched is not None:
             self.touched.update(self.tasks)          # every one forgotten
         self.tasks.clear()
+        self.copying.clear()
         self._ready.clear()
         self._roots.clear()
         self._unchecked.clear()

@@ -71,14 +71,24 @@ class DrainMixin:
         if ws.processing:
             return False
         unique = [ts for ts in ws.has_what if ts.who_has == {ws} and (ts.who_wants or ts.waiters)]
+        if not unique:
+            return True                       # nothing to save
+        todo = [(i, ts) for i, ts in enumerate(unique) if not ts.copying]
+        if not todo:
+            # Its copies are on their way: no need to sort every worker again; it leaves at
+            # once, as before, if no worker is left to save its results to (lineage will).
+            return not any(not w.draining for w in self.workers.values())
+        # Sorted when copies are to be started, not at every step (every 0.5 s) while they
+        # travel: when a whole job array drains at its walltime, each of 500 workers sorted
+        # all 500 at each step.
         targets = sorted((w for w in self.workers.values() if not w.draining),
                          key=lambda w: (len(w.has_what), w.address))
-        if not unique or not targets:
-            return True                       # nothing to save, or nowhere to save it (lineage will)
-        for i, ts in enumerate(unique):
-            if not ts.copying:
-                target = targets[i % len(targets)]
-                ts.copying.add(target.address)
-                self._send(target.address, {"op": "fetch-replica", "key": ts.key,
-                                            "holders": [ws.address]})
+        if not targets:
+            return True                       # nowhere to save it (lineage will)
+        for i, ts in todo:
+            target = targets[i % len(targets)]
+            ts.copying.add(target.address)
+            self.copying.add(ts)
+            self._send(target.address, {"op": "fetch-replica", "key": ts.key,
+                                        "holders": [ws.address]})
         return False

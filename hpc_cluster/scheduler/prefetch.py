@@ -71,11 +71,12 @@ def fits_deep(ws, cost_us: int, expected: float | None, prefetch: int, budget_se
             and ws.queued_us + cost_us <= budget_us(ws.nthreads, budget_seconds))
 
 
-def room_for(state, cost_us: int, expected: float | None) -> list:
-    """The free workers that may take a task of this cost: those with a base slot, and those with
-    room only for short tasks (state._deep) if it is short enough for them."""
-    return [ws for ws in state._free if ws not in state._deep
-            or fits_deep(ws, cost_us, expected, state.prefetch, state.prefetch_seconds)]
+def short_enough(state, cost_us: int, expected: float | None):
+    """Which free workers may take a task of this cost: those with a base slot, and those with
+    room only for short tasks (state._deep) if it fits their room. A predicate, for
+    FreeWorkers.pick."""
+    deep, prefetch, seconds = state._deep, state.prefetch, state.prefetch_seconds
+    return lambda w: w not in deep or fits_deep(w, cost_us, expected, prefetch, seconds)
 
 
 def not_queued(ts) -> None:

@@ -39,6 +39,7 @@ class ReplicaMixin:
         holders = [ws.address for ws in ts.who_has]
         for ws in spare[:missing]:
             ts.copying.add(ws.address)
+            self.copying.add(ts)
             self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
 
     def add_replica(self, address: str, key: str, nbytes: int) -> None:

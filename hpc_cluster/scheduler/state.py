@@ -29,14 +29,14 @@ import itertools
 from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
+from .free import FreeWorkers
 from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
-from .prefetch import PREFETCH_SECONDS, has_base_slot, has_deep_room, not_queued, queued_cost_us, room_for
-from .placement import (TaskDurations, expected_duration, has_root_slot, is_queued_root, pick_worker,
-                        wait_for_holder, worker_pool)
+from .prefetch import PREFETCH_SECONDS, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
+from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
 from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
@@ -57,10 +57,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.outbox: dict[str, list[dict]] = {}
         self.deaths: list[dict] = []
         self.replicated: set[str] = set()            # keys client.replicate() asked copies of
+        self.copying: set[TaskState] = set()         # tasks with a copy being fetched (may hold a few done)
         self._ready: list = []                       # heap of (priority, key): tasks with inputs
         self._roots: list = []                       # the same for tasks without (they may wait for a thread)
         self._seq = itertools.count()
-        self._free: set[WorkerState] = set()         # workers with a free slot
+        # Workers with a free slot, kept in placement's order so that placing a task does not
+        # score every worker (free.py; issue 19: 500 workers)
+        self._free = FreeWorkers()
         self._deep: set[WorkerState] = set()         # those of them with room only for short tasks (prefetch.py)
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
@@ -141,9 +144,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws.memory, ws.memory_at = memory, now
         self._note_memory(ws, memory, now)
         paused = bool(memory.get("paused"))
-        if paused != ws.paused:
-            ws.paused = paused
-            self._update_free(ws)
+        changed, ws.paused = paused != ws.paused, paused
+        self._update_free(ws)            # its memory is part of its place among the free (free.py)
+        if changed:
             self._schedule()
 
     def silent_workers(self, now: float, ttl: float) -> list[str]:
@@ -196,9 +199,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws.has_what.clear()
         for ts in lost:
             self._data_lost(ts)
-        for ts in self.tasks.values():       # copies it was fetching will never arrive
-            if ts.copying:
-                ts.copying.discard(address)
+        # Copies it was fetching will never arrive. Only the tasks being copied are looked at
+        # (replicas.py's copying set), not every task: retiring 500 workers of a cluster holding
+        # a million tasks scanned all of them 500 times (issue 19).
+        for ts in list(self.copying):
+            ts.copying.discard(address)
+            if not ts.copying or self.tasks.get(ts.key) is not ts:
+                self.copying.discard(ts)
         for ts in short:
             self._ensure_replicas(ts)
         for ts in running:
@@ -527,15 +534,19 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
             cost = queued_cost_us(expected, self.prefetch_seconds)
-            free = self._free if not self._deep else room_for(self, cost, expected)
-            if not free:
-                # No base slot anywhere and this one is not short enough: it waits, and so do the
-                # tasks after it (in priority order: popping all of a long queue at every event
-                # would cost O(n) each time).
-                deferred.append((heap, prio, key))
-                break
-            ws = pick_worker(ts, free, expected, self.now, queue_root, self.pools)
-            if ws is None and queue_root and not any(map(has_root_slot, self._free)):
+            allowed = None
+            if self._deep:
+                # Some free workers have room only for short tasks (prefetch.py): this task
+                # may go there only if it is short enough for them.
+                allowed = short_enough(self, cost, expected)
+                if len(self._deep) == len(self._free) and (expected is None or not any(map(allowed, self._deep))):
+                    # No base slot anywhere and this one is not short enough: it waits, and so
+                    # do the tasks after it (in priority order: popping all of a long queue at
+                    # every event would cost O(n) each time).
+                    deferred.append((heap, prio, key))
+                    break
+            ws = self._free.pick(ts, expected, self.now, queue_root, self.pools, allowed)
+            if ws is None and queue_root and not self._free.has_root_slot():
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
                 deferred.append((heap, prio, key))
