@@ -97,6 +97,17 @@ def test_gather_errors_skip_drops_failed_futures_at_any_depth(client):
         client.gather([ok1, bad])
 
 
+def test_gather_raises_the_first_failure_without_waiting_for_the_keys_before_it(client):
+    # As distributed's: a failure ends the gather even while a key listed before it still runs
+    # (waiting key by key, in order, this gather timed out on the slow task).
+    slow = client.submit(slow_inc, 1, 60, pure=False)
+    bad = client.submit(boom, 1, pure=False)
+    with pytest.raises(ZeroDivisionError, match="bad input 1"):
+        client.gather([slow, bad], timeout=30)
+    assert slow.status == "pending"
+    slow.cancel()
+
+
 def test_retries(client, tmp_path):
     marker = tmp_path / "attempts"
 
