@@ -187,6 +187,21 @@ def test_a_peer_closing_mid_message_is_a_closed_connection_after_the_complete_on
     assert asyncio.run(run()) == [{"op": "ok"}]
 
 
+def test_a_large_message_is_written_in_pieces_of_about_a_mib_and_big_frames_without_a_copy():
+    import numpy as np
+    from hpc_cluster.protocol.comm import _pieces
+    MiB = 2**20
+    frames = [b"p" * 12, *(bytes([i]) * 100_000 for i in range(100)), np.arange(3 * MiB, dtype=np.uint8),
+              b"tail" * 10]
+    pieces = list(_pieces(frames))
+    sizes = [memoryview(p).nbytes for p in pieces]
+    # 10 MB of 100 KB frames: 10 writes (it was 100, one per frame), then the array as itself.
+    assert len(pieces) == 12, sizes
+    assert all(MiB <= n < 2 * MiB for n in sizes[:9]) and sizes[10] == 3 * MiB, sizes
+    assert np.shares_memory(np.frombuffer(pieces[10], np.uint8), frames[-2])
+    assert b"".join(bytes(p) for p in pieces) == b"".join(bytes(f) for f in frames)
+
+
 # -- live connections ----------------------------------------------------------------------
 def _raw(address: str, payload: bytes) -> bytes:
     """Send raw bytes to a port; return what comes back before it closes (b'' if nothing)."""

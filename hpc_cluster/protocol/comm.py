@@ -8,8 +8,9 @@ Each side also announces the limits it reads with, so a sender splits frames to 
 receiver and refuses, with advice, a message the receiver would drop the connection for.
 
 Large messages move without copies: frames are written from the payloads' own memory
-(a numpy array's buffer) and read into memory of their own per part (see frames.py), both
-in pieces of _CHUNK bytes so that moving a gigabyte never holds the event loop for long.
+(a numpy array's buffer; frames under 1 MiB are joined into writes of about 1 MiB) and
+read into memory of their own per part (see frames.py), both in pieces of _CHUNK bytes so
+that moving a gigabyte never holds the event loop for long.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ MAGIC = b"HPCC\x00\x02\r\n"
 HANDSHAKE_TIMEOUT = 10.0
 ACCEPT_BACKLOG = 2048            # connections the kernel queues before we accept them
 _JOIN_BELOW = 8 * 2**20         # a message smaller than this is joined and written in one call
+_PIECE = 2**20                  # a larger one's frames below this are joined into writes of about
+                                # this size (one syscall and one await each); larger frames are
+                                # written from their own memory
 _READ_BUFFER = 65536            # each connection reads up to this much at once, and takes every
                                 # message complete in it without calling into the stream again
 _READ_AT_ONCE = 65536           # a message up to this size is read whole into memory of its own
@@ -293,16 +297,17 @@ class Comm:
 
 
 def _pieces(frames: list):
-    """The writes for one message: small frames joined (one copy of a few bytes), large
-    ones as slices of their own memory (no copy), at most _CHUNK bytes each."""
+    """The writes for one message: frames below _PIECE joined into writes of about _PIECE
+    bytes (a copy of at most 2 MiB at a time), larger ones as slices of their own memory (no
+    copy), at most _CHUNK bytes each."""
     small: list = []
     size = 0
     for f in frames:
         n = nbytes(f)
-        if n < _OWN_BUFFER:
+        if n < _PIECE:
             small.append(f)
             size += n
-            if size >= _OWN_BUFFER:
+            if size >= _PIECE:
                 yield b"".join(small)
                 small, size = [], 0
             continue
