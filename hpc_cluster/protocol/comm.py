@@ -49,6 +49,7 @@ _PIECE = 2**20                  # a larger one's frames below this are joined in
                                 # written from their own memory
 _READ_BUFFER = 65536            # each connection reads up to this much at once, and takes every
                                 # message complete in it without calling into the stream again
+_SPARES_KEPT = 16               # drained read buffers kept for the next connection that reads
 _READ_AT_ONCE = 65536           # a message up to this size is read whole into memory of its own
 _HEAD = struct.Struct("<IQ")    # frame count, total length (frames.py)
 _CHUNK = 16 * 2**20             # larger ones are written and read in pieces of this size: a few ms
@@ -101,8 +102,9 @@ class Comm:
         # message the peer has sent so far; each read() after it takes one without awaiting
         # the stream (two or three awaited tornado reads per message: reading was a quarter of
         # the scheduler's time), and what it handles meanwhile goes out in one write (BatchedSend).
-        self._rbuf = bytearray(_READ_BUFFER)
-        self._rview = memoryview(self._rbuf)
+        # Drained, the buffer goes back to _SPARES: a connection between messages holds none (a
+        # worker with 2,000 peers would otherwise keep 128 MB of them).
+        self._rbuf: memoryview | None = None
         self._rpos = self._rend = 0
         self._writer: asyncio.Task | None = None
         self._close_callbacks: list[Callable[[], None]] = []
@@ -124,36 +126,48 @@ class Comm:
                 # on it must be, and freed with the message.
                 start = self._rpos
                 if self._rend - start >= total:
-                    buf = self._rbuf[start:start + total]
+                    buf = bytearray(self._rbuf[start:start + total])
                     self._rpos = start + total
                 else:
                     buf = bytearray(total)
                     await self._read_exactly(memoryview(buf))
                 groups = check_lengths(struct.unpack_from(f"<{count}Q", buf), limits, body)
-                return join(memoryview(buf)[8 * count:], groups)
-            # Check the announced frame sizes before allocating anything for them.
-            lengths = bytearray(8 * count)
-            await self._read_exactly(memoryview(lengths))
-            groups = check_lengths(struct.unpack(f"<{count}Q", lengths), limits, body)
-            return await self._read_parts([sum(g) for g in groups])
+                frames = join(memoryview(buf)[8 * count:], groups)
+            else:
+                # Check the announced frame sizes before allocating anything for them.
+                lengths = bytearray(8 * count)
+                await self._read_exactly(memoryview(lengths))
+                groups = check_lengths(struct.unpack(f"<{count}Q", lengths), limits, body)
+                frames = await self._read_parts([sum(g) for g in groups])
         except StreamClosedError:
             raise CommClosedError(f"connection to {self.peer} closed") from None
+        if self._rpos == self._rend and self._rbuf is not None:
+            if len(_SPARES) < _SPARES_KEPT:
+                _SPARES.append(self._rbuf)
+            self._rbuf = None
+            self._rpos = self._rend = 0
+        return frames
 
     async def _fill(self, need: int) -> None:
         """Read until `need` bytes (at most _READ_BUFFER) are buffered, taking all that came."""
+        if self._rbuf is None:
+            try:
+                self._rbuf = _SPARES.pop()      # (loops in other threads take them too)
+            except IndexError:
+                self._rbuf = memoryview(bytearray(_READ_BUFFER))
         have = self._rend - self._rpos
         if self._rpos:                          # only a prefix's few bytes are left: to the front
-            self._rbuf[:have] = self._rbuf[self._rpos:self._rend]
+            self._rbuf[:have] = bytes(self._rbuf[self._rpos:self._rend])
             self._rpos, self._rend = 0, have
         while self._rend < need:
-            self._rend += await self.stream.read_into(self._rview[self._rend:], partial=True)
+            self._rend += await self.stream.read_into(self._rbuf[self._rend:], partial=True)
 
     async def _read_exactly(self, view: memoryview) -> None:
         """Fill `view` from what is buffered, then straight from the stream: the rest of a large
         part lands in its own memory without passing through the read buffer."""
         k = min(len(view), self._rend - self._rpos)
         if k:
-            view[:k] = self._rview[self._rpos:self._rpos + k]
+            view[:k] = self._rbuf[self._rpos:self._rpos + k]
             self._rpos += k
         if k < len(view):
             await self._read_into(view[k:])
@@ -294,6 +308,9 @@ class Comm:
 
     def __repr__(self) -> str:
         return f"<Comm {self.peer} {self.peer_info.get('role', '?')}>"
+
+
+_SPARES: list[memoryview] = []         # read buffers no connection holds (Comm._fill)
 
 
 def _pieces(frames: list):
