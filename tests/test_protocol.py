@@ -106,7 +106,7 @@ def test_one_read_of_the_stream_takes_every_message_already_come():
         calls = _count_stream_reads(comm)
         peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(300)))
         got = [(await comm.read())[0]["i"] for _ in range(300)]
-        drained = comm._rbuf is None
+        drained = comm._reader.buf is None
         comm.close()
         peer.close()
         return got, calls, drained
@@ -118,7 +118,7 @@ def test_one_read_of_the_stream_takes_every_message_already_come():
 
 
 def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_rest():
-    from hpc_cluster.protocol import comm as comm_module
+    from hpc_cluster.protocol import reader
 
     async def run():
         pairs = [_comm_pair() for _ in range(50)]
@@ -127,12 +127,12 @@ def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_res
             peer.sendall(wire + wire[:5])                # one message and 5 bytes of the next
         for comm, _ in pairs:
             assert await comm.read() == [{"op": "m"}]
-        held = [comm._rbuf is not None for comm, _ in pairs]
+        held = [comm._reader.buf is not None for comm, _ in pairs]
         for _, peer in pairs:
             peer.sendall(wire[5:])
         for comm, _ in pairs:
             assert await comm.read() == [{"op": "m"}]
-        idle = [comm._rbuf is None for comm, _ in pairs]
+        idle = [comm._reader.buf is None for comm, _ in pairs]
         for comm, peer in pairs:
             comm.close()
             peer.close()
@@ -140,7 +140,7 @@ def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_res
 
     held, idle = asyncio.run(run())
     assert all(held) and all(idle)
-    assert len(comm_module._SPARES) <= comm_module._SPARES_KEPT
+    assert len(reader._SPARES) <= reader._SPARES_KEPT
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

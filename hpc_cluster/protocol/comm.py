@@ -9,7 +9,7 @@ receiver and refuses, with advice, a message the receiver would drop the connect
 
 Large messages move without copies: frames are written from the payloads' own memory
 (a numpy array's buffer; frames under 1 MiB are joined into writes of about 1 MiB) and
-read into memory of their own per part (see frames.py), both in pieces of _CHUNK bytes so
+read into memory of their own per part (reader.py), both in pieces of CHUNK bytes so
 that moving a gigabyte never holds the event loop for long.
 """
 
@@ -20,21 +20,18 @@ import collections
 import hashlib
 import hmac
 import logging
-import mmap
 import os
 import socket
 import ssl
-import struct
 from typing import Awaitable, Callable
 
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
-from ..units import format_memory
 from .admission import HandshakeGate
-from .frames import (HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, check_count,
-                     check_lengths, dumps, join, loads, nbytes)
+from .frames import HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, dumps, loads, nbytes
+from .reader import CHUNK, FrameReader
 
 logger = logging.getLogger("hpc_cluster.comm")
 
@@ -46,17 +43,7 @@ ACCEPT_BACKLOG = 2048            # connections the kernel queues before we accep
 _JOIN_BELOW = 8 * 2**20         # a message smaller than this is joined and written in one call
 _PIECE = 2**20                  # a larger one's frames below this are joined into writes of about
                                 # this size (one syscall and one await each); larger frames are
-                                # written from their own memory
-_READ_BUFFER = 65536            # each connection reads up to this much at once, and takes every
-                                # message complete in it without calling into the stream again
-_SPARES_KEPT = 16               # drained read buffers kept for the next connection that reads
-_READ_AT_ONCE = 65536           # a message up to this size is read whole into memory of its own
-_HEAD = struct.Struct("<IQ")    # frame count, total length (frames.py)
-_CHUNK = 16 * 2**20             # larger ones are written and read in pieces of this size: a few ms
-                                # each, so heartbeats and other connections are served in between
-_OWN_BUFFER = 65536             # a part this large is read into memory of its own (freed with it)
-_RUN_MAX = 2**20                # smaller parts are read together, up to this much at a time
-_MMAP_FROM = 2**20              # parts this large are read into anonymous mmaps (see _allocate)
+                                # written from their own memory, in pieces of at most CHUNK bytes
 
 
 class AuthenticationError(ConnectionError):
@@ -98,112 +85,19 @@ class Comm:
         self.peer_info: dict = {}           # role, versions ... from the handshake
         self.peer_limits: Limits | None = None  # what the peer reads with (None: an older peer)
         self._backlog: collections.deque | None = None  # messages queued behind a large write
-        # Bytes read but not yet taken: [_rpos, _rend) of _rbuf. A wake-up's read brings every
-        # message the peer has sent so far; each read() after it takes one without awaiting
-        # the stream (two or three awaited tornado reads per message: reading was a quarter of
-        # the scheduler's time), and what it handles meanwhile goes out in one write (BatchedSend).
-        # Drained, the buffer goes back to _SPARES: a connection between messages holds none (a
-        # worker with 2,000 peers would otherwise keep 128 MB of them).
-        self._rbuf: memoryview | None = None
-        self._rpos = self._rend = 0
+        self._reader = FrameReader(stream)
         self._writer: asyncio.Task | None = None
         self._close_callbacks: list[Callable[[], None]] = []
         stream.set_close_callback(self._on_close)
 
     # -- reading ----------------------------------------------------------------
-    async def _read_frames(self, limits: Limits) -> list:
-        try:
-            if self._rend - self._rpos < _HEAD.size:
-                await self._fill(_HEAD.size)
-            count, total = _HEAD.unpack_from(self._rbuf, self._rpos)
-            self._rpos += _HEAD.size
-            check_count(count, limits)
-            body = total - 8 * count
-            if total < 8 * count or body > limits.max_message_bytes:
-                raise ProtocolError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-            if total <= _READ_AT_ONCE:
-                # Memory of its own, not the read buffer (reused): writeable, as arrays built
-                # on it must be, and freed with the message.
-                start = self._rpos
-                if self._rend - start >= total:
-                    buf = bytearray(self._rbuf[start:start + total])
-                    self._rpos = start + total
-                else:
-                    buf = bytearray(total)
-                    await self._read_exactly(memoryview(buf))
-                groups = check_lengths(struct.unpack_from(f"<{count}Q", buf), limits, body)
-                frames = join(memoryview(buf)[8 * count:], groups)
-            else:
-                # Check the announced frame sizes before allocating anything for them.
-                lengths = bytearray(8 * count)
-                await self._read_exactly(memoryview(lengths))
-                groups = check_lengths(struct.unpack(f"<{count}Q", lengths), limits, body)
-                frames = await self._read_parts([sum(g) for g in groups])
-        except StreamClosedError:
-            raise CommClosedError(f"connection to {self.peer} closed") from None
-        if self._rpos == self._rend and self._rbuf is not None:
-            if len(_SPARES) < _SPARES_KEPT:
-                _SPARES.append(self._rbuf)
-            self._rbuf = None
-            self._rpos = self._rend = 0
-        return frames
-
-    async def _fill(self, need: int) -> None:
-        """Read until `need` bytes (at most _READ_BUFFER) are buffered, taking all that came."""
-        if self._rbuf is None:
-            try:
-                self._rbuf = _SPARES.pop()      # (loops in other threads take them too)
-            except IndexError:
-                self._rbuf = memoryview(bytearray(_READ_BUFFER))
-        have = self._rend - self._rpos
-        if self._rpos:                          # only a prefix's few bytes are left: to the front
-            self._rbuf[:have] = bytes(self._rbuf[self._rpos:self._rend])
-            self._rpos, self._rend = 0, have
-        while self._rend < need:
-            self._rend += await self.stream.read_into(self._rbuf[self._rend:], partial=True)
-
-    async def _read_exactly(self, view: memoryview) -> None:
-        """Fill `view` from what is buffered, then straight from the stream: the rest of a large
-        part lands in its own memory without passing through the read buffer."""
-        k = min(len(view), self._rend - self._rpos)
-        if k:
-            view[:k] = self._rbuf[self._rpos:self._rpos + k]
-            self._rpos += k
-        if k < len(view):
-            await self._read_into(view[k:])
-
-    async def _read_parts(self, sizes: list[int]) -> list[memoryview]:
-        """Read the logical frames: each large one into memory of its own, so that one array
-        of a reply can be freed while the others live on, and small ones a run at a time."""
-        frames: list = []
-        i = 0
-        while i < len(sizes):
-            if sizes[i] >= _OWN_BUFFER:
-                buf = _allocate(sizes[i])
-                await self._read_exactly(buf)
-                frames.append(buf)
-                i += 1
-                continue
-            j, run = i, 0
-            while j < len(sizes) and sizes[j] < _OWN_BUFFER and run + sizes[j] <= _RUN_MAX:
-                run += sizes[j]
-                j += 1
-            buf = memoryview(bytearray(run))
-            await self._read_exactly(buf)
-            pos = 0
-            for n in sizes[i:j]:
-                frames.append(buf[pos:pos + n])
-                pos += n
-            i = j
-        return frames
-
-    async def _read_into(self, view: memoryview) -> None:
-        for start in range(0, len(view), _CHUNK):
-            await self.stream.read_into(view[start:start + _CHUNK])
-
     async def read(self, limits: Limits | None = None) -> list[dict]:
         """Read one batch: a list of dicts, each with a string 'op'."""
-        msgs = loads(await self._read_frames(limits or self.limits))
+        try:
+            frames = await self._reader.read_frames(limits or self.limits)
+        except StreamClosedError:
+            raise CommClosedError(f"connection to {self.peer} closed") from None
+        msgs = loads(frames)
         if isinstance(msgs, dict):
             msgs = [msgs]
         # An empty list is no message: every reader may take the first one (the fuzzer's []
@@ -310,13 +204,10 @@ class Comm:
         return f"<Comm {self.peer} {self.peer_info.get('role', '?')}>"
 
 
-_SPARES: list[memoryview] = []         # read buffers no connection holds (Comm._fill)
-
-
 def _pieces(frames: list):
     """The writes for one message: frames below _PIECE joined into writes of about _PIECE
     bytes (a copy of at most 2 MiB at a time), larger ones as slices of their own memory (no
-    copy), at most _CHUNK bytes each."""
+    copy), at most CHUNK bytes each."""
     small: list = []
     size = 0
     for f in frames:
@@ -332,34 +223,10 @@ def _pieces(frames: list):
             yield b"".join(small)
             small, size = [], 0
         view = byte_view(f)
-        for start in range(0, n, _CHUNK):
-            yield view[start:start + _CHUNK]
+        for start in range(0, n, CHUNK):
+            yield view[start:start + CHUNK]
     if small:
         yield b"".join(small)
-
-
-def _allocate(n: int) -> memoryview:
-    """Memory for one large part. A private anonymous mmap, not a bytearray (which zero-fills,
-    so commits, all of it at once): its pages are committed only as the peer's bytes arrive,
-    so a size a peer claims costs nothing until it is sent, and munmap returns it whole.
-    Transparent huge pages where the kernel offers them (as numpy asks for its arrays): a
-    fault per 2 MiB instead of per 4 KiB, which on a VM was most of a transfer's time."""
-    try:
-        if n < _MMAP_FROM:
-            return memoryview(bytearray(n))
-        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)
-    except (OSError, ValueError, OverflowError, MemoryError) as exc:
-        raise ProtocolError(f"cannot allocate {format_memory(n)} for a part of a message the peer announced: "
-                            f"{exc}") from None
-    if _HUGEPAGE is not None:
-        try:
-            buf.madvise(_HUGEPAGE)
-        except OSError:                 # THP disabled: ordinary pages
-            pass
-    return memoryview(buf)
-
-
-_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _announced(value) -> Limits | None:
