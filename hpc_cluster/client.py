@@ -1,8 +1,9 @@
 """Client and Future: the user-facing side, shaped like dask.distributed's.
 
 The client runs its connections on one background event-loop thread per process; the
-user's thread blocks on threading events. Futures are reference counted: when the last
-Future for a key is garbage collected, the scheduler is told to release it.
+user's thread blocks until that thread settles the futures' states (futures.FutureStates).
+Futures are reference counted: when the last Future for a key is garbage collected, the
+scheduler is told to release it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
-from .futures import Future, FutureState, flatten_futures, replace_futures
+from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import task_needs
 from .protocol import serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
@@ -118,16 +119,15 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self._tls = self.security.client_context() if self.security else None
         self._lt = _LoopThread.get()
         self._loop = self._lt.loop
-        self._states: dict[str, FutureState] = {}
-        self._refs: collections.Counter = collections.Counter()
         self._lock = threading.RLock()
+        self._states = FutureStates(self._lock)
+        self._refs: collections.Counter = collections.Counter()
         self._outq: list = []
         self._flush_scheduled = False
         self._rids = itertools.count()
         self._replies: dict[int, asyncio.Future] = {}
         self._pool: ConnectionPool | None = None          # to workers, made on the loop
         self._funcs: collections.OrderedDict = collections.OrderedDict()
-        self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpc-callbacks")
         self._versions_seen: set[str] = set()             # workers whose versions were checked
         self.halted: str | None = None                    # the cluster stopped starting workers: why
         self.status = "connecting"
@@ -163,7 +163,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                     self._handle(msg)
         except (CommClosedError, ConnectionError) as exc:
             if self.status != "closing":
-                busy = self._replies or any(not st.event.is_set() for st in self._states.values())
+                busy = self._replies or any(st.status == "pending" for st in self._states.values())
                 (logger.warning if busy else logger.info)("lost the connection to the scheduler: %s", exc)
         finally:
             for fut in self._replies.values():          # their answers will not come
@@ -180,7 +180,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self.status = "closed" if self.status == "closing" else "disconnected"
         self._connected.set()                             # requests waiting for it fail now
         for key, st in list(self._states.items()):
-            if not st.event.is_set():
+            if st.status == "pending":
                 self._set(key, st, "cancelled", {"kind": "cancelled", "text": text})
 
     def _handle(self, msg: dict) -> None:
@@ -198,7 +198,6 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             st = self._states.get(msg["key"])
             if st is not None and st.status == "finished":
                 st.status = "pending"
-                st.event.clear()
         elif op == "scheduler-closed":                     # shut down, not crashed: nothing to reattach to
             self._closed_by_scheduler = msg.get("reason") or "the scheduler was shut down"
         elif op == "cluster-halted":                       # reason None: it starts them again
@@ -213,11 +212,9 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     def _set(self, key: str, st: FutureState, status: str, error) -> None:
         with self._lock:
             self._specs.done(key)                         # its spec goes with the result
-        st.status, st.error = status, error
-        st.event.set()
-        callbacks, st.callbacks = st.callbacks, []
-        for fn in callbacks:
-            self._callbacks.submit(_run_callback, fn)
+            st.settle(status, error)
+        if st.callbacks:
+            self._states.run_callbacks(st)
 
     async def _request(self, msg: dict, timeout: float | None = None):
         async def ask():
@@ -301,10 +298,11 @@ class Client(CollectionsMixin, ClusterToolsMixin):
 
     # -- references ------------------------------------------------------------------
     def future_state(self, key: str) -> FutureState:
-        st = self._states.get(key)
-        if st is None:
-            st = self._states.setdefault(key, FutureState())
-        return st
+        return self._states.state(key)
+
+    def wait_keys(self, keys: list[str], timeout: float | None, first: bool = False,
+                  until_error: bool = False) -> bool:
+        return self._states.wait(keys, timeout, first, until_error)
 
     def hold_key(self, key: str) -> None:
         with self._lock:
@@ -421,15 +419,14 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         pending = list(dict.fromkeys(f.key for f in flat))
         delay = 0.01
         while pending:
-            failed = []
-            for key in pending:
-                st = self.future_state(key)
-                if not st.event.wait(left()):
-                    raise TimeoutError(f"{key!r} not done within {timeout} s")
-                if st.status in ("error", "cancelled"):
-                    if errors == "raise":
-                        raise self.future_error(key)
-                    failed.append(key)
+            # One wait for all the keys, ended by the first failure when that is raised (as
+            # distributed's gather does), not by the keys before it in the list.
+            if not self.wait_keys(pending, left(), until_error=errors == "raise"):
+                key = next((k for k in pending if self.future_state(k).status == "pending"), pending[0])
+                raise TimeoutError(f"{key!r} not done within {timeout} s")
+            failed = [k for k in pending if self.future_state(k).status in FAILED]
+            if failed and errors == "raise":
+                raise self.future_error(failed[0])
             skipped.update(failed)
             fetch = [k for k in pending if k not in failed]
             # The timeout holds while fetching and refetching too, not only while waiting.
@@ -507,8 +504,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             blobs.append((str(k), blob))
         futures = [Future(k, self) for k, _ in blobs]
         self._lt.run(self._scatter(blobs, broadcast), self.timeout)
-        for f in futures:
-            f._state.event.wait(self.timeout)
+        self.wait_keys([f.key for f in futures], self.timeout)
         if isinstance(data, dict):
             return dict(zip(data, futures))
         if isinstance(data, (list, tuple)):
@@ -540,13 +536,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self._send({"op": "cancel", "keys": [f.key for f in flat], "reason": reason})
 
     def on_future_done(self, fut: Future, fn) -> None:
-        def add():
-            st = self.future_state(fut.key)
-            if st.event.is_set():
-                self._callbacks.submit(_run_callback, lambda: fn(fut))
-            else:
-                st.callbacks.append(lambda: fn(fut))
-        self._loop.call_soon_threadsafe(add)
+        self._loop.call_soon_threadsafe(self._states.add_callback, fut.key, lambda: fn(fut))
 
     def scheduler_info(self) -> dict:
         return self._scheduler_info(stacklevel=2)
@@ -586,7 +576,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             self._lt.run(_close(), 10)
         except Exception:
             pass
-        self._callbacks.shutdown(wait=False)
+        self._states.close()
         self.status = "closed"
 
     def __enter__(self):
@@ -597,10 +587,3 @@ class Client(CollectionsMixin, ClusterToolsMixin):
 
     def __repr__(self) -> str:
         return f"<Client {self.scheduler_address} {self.status}>"
-
-
-def _run_callback(fn) -> None:
-    try:
-        fn()
-    except Exception:
-        logger.exception("future callback failed")

@@ -152,8 +152,8 @@ class ClusterToolsMixin:
 
         The exception is raised in this process, so `pdb.pm()` or a debugger can inspect it.
         """
+        self.wait_keys([future.key], self.timeout)
         st = self.future_state(future.key)
-        st.event.wait(self.timeout)
         if st.status != "error":
             raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")
         key, err = future.key, st.error or {}

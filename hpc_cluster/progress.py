@@ -91,4 +91,4 @@ def progress(futures: Future | Iterable | dict, *, interval: float = 0.1, file: 
             return futures
         # Sleep on the last pending future (tasks mostly finish in order): one wake-up per
         # interval while work goes on, and an immediate one when the last of it is done.
-        pending[-1]._state.event.wait(interval)
+        pending[-1].client.wait_keys([pending[-1].key], interval)

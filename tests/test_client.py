@@ -97,6 +97,28 @@ def test_gather_errors_skip_drops_failed_futures_at_any_depth(client):
         client.gather([ok1, bad])
 
 
+def wait_for_file(path, timeout):
+    import os
+    import time
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return path
+
+
+def test_gather_raises_the_first_failure_without_waiting_for_the_keys_before_it(client, tmp_path):
+    # As distributed's: a failure ends the gather even while a key listed before it still runs
+    # (waiting key by key, in order, this gather timed out on the slow task).
+    gate = tmp_path / "go"
+    slow = client.submit(wait_for_file, str(gate), 60, pure=False)
+    bad = client.submit(boom, 1, pure=False)
+    with pytest.raises(ZeroDivisionError, match="bad input 1"):
+        client.gather([slow, bad], timeout=30)
+    assert slow.status == "pending"
+    gate.touch()          # its thread ends now, not in a minute (a cancel would leave it running)
+    assert slow.result(30) == str(gate)
+
+
 def test_retries(client, tmp_path):
     marker = tmp_path / "attempts"
 

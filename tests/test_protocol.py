@@ -76,6 +76,160 @@ def test_unknown_types_are_refused_on_send():
         dumps([{"op": "x", "v": object()}])
 
 
+# -- reading a stream (Comm over a socket pair, no handshake) -------------------------------
+def _comm_pair(limits: Limits | None = None):
+    from tornado.iostream import IOStream
+    from hpc_cluster.protocol.comm import Comm
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    return Comm(IOStream(ours), "test-peer", limits), theirs
+
+
+def _count_stream_reads(comm) -> list:
+    calls = []
+    stream = comm.stream
+    for name in ("read_into", "read_bytes"):
+        real = getattr(stream, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+        setattr(stream, name, counted)
+    return calls
+
+
+def test_one_read_of_the_stream_takes_every_message_already_come():
+    # 300 messages sent before the reader looks: the first read() reads them all from the
+    # socket, the other 299 take theirs from the buffer (before: 2 awaited stream reads each).
+    async def run():
+        comm, peer = _comm_pair()
+        calls = _count_stream_reads(comm)
+        peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(300)))
+        got = [(await comm.read())[0]["i"] for _ in range(300)]
+        drained = comm._reader.buf is None
+        comm.close()
+        peer.close()
+        return got, calls, drained
+
+    got, calls, drained = asyncio.run(run())
+    assert got == list(range(300))
+    assert calls == ["read_into"]
+    assert drained            # between messages a connection holds no read buffer of its own
+
+
+def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_rest():
+    from hpc_cluster.protocol import reader
+
+    async def run():
+        pairs = [_comm_pair() for _ in range(50)]
+        wire = b"".join(dumps([{"op": "m"}]))
+        for _, peer in pairs:
+            peer.sendall(wire + wire[:5])                # one message and 5 bytes of the next
+        for comm, _ in pairs:
+            assert await comm.read() == [{"op": "m"}]
+        held = [comm._reader.buf is not None for comm, _ in pairs]
+        for _, peer in pairs:
+            peer.sendall(wire[5:])
+        for comm, _ in pairs:
+            assert await comm.read() == [{"op": "m"}]
+        idle = [comm._reader.buf is None for comm, _ in pairs]
+        for comm, peer in pairs:
+            comm.close()
+            peer.close()
+        return held, idle
+
+    held, idle = asyncio.run(run())
+    assert all(held) and all(idle)
+    assert len(reader._SPARES) <= reader._SPARES_KEPT
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_messages_of_every_size_arrive_whole_however_the_bytes_are_cut(seed):
+    # Small ones (taken from the buffer), ones that straddle its end (the rest read straight
+    # into their own memory), large ones with parts of their own, prefixes cut anywhere.
+    import random
+    rng = random.Random(seed)
+    msgs = []
+    for i in range(60):
+        size = rng.choice([0, 1, 100, 5_000, 40_000, 64_000, 70_000, 300_000, 1_500_000])
+        msgs.append({"op": "m", "i": i, "v": Opaque(rng.randbytes(size)),
+                     "small": [Opaque(rng.randbytes(rng.randrange(50))) for _ in range(rng.randrange(4))]})
+    wire = b"".join(b"".join(bytes(f) for f in dumps([m])) for m in msgs)
+
+    async def run():
+        comm, peer = _comm_pair()
+        loop = asyncio.get_running_loop()
+
+        async def send():
+            pos = 0
+            while pos < len(wire):
+                n = rng.choice([1, 7, 12, 13, 1000, 65_536, 200_000])
+                await loop.sock_sendall(peer, wire[pos:pos + n])
+                pos += n
+                await asyncio.sleep(0)            # let the reader take what came
+
+        sender = asyncio.ensure_future(send())
+        got = []
+        for _ in msgs:
+            got.extend(await comm.read())
+        await sender
+        comm.close()
+        peer.close()
+        return got
+
+    got = asyncio.run(run())
+    assert [m["i"] for m in got] == list(range(60))
+    for sent, back in zip(msgs, got):
+        assert back["v"] == sent["v"] and back["small"] == sent["small"]
+        assert not memoryview(back["v"].data).readonly     # writeable: arrays built on it are
+
+
+def test_a_bad_prefix_after_good_messages_in_the_same_read_is_refused():
+    async def run():
+        comm, peer = _comm_pair(Limits(max_frames=10))
+        good = b"".join(dumps([{"op": "ok"}]))
+        peer.sendall(good + good + struct.pack("<IQ", 11, 1000) + b"x" * 100)
+        first = await comm.read()
+        second = await comm.read()
+        with pytest.raises(ProtocolError, match="frame count 11"):
+            await comm.read()
+        comm.close()
+        peer.close()
+        return first, second
+
+    assert asyncio.run(run()) == ([{"op": "ok"}], [{"op": "ok"}])
+
+
+def test_a_peer_closing_mid_message_is_a_closed_connection_after_the_complete_ones():
+    async def run():
+        comm, peer = _comm_pair()
+        wire = b"".join(dumps([{"op": "ok"}]))
+        peer.sendall(wire + wire[:-3])
+        peer.close()
+        first = await comm.read()
+        with pytest.raises(CommClosedError):
+            await comm.read()
+        comm.close()
+        return first
+
+    assert asyncio.run(run()) == [{"op": "ok"}]
+
+
+def test_a_large_message_is_written_in_pieces_of_about_a_mib_and_big_frames_without_a_copy():
+    import numpy as np
+    from hpc_cluster.protocol.comm import _pieces
+    MiB = 2**20
+    frames = [b"p" * 12, *(bytes([i]) * 100_000 for i in range(100)), np.arange(3 * MiB, dtype=np.uint8),
+              b"tail" * 10]
+    pieces = list(_pieces(frames))
+    sizes = [memoryview(p).nbytes for p in pieces]
+    # 10 MB of 100 KB frames: 10 writes (it was 100, one per frame), then the array as itself.
+    assert len(pieces) == 12, sizes
+    assert all(MiB <= n < 2 * MiB for n in sizes[:9]) and sizes[10] == 3 * MiB, sizes
+    assert np.shares_memory(np.frombuffer(pieces[10], np.uint8), frames[-2])
+    assert b"".join(bytes(p) for p in pieces) == b"".join(bytes(f) for f in frames)
+
+
 # -- live connections ----------------------------------------------------------------------
 def _raw(address: str, payload: bytes) -> bytes:
     """Send raw bytes to a port; return what comes back before it closes (b'' if nothing)."""

@@ -8,8 +8,9 @@ Each side also announces the limits it reads with, so a sender splits frames to 
 receiver and refuses, with advice, a message the receiver would drop the connection for.
 
 Large messages move without copies: frames are written from the payloads' own memory
-(a numpy array's buffer) and read into memory of their own per part (see frames.py), both
-in pieces of _CHUNK bytes so that moving a gigabyte never holds the event loop for long.
+(a numpy array's buffer; frames under 1 MiB are joined into writes of about 1 MiB) and
+read into memory of their own per part (reader.py), both in pieces of CHUNK bytes so
+that moving a gigabyte never holds the event loop for long.
 """
 
 from __future__ import annotations
@@ -19,21 +20,18 @@ import collections
 import hashlib
 import hmac
 import logging
-import mmap
 import os
 import socket
 import ssl
-import struct
 from typing import Awaitable, Callable
 
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
-from ..units import format_memory
 from .admission import HandshakeGate
-from .frames import (HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, check_count,
-                     check_lengths, dumps, join, loads, nbytes)
+from .frames import HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, dumps, loads, nbytes
+from .reader import CHUNK, FrameReader
 
 logger = logging.getLogger("hpc_cluster.comm")
 
@@ -43,12 +41,9 @@ MAGIC = b"HPCC\x00\x02\r\n"
 HANDSHAKE_TIMEOUT = 10.0
 ACCEPT_BACKLOG = 2048            # connections the kernel queues before we accept them
 _JOIN_BELOW = 8 * 2**20         # a message smaller than this is joined and written in one call
-_READ_AT_ONCE = 65536           # a message up to this size is read in one call
-_CHUNK = 16 * 2**20             # larger ones are written and read in pieces of this size: a few ms
-                                # each, so heartbeats and other connections are served in between
-_OWN_BUFFER = 65536             # a part this large is read into memory of its own (freed with it)
-_RUN_MAX = 2**20                # smaller parts are read together, up to this much at a time
-_MMAP_FROM = 2**20              # parts this large are read into anonymous mmaps (see _allocate)
+_PIECE = 2**20                  # a larger one's frames below this are joined into writes of about
+                                # this size (one syscall and one await each); larger frames are
+                                # written from their own memory, in pieces of at most CHUNK bytes
 
 
 class AuthenticationError(ConnectionError):
@@ -90,63 +85,19 @@ class Comm:
         self.peer_info: dict = {}           # role, versions ... from the handshake
         self.peer_limits: Limits | None = None  # what the peer reads with (None: an older peer)
         self._backlog: collections.deque | None = None  # messages queued behind a large write
+        self._reader = FrameReader(stream)
         self._writer: asyncio.Task | None = None
         self._close_callbacks: list[Callable[[], None]] = []
         stream.set_close_callback(self._on_close)
 
     # -- reading ----------------------------------------------------------------
-    async def _read_frames(self, limits: Limits) -> list:
-        try:
-            head = await self.stream.read_bytes(12)
-            count, total = struct.unpack("<IQ", head)
-            check_count(count, limits)
-            body = total - 8 * count
-            if total < 8 * count or body > limits.max_message_bytes:
-                raise ProtocolError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-            if total <= _READ_AT_ONCE:
-                buf = bytearray(total)          # writeable: arrays built on it are too
-                await self.stream.read_into(buf)
-                groups = check_lengths(struct.unpack_from(f"<{count}Q", buf), limits, body)
-                return join(memoryview(buf)[8 * count:], groups)
-            # Check the announced frame sizes before allocating anything for them.
-            lengths = struct.unpack(f"<{count}Q", await self.stream.read_bytes(8 * count))
-            groups = check_lengths(lengths, limits, body)
-            return await self._read_parts([sum(g) for g in groups])
-        except StreamClosedError:
-            raise CommClosedError(f"connection to {self.peer} closed") from None
-
-    async def _read_parts(self, sizes: list[int]) -> list[memoryview]:
-        """Read the logical frames: each large one into memory of its own, so that one array
-        of a reply can be freed while the others live on, and small ones a run at a time."""
-        frames: list = []
-        i = 0
-        while i < len(sizes):
-            if sizes[i] >= _OWN_BUFFER:
-                buf = _allocate(sizes[i])
-                await self._read_into(buf)
-                frames.append(buf)
-                i += 1
-                continue
-            j, run = i, 0
-            while j < len(sizes) and sizes[j] < _OWN_BUFFER and run + sizes[j] <= _RUN_MAX:
-                run += sizes[j]
-                j += 1
-            buf = memoryview(bytearray(run))
-            await self._read_into(buf)
-            pos = 0
-            for n in sizes[i:j]:
-                frames.append(buf[pos:pos + n])
-                pos += n
-            i = j
-        return frames
-
-    async def _read_into(self, view: memoryview) -> None:
-        for start in range(0, len(view), _CHUNK):
-            await self.stream.read_into(view[start:start + _CHUNK])
-
     async def read(self, limits: Limits | None = None) -> list[dict]:
         """Read one batch: a list of dicts, each with a string 'op'."""
-        msgs = loads(await self._read_frames(limits or self.limits))
+        try:
+            frames = await self._reader.read_frames(limits or self.limits)
+        except StreamClosedError:
+            raise CommClosedError(f"connection to {self.peer} closed") from None
+        msgs = loads(frames)
         if isinstance(msgs, dict):
             msgs = [msgs]
         # An empty list is no message: every reader may take the first one (the fuzzer's []
@@ -254,16 +205,17 @@ class Comm:
 
 
 def _pieces(frames: list):
-    """The writes for one message: small frames joined (one copy of a few bytes), large
-    ones as slices of their own memory (no copy), at most _CHUNK bytes each."""
+    """The writes for one message: frames below _PIECE joined into writes of about _PIECE
+    bytes (a copy of at most 2 MiB at a time), larger ones as slices of their own memory (no
+    copy), at most CHUNK bytes each."""
     small: list = []
     size = 0
     for f in frames:
         n = nbytes(f)
-        if n < _OWN_BUFFER:
+        if n < _PIECE:
             small.append(f)
             size += n
-            if size >= _OWN_BUFFER:
+            if size >= _PIECE:
                 yield b"".join(small)
                 small, size = [], 0
             continue
@@ -271,34 +223,10 @@ def _pieces(frames: list):
             yield b"".join(small)
             small, size = [], 0
         view = byte_view(f)
-        for start in range(0, n, _CHUNK):
-            yield view[start:start + _CHUNK]
+        for start in range(0, n, CHUNK):
+            yield view[start:start + CHUNK]
     if small:
         yield b"".join(small)
-
-
-def _allocate(n: int) -> memoryview:
-    """Memory for one large part. A private anonymous mmap, not a bytearray (which zero-fills,
-    so commits, all of it at once): its pages are committed only as the peer's bytes arrive,
-    so a size a peer claims costs nothing until it is sent, and munmap returns it whole.
-    Transparent huge pages where the kernel offers them (as numpy asks for its arrays): a
-    fault per 2 MiB instead of per 4 KiB, which on a VM was most of a transfer's time."""
-    try:
-        if n < _MMAP_FROM:
-            return memoryview(bytearray(n))
-        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)
-    except (OSError, ValueError, OverflowError, MemoryError) as exc:
-        raise ProtocolError(f"cannot allocate {format_memory(n)} for a part of a message the peer announced: "
-                            f"{exc}") from None
-    if _HUGEPAGE is not None:
-        try:
-            buf.madvise(_HUGEPAGE)
-        except OSError:                 # THP disabled: ordinary pages
-            pass
-    return memoryview(buf)
-
-
-_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _announced(value) -> Limits | None:
