@@ -425,3 +425,23 @@ def safely(fn, *args) -> dict | list:
     for o in (out if isinstance(out, list) else [out]):
         o["wall"] = round(time.monotonic() - t0, 1)
     return out
+
+
+# -- what the tests assert of every outcome (test_scenarios.py, test_scenario_node_failure.py)
+def outcome(outcomes, name, nanny) -> dict:
+    o = outcomes[(name, nanny)]
+    assert "failed" not in o, o.get("traceback") or o["failed"]
+    assert o["jobs"] and not o["left_in_squeue"], f"jobs left in squeue: {o['left_in_squeue']}"
+    return o
+
+
+def all_correct(o):
+    assert o["wrong"] == [], f"other results wrong or failed: {o['wrong']}"
+
+
+def innocent(o, cause):
+    """Not the task's fault: not charged, its task rerun elsewhere, every other result right."""
+    assert (o["cause"], o["blame"]) == (cause, False), o["death"]["text"]
+    assert o["long"] == {"value": 42}, o["long"]      # the task it was running was rerun elsewhere
+    assert o["death"]["executing"], "the worker should have died mid-task"
+    all_correct(o)

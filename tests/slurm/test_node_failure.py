@@ -2,7 +2,8 @@
 
 "Dies" is done for real: the node's slurmd and the job's processes are killed, and the
 node is marked down as an admin (or the controller, after SlurmdTimeout) would. The
-node is brought back afterwards whatever happens, so later tests have a cluster.
+node is brought back afterwards whatever happens, so later tests have a cluster. Marked
+`node_down`: every job on the node ends too, so scripts/test runs it last, alone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from slurm_jobs import fail_node, restore_node, scenarios, wait_final, wait_running
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.node_down]   # runs alone, last (scripts/test)
 
 
 @pytest.fixture

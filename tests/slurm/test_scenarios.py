@@ -2,8 +2,8 @@
 
 Each scenario (tests/slurm/scenarios.py) runs its own SLURMCluster with and without a
 nanny, makes a worker die one way, and records what the user is told. They run side by
-side in threads (the walltime ones alone take ~100 s); the node failure runs last and
-alone, because a node marked down ends every job on it. Each test below then asserts on
+side in threads (the walltime ones alone take ~100 s); the node failure is in
+test_scenario_node_failure.py, alone, because a node marked down ends every job on it. Each test below then asserts on
 one scenario's outcome: the cause, the blame, the key facts of the explanation, every
 other result, and that none of its jobs is left in squeue.
 
@@ -28,7 +28,7 @@ PARALLEL = 6          # clusters at once: 2 cores here, and the node has 16 CPUs
 
 
 @pytest.fixture(scope="module")
-def outcomes(slurm_cluster, slurm_node, tmp_path_factory):
+def outcomes(slurm_cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("scenarios")
     with pytest.MonkeyPatch.context() as mp:           # our own cluster files and no site config
         mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
@@ -43,8 +43,9 @@ def outcomes(slurm_cluster, slurm_node, tmp_path_factory):
                 for nanny in variants:
                     runs[(name, nanny)] = pool.submit(S.safely, fn, nanny, logs)
         out = {k: f.result() for k, f in runs.items()}
-        out["node-failure"] = S.safely(S.node_failure, slurm_node, logs)
-    for key in ("preempted", "node-failure"):
+    # The node failure is test_scenario_node_failure.py's: a node marked down ends every job
+    # on it, these and those of the tests that run beside them (scripts/test runs it last).
+    for key in ("preempted",):
         got = out.pop(key)
         for o, nanny in zip(got if isinstance(got, list) else [got, got], (True, False)):
             out[(key, nanny)] = o
@@ -54,15 +55,7 @@ def outcomes(slurm_cluster, slurm_node, tmp_path_factory):
     return out
 
 
-def outcome(outcomes, name, nanny) -> dict:
-    o = outcomes[(name, nanny)]
-    assert "failed" not in o, o.get("traceback") or o["failed"]
-    assert o["jobs"] and not o["left_in_squeue"], f"jobs left in squeue: {o['left_in_squeue']}"
-    return o
-
-
-def all_correct(o):
-    assert o["wrong"] == [], f"other results wrong or failed: {o['wrong']}"
+outcome, all_correct = S.outcome, S.all_correct
 
 
 BOTH = pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
@@ -134,11 +127,7 @@ def test_exit_in_a_task_is_a_crash(outcomes, nanny):
     all_correct(o)
 
 
-def _innocent(o, cause):
-    assert (o["cause"], o["blame"]) == (cause, False), o["death"]["text"]
-    assert o["long"] == {"value": 42}, o["long"]      # the task it was running was rerun elsewhere
-    assert o["death"]["executing"], "the worker should have died mid-task"
-    all_correct(o)
+_innocent = S.innocent
 
 
 @BOTH
@@ -155,13 +144,6 @@ def test_scale_down_is_retired(outcomes, nanny):
     assert "scale-down" in o["death"]["text"]
     assert o["to_final"] == 0
     all_correct(o)
-
-
-@BOTH
-def test_node_failure(outcomes, nanny):
-    o = outcome(outcomes, "node-failure", nanny)
-    _innocent(o, "node-failure")
-    assert any("NODE_FAIL" in e for e in o["death"]["evidence"]), o["death"]["evidence"]
 
 
 @BOTH
