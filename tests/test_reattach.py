@@ -156,18 +156,24 @@ def test_a_worker_whose_window_ends_exits_scheduler_lost_not_a_crash(processes, 
     assert "reconnect window" in log and "Traceback" not in log
 
 
-def test_workers_and_clients_follow_the_cluster_file_to_a_new_address(processes, tmp_path):
-    """The restarted scheduler cannot have its old port (here: it takes any) and publishes its new
-    address in the cluster file; the worker and the client given that file find it there, and the
-    result the worker held is still served without being computed again."""
+def scheduler_with_cluster_file(processes, tmp_path):
+    """A scheduler publishing its address in a cluster file, and a worker that follows the file."""
     from hpc_cluster.protocol.secret import read_cluster_file, write_cluster_file
-    marks = tmp_path / "marks"
-    marks.mkdir()
     cluster_file = tmp_path / "cluster.json"
     write_cluster_file(cluster_file, "tcp://127.0.0.1:1", processes.secret)
     first, address = processes.scheduler(0, "--cluster-file", str(cluster_file))
     wait_until(lambda: read_cluster_file(cluster_file)["address"] == address, what="the cluster file")
     processes.worker(address, "--no-nanny", "--cluster-file", str(cluster_file))
+    return cluster_file, first, address
+
+
+def test_workers_and_clients_follow_the_cluster_file_to_a_new_address(processes, tmp_path):
+    """The restarted scheduler cannot have its old port (here: it takes any) and publishes its new
+    address in the cluster file; the worker and the client given that file find it there, and the
+    result the worker held is still served without being computed again."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cluster_file, first, address = scheduler_with_cluster_file(processes, tmp_path)
     with Client(cluster_file=str(cluster_file), timeout=20) as c:
         c.wait_for_workers(1, 30)
         held = c.submit(marked, str(marks), "held", 4)
@@ -189,13 +195,9 @@ def test_a_client_waits_through_a_cluster_file_with_no_address_yet(processes, tm
     an address, failed to parse it and cancelled every future at once (CI, test_restart.py)."""
     import logging
 
-    from hpc_cluster.protocol.secret import read_cluster_file, write_cluster_file
+    from hpc_cluster.protocol.secret import write_cluster_file
     caplog.set_level(logging.INFO, logger="hpc_cluster.client")
-    cluster_file = tmp_path / "cluster.json"
-    write_cluster_file(cluster_file, "tcp://127.0.0.1:1", processes.secret)
-    first, address = processes.scheduler(0, "--cluster-file", str(cluster_file))
-    wait_until(lambda: read_cluster_file(cluster_file)["address"] == address, what="the cluster file")
-    processes.worker(address, "--no-nanny", "--cluster-file", str(cluster_file))
+    cluster_file, first, address = scheduler_with_cluster_file(processes, tmp_path)
     with Client(cluster_file=str(cluster_file), timeout=20) as c:
         c.wait_for_workers(1, 30)
         kill(first)
