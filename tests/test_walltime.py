@@ -374,3 +374,39 @@ def test_a_task_that_ran_longer_than_a_jobs_walltime_can_hold_fails_saying_so():
     assert computes(out, "fresh") == []
     err = [m for m in out.get("c", []) if m["op"] == "task-erred"][0]["error"]
     assert err["kind"] == "too-long" and "it already ran 58 s" in err["text"], err
+
+
+def test_a_job_submitted_while_the_cluster_closes_is_cancelled_too():
+    """A renewal's sbatch under way when the cluster closed returned after close() had listed
+    the jobs to cancel: its job stayed in the queue (CI, test_walltime_ops lifetime case)."""
+    import asyncio
+    import threading
+
+    class SlowSubmit(_CountingAdapter):
+        def __init__(self):
+            super().__init__()
+            self.entered, self.release, self.cancelled = threading.Event(), threading.Event(), []
+
+        def submit(self, script):
+            self.entered.set()
+            assert self.release.wait(10)
+            return super().submit(script)
+
+        def cancel(self, job_ids):
+            self.cancelled.extend(job_ids)
+            self.states.update(dict.fromkeys(job_ids, "cancelled"))
+
+    adapter = SlowSubmit()
+    jm, _, _ = _manager_with(adapter)
+
+    async def run():
+        scaling = asyncio.create_task(jm.scale(1))
+        assert await asyncio.to_thread(adapter.entered.wait, 10)
+        closing = asyncio.create_task(jm.close())
+        while not jm.closing:
+            await asyncio.sleep(0)
+        adapter.release.set()
+        await asyncio.wait_for(asyncio.gather(scaling, closing), 30)
+        assert adapter.submitted == ["1"] and adapter.cancelled == ["1"]
+
+    asyncio.run(run())

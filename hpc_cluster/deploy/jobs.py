@@ -114,6 +114,7 @@ class JobManager:
         self.halted: str | None = None        # why we stopped submitting
         self.adaptive: AdaptPolicy | None = None
         self._lock = asyncio.Lock()
+        self.closing = False                           # close() began: nothing more is submitted
         self._poller: asyncio.Task | None = None
         self._adapter_task: asyncio.Task | None = None
         self._lower_rounds = 0
@@ -290,7 +291,7 @@ class JobManager:
         async with self._lock:
             desired = self.desired()
             current = [j for j in self.active() if not self.expiring(j)]
-            if len(current) < desired and not self.halted:
+            if len(current) < desired and not self.halted and not self.closing:
                 renewing = sum(1 for j in self.active() if self.expiring(j))
                 before = len(self.jobs)
                 await self._submit(desired - len(current))
@@ -313,6 +314,8 @@ class JobManager:
             await submit_array(self, n, Job)
             return
         for _ in range(n):
+            if self.closing:
+                return
             index = self.pools.next_index() if self.pools else self._next_index
             script = self.adapter.render(self.spec.replace(worker_index=index))
             try:
@@ -363,9 +366,13 @@ class JobManager:
             self._poller.cancel()
         self.stop_adapting()
         self.target = self.scaled = 0
-        live = [j for j in self.jobs.values() if not j.final]
-        for j in live:
-            j.retiring = True
+        self.closing = True
+        # A submission under way (a renewal, a replacement) finishes first, so its job is
+        # among those cancelled: taken before it returned, it stayed in the queue (CI).
+        async with self._lock:
+            live = [j for j in self.jobs.values() if not j.final]
+            for j in live:
+                j.retiring = True
         workers = self.workers_of()
         self.scheduler.retire_workers([a for j in live for a in workers.get(j.job_id, [])], "down")
         if live:
