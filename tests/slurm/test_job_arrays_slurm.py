@@ -109,7 +109,11 @@ def test_scale_4_is_one_array_and_each_element_lives_and_dies_alone(slurm_cluste
             others = [d for d in client.deaths() if d["name"] != victim_name]
             assert {d["cause"] for d in others} == {"retired"} and len(others) == 2, others
             survivor_name = f"{name}-{survivor.split('_')[1]}"
-            assert [w["name"] for w in client.scheduler_info()["workers"].values()] == [survivor_name]
+            # The survivor lives on; the cluster still wants 2 jobs, so a replacement (a new
+            # index, 4 or more) may already have joined beside it (it did in CI), never an old one.
+            names = [w["name"] for w in client.scheduler_info()["workers"].values()]
+            assert survivor_name in names, names
+            assert all(n == survivor_name or int(n.rsplit("-", 1)[1]) >= 4 for n in names), names
             assert _jobs(cluster)[survivor]["state"] == "running"
             assert client.submit(_inc, 1).result(30) == 2
         finally:
