@@ -445,3 +445,15 @@ def innocent(o, cause):
     assert o["long"] == {"value": 42}, o["long"]      # the task it was running was rerun elsewhere
     assert o["death"]["executing"], "the worker should have died mid-task"
     all_correct(o)
+
+
+@contextmanager
+def own_config(base: Path):
+    """Our own cluster files and no site config for the clusters of a module's scenarios."""
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
+        mp.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(base / "etc"))
+        for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
+            mp.delenv(k, raising=False)
+        yield

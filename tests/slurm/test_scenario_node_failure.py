@@ -20,11 +20,7 @@ BOTH = pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"]
 @pytest.fixture(scope="module")
 def outcomes(slurm_cluster, slurm_node, tmp_path_factory):
     base = tmp_path_factory.mktemp("node-failure")
-    with pytest.MonkeyPatch.context() as mp:           # our own cluster files and no site config
-        mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
-        mp.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(base / "etc"))
-        for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-            mp.delenv(k, raising=False)
+    with S.own_config(base):
         got = S.safely(S.node_failure, slurm_node, base / "logs")
     return {("node-failure", nanny): o for o, nanny in zip(got if isinstance(got, list) else [got, got], (True, False))}
 

@@ -30,11 +30,7 @@ PARALLEL = 6          # clusters at once: 2 cores here, and the node has 16 CPUs
 @pytest.fixture(scope="module")
 def outcomes(slurm_cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("scenarios")
-    with pytest.MonkeyPatch.context() as mp:           # our own cluster files and no site config
-        mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
-        mp.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(base / "etc"))
-        for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-            mp.delenv(k, raising=False)
+    with S.own_config(base):
         logs = base / "logs"
         runs = {}
         with ThreadPoolExecutor(PARALLEL) as pool:
