@@ -241,3 +241,35 @@ def test_failing_polls_back_off_and_are_logged_once_per_streak(caplog):
     failed = [r for r in caplog.records if "could not read job states" in r.getMessage()]
     assert len(failed) == 1 and "transient" in failed[0].getMessage()
     assert any("answers again after 4 failed polls" in r.getMessage() for r in caplog.records)
+
+
+def test_a_job_submitted_during_a_poll_is_read_before_the_jobs_table_answers():
+    """CI saw `jobs` show our placeholder SUBMITTED: the job was submitted while a slow squeue
+    ran, so that poll did not include it, yet ended after its submission."""
+    async def run():
+        pm, adapter = pool_manager(PollSettings(fast=0.2, steady=30, calls_per_minute=6000))
+        await pm.scale(1)
+        release, inside = threading.Event(), threading.Event()
+        plain = adapter.status
+
+        def slow_status(ids, within=None):
+            inside.set()
+            release.wait(5)
+            return plain(ids, within)
+        adapter.status = slow_status
+        poll = asyncio.create_task(pm.poll_once())
+        await asyncio.to_thread(inside.wait, 5)
+        await pm.scale(2)                                      # while squeue runs
+        adapter.status = plain
+        release.set()
+        assert await poll
+        pm.pacer.polled()                                      # as poll_forever does
+        late = max(pm.default.jobs.values(), key=lambda j: j.job_id)
+        assert late.raw_state == "SUBMITTED"                   # that poll did not see it
+        await pm.refresh()
+        assert [j.raw_state for j in pm.default.jobs.values()] == ["X", "X"]
+        calls = len(adapter.status_calls)
+        await pm.refresh()                                     # all heard, just polled: no call
+        assert len(adapter.status_calls) == calls
+
+    asyncio.run(run())

@@ -22,6 +22,7 @@ from .arrays import submit_array, use_array
 from .polling import Pacer, PollSettings, poll_forever
 from .remote import job_logs
 
+UNHEARD = "SUBMITTED"          # a job's raw_state until the batch system's first word on it
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
 DEMAND_WAIT_COUNT = 3          # rounds in a row without demand before a pool's idle jobs go (as adapt's)
 # placement.workload(state, pool=...) once the scheduler knows pools; before, the whole queue.
@@ -35,7 +36,7 @@ class Job:
     job_id: str
     submitted: float
     state: str = "pending"
-    raw_state: str = "SUBMITTED"
+    raw_state: str = UNHEARD
     node: str | None = None
     reason: str | None = None
     started: float | None = None           # first seen running
