@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.placement import ROOT_SATURATION
 from hpc_cluster.scheduler.state import SchedulerState
@@ -566,3 +568,30 @@ def test_deep_prefetch_is_bounded_and_holds_nothing_back_from_a_new_worker():
     s.add_worker("w2", nthreads=1, now=3)
     assert len(computes(s.take_outbox(), "w2")) > 10          # deep again at once (durations known)
     assert s.workers["w2"].queued_us == sum(s.tasks[k].queued_us for k in s.tasks)
+
+
+def test_a_waiting_task_costs_the_scheduler_under_1_kb():
+    """Issue 19: <= 1 KB of scheduler memory per waiting task. Eight empty sets per task were
+    1.7 KB of 2.3 KB: they are now one shared empty value until something goes in. Measured
+    by allocation (tracemalloc), not time: the keys and payloads the client sends are counted."""
+    import tracemalloc
+    n = 5_000
+    st = SchedulerState()
+    st.add_client("c")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        specs = [{"key": f"noop-{i:032x}", "func": Opaque(b"f" * 40), "args": Opaque(b"a" * 20), "deps": ()}
+                 for i in range(n)]
+        st.update_graph("c", specs, [s["key"] for s in specs])
+        del specs
+        per_task = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert {ts.state for ts in st.tasks.values()} == {"queued"} and len(st.tasks) == n
+    assert per_task < 1000, f"{per_task:.0f} bytes per waiting task"
+    # The shared empty value stays empty: the state gave each task a set of its own to fill.
+    from hpc_cluster.scheduler.records import EMPTY
+    assert len(EMPTY) == 0 and all(ts.who_wants == {"c"} for ts in st.tasks.values())
+    with pytest.raises(TypeError, match="of its own"):
+        EMPTY.add(1)

@@ -6,6 +6,8 @@ number when a holder dies (remove_worker calls _ensure_replicas).
 
 from __future__ import annotations
 
+from .records import EMPTY
+
 
 class ReplicaMixin:
     def replicate(self, keys, n: int) -> None:
@@ -38,6 +40,8 @@ class ReplicaMixin:
                        key=lambda ws: (len(ws.has_what), ws.address))
         holders = [ws.address for ws in ts.who_has]
         for ws in spare[:missing]:
+            if ts.copying is EMPTY:
+                ts.copying = set()
             ts.copying.add(ws.address)
             self.copying.add(ts)
             self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
@@ -51,6 +55,8 @@ class ReplicaMixin:
         if ts is None or ts.state != "memory":
             self._send(address, {"op": "free-keys", "keys": [key]})
             return
+        if ts.who_has is EMPTY:
+            ts.who_has = set()
         ts.who_has.add(ws)
         ws.has_what.add(ts)
         self._touch(ts)

@@ -37,7 +37,7 @@ from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
 from .prefetch import PREFETCH_SECONDS, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
 from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
-from .records import TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
+from .records import EMPTY, TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -242,6 +242,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 dep.state = "queued"
             if dep.state in ("queued", "waiting"):
                 dep.state = "waiting"
+                if dep.waiting_on is EMPTY:
+                    dep.waiting_on = set()
                 dep.waiting_on.add(ts)
         if ts.who_wants or ts.waiters:
             self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
@@ -298,6 +300,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             # Another worker's thread finished it first (one that ran it before it was given up
             # on and sent elsewhere): the copy now sent to this other worker is not needed.
             self._abandon(ts)
+        if ts.who_has is EMPTY:
+            ts.who_has = set()
         ts.who_has.add(ws)
         ws.has_what.add(ts)
         self._touch(ts)
@@ -306,7 +310,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._schedule()
             return
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
-        ts.waiting_on = set()        # a waiting task done after all (a reattached worker's thread, reattach.py)
+        ts.waiting_on = EMPTY        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
             dep.waiters.discard(ts)
         for dts in ts.dependents:
@@ -374,7 +378,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
                 continue
             ts.state = "waiting"
-            ts.waiting_on = set()
+            ts.waiting_on = EMPTY
             # A failed input fails it before any released input is computed again for it
             # (found by tests/test_state_fuzz.py: they were, for nobody). The first by key,
             # so the error names the same input every time.
@@ -383,9 +387,13 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._err(ts, _dependency_error(failed))
                 continue
             for dep in ts.dependencies:
+                if dep.waiters is EMPTY:
+                    dep.waiters = set()
                 dep.waiters.add(ts)
                 if dep.state == "memory":
                     continue
+                if ts.waiting_on is EMPTY:
+                    ts.waiting_on = set()
                 ts.waiting_on.add(dep)
                 if dep.state == "released":
                     stack.append(dep)
@@ -452,7 +460,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._abandon(ts)
             ts.state, ts.error = "erred", err
             self._touch(ts)
-            ts.waiting_on = set()
+            ts.waiting_on = EMPTY
             for dep in ts.dependencies:
                 dep.waiters.discard(ts)
             self._tell_clients(ts, {"op": "task-erred", "key": ts.key, "error": err})
@@ -487,7 +495,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     dep.waiters.discard(ts)
                     stack.append(("release" if not dep.who_wants and not dep.waiters and dep.state == "memory"
                                   and not dep.dependents else "forget", dep))
-                ts.dependencies = set()
+                ts.dependencies = EMPTY
                 continue
             if ts.who_wants or ts.waiters:
                 continue
@@ -507,7 +515,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 if ts.state == "processing":
                     self._abandon(ts)
                 ts.state = "released"
-                ts.waiting_on = set()
+                ts.waiting_on = EMPTY
                 for dep in ts.dependencies:
                     dep.waiters.discard(ts)
                     stack.append(("release", dep))
