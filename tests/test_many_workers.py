@@ -3,9 +3,11 @@ afford, 30 one-thread workers without a nanny. Speed at 100-500 workers is measu
 benchmarks/many_workers.py, never asserted here."""
 
 import os
+import statistics
 import time
 
 from hpc_cluster import Client, LocalCluster
+from waiting import wait_until
 
 N = 30
 
@@ -28,3 +30,16 @@ def test_thirty_light_workers_all_run_tasks_and_the_scheduler_answers_a_client()
         got = client.gather(client.map(where, range(2 * N)))
         assert set(got) == pids
         assert client.submit(sum, [1, 2, 3]).result(timeout=60) == 6      # and it still answers
+        # 30 workers beat every second, not every 0.5 s (scheduler/server.py heartbeat_interval):
+        # the gaps between the times each idle worker was last heard from.
+        seen: dict[str, list[float]] = {}
+
+        def gaps_seen():
+            for addr, w in client.scheduler_info()["workers"].items():
+                times = seen.setdefault(addr, [])
+                if not times or w["last_seen"] != times[-1]:
+                    times.append(w["last_seen"])
+            return sum(len(t) - 2 for t in seen.values() if len(t) > 2) >= 3 * N
+        wait_until(gaps_seen, 60, "three heartbeats of every worker", interval=0.1)
+        gaps = [b - a for t in seen.values() for a, b in zip(t[1:], t[2:])]
+        assert statistics.median(gaps) > 0.9, sorted(gaps)

@@ -213,3 +213,17 @@ def test_a_worker_discarded_and_added_again_is_placed_by_its_order_now():
     busy.processing = {TaskState(f"b{i}") for i in range(3)}
     free.add(busy)                       # ... and one freed: free again, but busier than calm
     assert free.pick(TaskState("t"), None, 0.0) is calm
+
+
+def test_heartbeats_slow_down_as_the_cluster_grows_and_silence_is_judged_on_that_pace():
+    """dask's rule: about 200 heartbeats a second at most, however many workers; a worker is
+    judged silent after heartbeat_ttl or three of those intervals, the longer."""
+    from hpc_cluster.scheduler.server import Scheduler, heartbeat_interval
+    assert [heartbeat_interval(n) for n in (0, 10, 11, 49, 50, 199, 200, 500)] == [
+        0.5, 0.5, 1.0, 1.0, 2.0, 2.0, 2.0, 3.5]
+    assert 500 / heartbeat_interval(500) < 150 and 1000 / heartbeat_interval(1000) < 200
+    sched = Scheduler.__new__(Scheduler)             # only the two numbers: no loop, no sockets
+    sched.heartbeat_ttl, sched.beat_interval = 5.0, heartbeat_interval(500)
+    assert sched.silence_ttl() == 10.5
+    sched.beat_interval = heartbeat_interval(30)
+    assert sched.silence_ttl() == 5.0

@@ -29,6 +29,22 @@ from .stream import TaskStream
 logger = logging.getLogger("hpc_cluster.scheduler")
 
 
+def heartbeat_interval(workers: int) -> float:
+    """The least interval between a worker's heartbeats with this many workers: dask's rule
+    (distributed's heartbeat_interval), so that the scheduler reads at most about 200
+    heartbeats a second however large the cluster: 0.5 s up to 10 workers, 1 s under 50, 2 s
+    under 200, then workers/200 + 1 s (3.5 s at 500). A worker beats at this or at its own
+    --heartbeat-interval, the longer."""
+    if workers <= 10:
+        return 0.5
+    if workers < 50:
+        return 1.0
+    if workers < 200:
+        return 2.0
+    return workers / 200 + 1.0
+
+
+
 class Scheduler(BacklogMixin):
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
                  allowed_failures: int = 3, heartbeat_ttl: float = 5.0, prefetch: int = 2,
@@ -56,6 +72,7 @@ class Scheduler(BacklogMixin):
         self.secret, self.host, self.port = secret, host, port
         self.security = security                           # protocol/tls.py's Security: listen on tls://
         self.heartbeat_ttl = heartbeat_ttl
+        self.beat_interval = heartbeat_interval(0)          # what workers are told (_pace_heartbeats)
         self.walltime_margin = walltime_margin
         self._retiring: set[str] = set()
         self._drain_intent: dict[str, str] = {}          # worker -> why it drains
@@ -171,16 +188,17 @@ class Scheduler(BacklogMixin):
                 if now - last > interval + 1.0:
                     logger.warning("the scheduler did not run for %.1f s (stopped or blocked); workers get "
                                    "a fresh %.1f s to be heard from before any is judged silent",
-                                   now - last - interval, self.heartbeat_ttl)
+                                   now - last - interval, self.silence_ttl())
                 awake_since = now
             last = now
             # A worker last heard before we woke is silent only once we were awake a whole TTL
             # (now - awake_since > ttl); after that, the usual now - last_seen > ttl holds.
-            if now - awake_since <= self.heartbeat_ttl:
+            ttl = self.silence_ttl()
+            if now - awake_since <= ttl:
                 continue
-            for addr in self.state.silent_workers(now, self.heartbeat_ttl):
+            for addr in self.state.silent_workers(now, ttl):
                 try:
-                    logger.warning("worker %s silent for more than %.1fs; removing it", addr, self.heartbeat_ttl)
+                    logger.warning("worker %s silent for more than %.1fs; removing it", addr, ttl)
                     info = self.state.workers[addr].info
                     self._remove_worker(addr, "heartbeat-lost")
                     self._end_unresponsive(info)
@@ -260,7 +278,22 @@ class Scheduler(BacklogMixin):
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self.stream.worker_gone(addr, self.clock())
         self.fail_if_stranded()
+        self._pace_heartbeats()
         self._flush()
+
+    def _pace_heartbeats(self) -> None:
+        """Tell every worker the heartbeat interval for the cluster's size when it changes
+        (heartbeat_interval): 500 workers beating every 0.5 s were 1,000 messages a second."""
+        interval = heartbeat_interval(len(self.state.workers))
+        if interval != self.beat_interval:
+            self.beat_interval = interval
+            for stream in self.streams.values():
+                stream.send({"op": "heartbeat-interval", "interval": interval})
+
+    def silence_ttl(self) -> float:
+        """How long a worker may be silent before it is judged lost: heartbeat_ttl, or three
+        of the cluster's heartbeat intervals when the cluster is large enough to need more."""
+        return max(self.heartbeat_ttl, 3 * self.beat_interval)
 
     def halt(self, reason: str | None) -> None:
         """Whoever starts workers (deploy's job manager) stopped submitting jobs until
@@ -300,7 +333,8 @@ class Scheduler(BacklogMixin):
             comm.close()
             return
         # Reply before any task can be queued for it, so "registered" travels alone.
-        await comm.write({"op": "registered", "address": addr})
+        await comm.write({"op": "registered", "address": addr,
+                          "heartbeat_interval": heartbeat_interval(len(self.state.workers) + 1)})
         self.streams[addr] = BatchedSend(comm)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
@@ -323,6 +357,7 @@ class Scheduler(BacklogMixin):
         if self._backlog:
             self._replay_backlog()            # its results may be inputs a client's submission waits for
         logger.info("worker %s registered (%d threads)", addr, nthreads)
+        self._pace_heartbeats()
         self._tell("joined", info)
         connection = "closed"
         try:
@@ -561,7 +596,8 @@ class Scheduler(BacklogMixin):
         return [{"address": ws.address, "name": ws.name, "id": ws.name, "nthreads": ws.nthreads,
                  "memory_limit": ws.memory_limit, "resources": ws.resources,
                  "processing": len(ws.processing), "executing": len(ws.executing),
-                 "stored": len(ws.has_what), "joined": ws.joined, **ws.info, "pool": worker_pool(ws),
+                 "stored": len(ws.has_what), "joined": ws.joined, "last_seen": ws.last_seen, **ws.info,
+                 "pool": worker_pool(ws),
                  "reserved_memory": ws.used_memory,
                  "status": "paused" if ws.paused else "running", "memory": dict(ws.memory),
                  # dask's names for the same numbers (scheduler_info()["workers"][addr]["metrics"])

@@ -67,6 +67,7 @@ class Worker(FetchMixin):
         self.host, self.port = host, port
         self.resources = resources or {}
         self.heartbeat_interval = heartbeat_interval
+        self._beat_floor = 0.0                     # the scheduler's least interval for the cluster's size
         self.limits = limits or Limits()
         self.nanny = nanny
         self.extra_info = extra_info or {}
@@ -131,6 +132,7 @@ class Worker(FetchMixin):
             reply = (await comm.read())[0]
             if reply.get("op") != "registered":
                 raise ConnectionError(f"the scheduler refused this worker: {reply.get('error') or reply}")
+            self._beat_floor = _seconds(reply.get("heartbeat_interval"), self._beat_floor)
         except BaseException:
             comm.close()
             raise
@@ -192,7 +194,8 @@ class Worker(FetchMixin):
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            # Ours, or the scheduler's for a cluster this size (scheduler/server.py), the longer.
+            await asyncio.sleep(max(self.heartbeat_interval, self._beat_floor))
             self.scheduler.send({"op": "heartbeat", "memory": self.memory.report()})
 
     # -- memory: spill, pause (worker/store.py has the policy) ------------------------------
@@ -249,6 +252,8 @@ class Worker(FetchMixin):
                             self.exit_code = EXIT_LIFETIME if self.nanny else 0
                         await self.close(reason, report=False)
                         return
+                    elif op == "heartbeat-interval":
+                        self._beat_floor = _seconds(msg.get("interval"), self._beat_floor)
                     elif op == "registered":
                         pass
                     else:
@@ -500,6 +505,13 @@ DEADLINE_DRAINS = frozenset({"walltime drain", "lifetime"})
 
 class ListenError(Exception):
     """The worker cannot listen where it was told to (not an OSError: retrying won't help)."""
+
+
+def _seconds(value, default: float) -> float:
+    """A positive interval from the scheduler, capped at a minute; `default` if it is none."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return min(float(value), 60.0)
+    return default
 
 
 def _pickle_exception(exc: BaseException) -> bytes:
