@@ -221,3 +221,56 @@ def test_running_out_of_descriptors_is_survived_quietly(procs, tmp_path):
     wait_until(lambda: b"ran out of file descriptors" in log.read_bytes(), 15, "the summary line")
     text = log.read_text()
     assert "Traceback" not in text and len(text) < 20_000, text[-3000:]
+
+
+def test_a_worker_whose_handshake_is_closed_unanswered_retries_until_a_scheduler_takes_it(procs, tmp_path):
+    """Hundreds of workers starting at once: the scheduler closes the handshakes it cannot wait
+    for (protocol/admission.py). The worker read that as a refused secret and exited with code
+    3 at once (the 250- and 500-worker benchmark runs lost workers so); it now retries, with
+    jitter, until --death-timeout, and joins the scheduler that answers."""
+    import socket
+    import threading
+    fake = socket.create_server(("127.0.0.1", 0))
+    port = fake.getsockname()[1]
+    dropped, stop = [], threading.Event()
+
+    def close_every_handshake():
+        fake.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = fake.accept()
+            except OSError:
+                continue
+            conn.settimeout(2)
+            try:
+                conn.recv(100)                    # the worker's first bytes, then a hang-up
+            except OSError:
+                pass
+            conn.close()
+            dropped.append(time.monotonic())
+    thread = threading.Thread(target=close_every_handshake, daemon=True)
+    thread.start()
+    secret = new_secret()
+    log = tmp_path / "worker.log"
+    env = dict(os.environ, HPC_CLUSTER_SECRET=secret.hex())
+    with open(log, "wb") as err:
+        worker = procs.start([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", f"tcp://127.0.0.1:{port}",
+                              "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1", "--death-timeout", "60",
+                              "--local-directory", str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: len(dropped) >= 3 or worker.poll() is not None, 30, "three handshakes closed")
+        assert worker.poll() is None, log.read_text()
+        assert "closed the connection during the handshake" in log.read_text()
+    finally:
+        stop.set()
+        thread.join(5)
+        fake.close()
+    env_s = dict(os.environ, HPC_CLUSTER_SECRET=secret.hex())
+    addr_file = tmp_path / "scheduler.address"
+    sched = procs.start([sys.executable, "-m", "hpc_cluster.scheduler", "--host", "127.0.0.1", "--port", str(port),
+                         "--address-file", str(addr_file)], env=env_s, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+    wait_until(lambda: addr_file.exists() or sched.poll() is not None, 30, "the scheduler to listen")
+    with Client(addr_file.read_text().strip(), secret=secret, set_as_default=False, timeout=30) as c:
+        c.wait_for_workers(1, timeout=30)
+        assert c.submit(inc, 1).result(timeout=30) == 2

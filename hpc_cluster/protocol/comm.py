@@ -50,6 +50,13 @@ class AuthenticationError(ConnectionError):
     """The peer could not prove the cluster secret (or we could not)."""
 
 
+class HandshakeClosed(AuthenticationError):
+    """The listener closed the connection before its half of the handshake: a peer that is not
+    ours, or ours too busy to take one more handshake now (hundreds of workers starting at
+    once: protocol/admission.py closes the ones it cannot wait for). Worth a retry, where a
+    refused proof is not."""
+
+
 class CommClosedError(ConnectionError):
     pass
 
@@ -304,7 +311,7 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
     try:
         reply = (await comm.read(HANDSHAKE_LIMITS))[0]
     except (CommClosedError, ProtocolError) as exc:
-        raise AuthenticationError(f"{comm.peer} closed the connection during the handshake ({exc}); "
+        raise HandshakeClosed(f"{comm.peer} closed the connection during the handshake ({exc}); "
                                   "is it an hpc-cluster scheduler or worker of the same hpc-cluster "
                                   "version, with the same secret? (A cluster with security= listens on a "
                                   "tls:// address)") from None

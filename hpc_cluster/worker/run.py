@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import sys
 import time
 from typing import Callable
 
-from ..protocol.comm import AuthenticationError
+from ..protocol.comm import AuthenticationError, HandshakeClosed
 from .reattach import reconnect_window as reconnect_window_for
 from .worker import EXIT_CANNOT_LISTEN, ListenError, Worker
 
@@ -52,12 +53,16 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
                 await worker.start()
                 break
             except (OSError, ConnectionError) as exc:
-                if isinstance(exc, AuthenticationError) or time.monotonic() + delay > deadline:
+                # A refused proof will be refused again; a handshake closed unanswered may be
+                # a scheduler taking hundreds of workers at once (protocol/admission.py).
+                refused = isinstance(exc, AuthenticationError) and not isinstance(exc, HandshakeClosed)
+                if refused or time.monotonic() + delay > deadline:
                     raise
                 logger.warning("scheduler %s not reachable (%s); retrying", scheduler, exc)
                 if getattr(worker, "listener", None) is not None:
                     worker.listener.stop()
-                await asyncio.sleep(delay)
+                # Jittered: workers that started together do not come back together.
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
         running.append(worker)
         if on_registered is not None:
