@@ -271,6 +271,28 @@ def summarise(samples: list[tuple]) -> dict:
     return out
 
 
+def paired(samples: dict, systems: list[str], benches: list[str]) -> dict:
+    """Each system against the first, repetition by repetition: a repetition's runs follow each
+    other within seconds, so their ratio cancels most of a busy machine's drift (the spread
+    between repetitions of one system is 10-30% when other work runs). Per benchmark: the
+    median and mean of the paired throughput ratios (this / first, over 1: faster) and of the
+    paired CPU-per-task ratios (over 1: more CPU)."""
+    out: dict = {}
+    base = systems[0] if systems else None
+    for s in systems[1:]:
+        for b in benches:
+            pairs = list(zip(samples[base][b], samples[s][b]))
+            speed = [a[1] / o[1] for a, o in pairs]
+            cpu = [sum(o[2].values()) / sum(a[2].values()) for a, o in pairs
+                   if len(a) > 2 and len(o) > 2 and a[2] and o[2] and sum(a[2].values())]
+            out.setdefault(f"{s}/{base}", {})[b] = {
+                "pairs": len(pairs),
+                "speed_median": round(statistics.median(speed), 3), "speed_mean": round(statistics.fmean(speed), 3),
+                **({"cpu_median": round(statistics.median(cpu), 3), "cpu_mean": round(statistics.fmean(cpu), 3)}
+                   if cpu else {})}
+    return out
+
+
 def _groups(client, scheduler_pid: int) -> dict[str, list[int]]:
     groups = cluster_procs.worker_groups(client, scheduler_pid)
     if scheduler_pid == os.getpid():             # dask's LocalCluster: one process for both
@@ -330,6 +352,7 @@ def run(args) -> dict:
                 "median": round(report["results"]["ours"][b]["median_tasks_per_s"]
                                 / report["results"]["dask"][b]["median_tasks_per_s"], 3)}
             for b in benches}
+    report["paired"] = paired(samples, systems, benches)
     if args.big:
         report["big"] = run_big(args, [s for s in systems if s in ("ours", "dask")])
     return report
@@ -418,6 +441,12 @@ def format_table(report: dict) -> str:
         ratio = report.get("ratio_ours_over_dask", {}).get(b)
         if ratio:
             lines.append(f"{'':34s} {'ours/dask':>13s} best {ratio['best']:.2f}x, median {ratio['median']:.2f}x")
+    for name, per_bench in (report.get("paired") or {}).items():
+        lines += ["", f"paired by repetition, {name} (speed over 1: faster; CPU over 1: more CPU per task)"]
+        for b, r in per_bench.items():
+            cpu = f", CPU median {r['cpu_median']:.3f} mean {r['cpu_mean']:.3f}" if "cpu_median" in r else ""
+            lines.append(f"  {b:6s} {r['pairs']} pairs: speed median {r['speed_median']:.3f} "
+                         f"mean {r['speed_mean']:.3f}{cpu}")
     lines += ["", "CPU us per task, per process (psutil user+sys over the median run; nannies: the workers' "
               "nannies; client: this process)"]
     head = f"{'benchmark':10s} {'system':11s} {'scheduler':>10s} {'workers':>9s} {'nannies':>9s} {'client':>9s} " \

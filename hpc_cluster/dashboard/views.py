@@ -18,7 +18,7 @@ from ..scheduler.placement import worker_pool
 
 MAX_WORKERS = 1000          # rows of the workers page
 MAX_PREFIXES = 60           # progress bars
-MAX_STREAM = 2000           # task-stream bars (recent executions)
+MAX_STREAM = 1000           # task-stream bars (recent executions): as dask's, "the most recent thousand tasks"
 MAX_RUNNING = 1000          # task-stream bars still open
 STREAM_WINDOW = 60.0        # seconds of task stream shown
 MAX_DEATHS = 100            # newest first
