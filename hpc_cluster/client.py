@@ -27,7 +27,7 @@ from .dask_collections import CollectionsMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import task_needs
 from .protocol import serialize
-from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, connect
+from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
 from .protocol.frames import Limits, Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
 from .protocol.versions import get_versions
@@ -131,7 +131,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self._versions_seen: set[str] = set()             # workers whose versions were checked
         self.halted: str | None = None                    # the cluster stopped starting workers: why
         self.status = "connecting"
-        self._lt.run(self._start(), timeout)
+        self._lt.run(self._start(timeout), timeout)
         self.status = "running"
         versions = self._lt.run(self._request({"op": "versions"}), timeout)
         self._warn_on_other_versions(versions["scheduler"], versions["workers"], stacklevel=2)
@@ -143,8 +143,23 @@ class Client(CollectionsMixin, ClusterToolsMixin):
     def _info(self) -> dict:
         return {"role": "client", "versions": get_versions()}
 
-    async def _start(self) -> None:
-        self._comm = await connect(self.scheduler_address, self._secret, self._info, tls=self._tls)
+    async def _start(self, timeout: float | None = None) -> None:
+        delay, deadline = 0.1, time.monotonic() + (timeout or 30) * 0.8
+        while True:
+            try:
+                self._comm = await connect(self.scheduler_address, self._secret, self._info, tls=self._tls)
+                break
+            except (HandshakeClosed, builtins.TimeoutError) as exc:
+                # A scheduler that is there but cannot finish our handshake now (hundreds of
+                # workers registering at once, protocol/admission.py): again, as dask's client
+                # retries its connect, within most of Client(timeout=), so that the last
+                # error's advice is what the user reads. A refused connection or proof is final.
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.info("the scheduler at %s did not finish the handshake (%s); trying again",
+                            self.scheduler_address, exc or type(exc).__name__)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 2.0)
         self._pool = ConnectionPool(self._secret, self._info, tls=self._tls)
         first = (await self._comm.read())[0]
         self.id = first.get("client")

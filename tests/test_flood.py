@@ -223,54 +223,126 @@ def test_running_out_of_descriptors_is_survived_quietly(procs, tmp_path):
     assert "Traceback" not in text and len(text) < 20_000, text[-3000:]
 
 
-def test_a_worker_whose_handshake_is_closed_unanswered_retries_until_a_scheduler_takes_it(procs, tmp_path):
-    """Hundreds of workers starting at once: the scheduler closes the handshakes it cannot wait
-    for (protocol/admission.py). The worker read that as a refused secret and exited with code
-    3 at once (the 250- and 500-worker benchmark runs lost workers so); it now retries, with
-    jitter, until --death-timeout, and joins the scheduler that answers."""
-    import socket
-    import threading
-    fake = socket.create_server(("127.0.0.1", 0))
-    port = fake.getsockname()[1]
-    dropped, stop = [], threading.Event()
 
-    def close_every_handshake():
-        fake.settimeout(0.1)
-        while not stop.is_set():
+class ClosingListener:
+    """A port where every connection is closed after its first bytes: a scheduler too busy to
+    take one more handshake (protocol/admission.py closes the ones it cannot wait for)."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.dropped: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+        self.forward_to: int | None = None      # once set, connections are relayed to this port
+
+    def _run(self):
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
             try:
-                conn, _ = fake.accept()
+                conn, _ = self.sock.accept()
             except OSError:
+                continue
+            if self.forward_to is not None:
+                self._relay(conn, self.forward_to)
                 continue
             conn.settimeout(2)
             try:
-                conn.recv(100)                    # the worker's first bytes, then a hang-up
+                conn.recv(100)                    # the peer's first bytes, then a hang-up
             except OSError:
                 pass
             conn.close()
-            dropped.append(time.monotonic())
-    thread = threading.Thread(target=close_every_handshake, daemon=True)
-    thread.start()
+            self.dropped.append(time.monotonic())
+
+    def _relay(self, conn, port: int):
+        import socket
+        import threading
+        upstream = socket.create_connection(("127.0.0.1", port))
+        conn.settimeout(None)
+
+        def pump(a, b):
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for a, b in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def _scheduler_on(procs, tmp_path, secret: bytes, port: int) -> str:
+    addr_file = tmp_path / "scheduler.address"
+    sched = procs.start([sys.executable, "-m", "hpc_cluster.scheduler", "--host", "127.0.0.1", "--port", str(port),
+                         "--address-file", str(addr_file)], env=dict(os.environ, HPC_CLUSTER_SECRET=secret.hex()),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: addr_file.exists() or sched.poll() is not None, 30, "the scheduler to listen")
+    assert sched.poll() is None
+    return addr_file.read_text().strip()
+
+
+def test_a_worker_whose_handshake_is_closed_unanswered_retries_until_a_scheduler_takes_it(procs, tmp_path):
+    """Hundreds of workers starting at once: the scheduler closes the handshakes it cannot wait
+    for. The worker read that as a refused secret and exited with code 3 at once (the 250- and
+    500-worker benchmark runs lost workers so); it now retries, with jitter, until
+    --death-timeout, and joins the scheduler that answers."""
+    busy = ClosingListener()
     secret = new_secret()
     log = tmp_path / "worker.log"
     env = dict(os.environ, HPC_CLUSTER_SECRET=secret.hex())
     with open(log, "wb") as err:
-        worker = procs.start([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", f"tcp://127.0.0.1:{port}",
-                              "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1", "--death-timeout", "60",
-                              "--local-directory", str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=err)
+        worker = procs.start([sys.executable, "-m", "hpc_cluster.worker", "--scheduler",
+                              f"tcp://127.0.0.1:{busy.port}", "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
+                              "--death-timeout", "60", "--local-directory", str(tmp_path)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_until(lambda: len(dropped) >= 3 or worker.poll() is not None, 30, "three handshakes closed")
+        wait_until(lambda: len(busy.dropped) >= 3 or worker.poll() is not None, 30, "three handshakes closed")
         assert worker.poll() is None, log.read_text()
         assert "closed the connection during the handshake" in log.read_text()
     finally:
-        stop.set()
-        thread.join(5)
-        fake.close()
-    env_s = dict(os.environ, HPC_CLUSTER_SECRET=secret.hex())
-    addr_file = tmp_path / "scheduler.address"
-    sched = procs.start([sys.executable, "-m", "hpc_cluster.scheduler", "--host", "127.0.0.1", "--port", str(port),
-                         "--address-file", str(addr_file)], env=env_s, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
-    wait_until(lambda: addr_file.exists() or sched.poll() is not None, 30, "the scheduler to listen")
-    with Client(addr_file.read_text().strip(), secret=secret, set_as_default=False, timeout=30) as c:
+        busy.close()
+    address = _scheduler_on(procs, tmp_path, secret, busy.port)
+    with Client(address, secret=secret, set_as_default=False, timeout=30) as c:
         c.wait_for_workers(1, timeout=30)
         assert c.submit(inc, 1).result(timeout=30) == 2
+
+
+def test_a_client_whose_handshake_is_closed_unanswered_retries_within_its_timeout(procs, tmp_path):
+    """The same for a client: Client() gave up at the first closed handshake ("closed the
+    connection during the handshake") though the scheduler was only busy; it tries again
+    until its timeout, as dask's client retries its connect."""
+    import threading
+    busy = ClosingListener()
+    secret = new_secret()
+    got: dict = {}
+
+    def connect():
+        try:
+            with Client(f"tcp://127.0.0.1:{busy.port}", secret=secret, set_as_default=False, timeout=60) as c:
+                got["answer"] = c.scheduler_info()["workers"]
+        except Exception as exc:        # the test's assertion shows it
+            got["error"] = exc
+    address = _scheduler_on(procs, tmp_path, secret, 0)
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(busy.dropped) >= 3 or "error" in got, 30, "three handshakes closed")
+        assert "error" not in got, got
+        busy.forward_to = int(address.rsplit(":", 1)[1])     # the scheduler has room now
+        thread.join(60)
+    finally:
+        busy.close()
+    assert got == {"answer": {}}, got
