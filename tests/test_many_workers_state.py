@@ -227,3 +227,31 @@ def test_heartbeats_slow_down_as_the_cluster_grows_and_silence_is_judged_on_that
     assert sched.silence_ttl() == 10.5
     sched.beat_interval = heartbeat_interval(30)
     assert sched.silence_ttl() == 5.0
+
+
+def test_a_task_too_long_for_every_deep_worker_waits_without_a_look_at_each(monkeypatch):
+    # 500 workers whose base slots hold tiny tasks: all are free only for short tasks ("deep",
+    # prefetch.py). The next task is long: it waits. Before, every event asked each of the 500
+    # whether it had room (`any(...)` over them): 30% of the scheduler's time in the 500-worker
+    # benchmark. The deep workers' most room now comes from a heap.
+    import hpc_cluster.scheduler.prefetch as prefetch
+    n = 500
+    s = SchedulerState(prefetch=2)
+    for i in range(n):
+        s.add_worker(f"tcp://w{i:03d}", nthreads=1, now=0)
+    tiny = [f"tiny-{i}" for i in range(4 * n)]         # 3 in the base slots and 1 beyond, each
+    s.update_graph("c", [task(k, duration=0.0001) for k in tiny], tiny)
+    long_ = [f"long-{i}" for i in range(100)]
+    s.update_graph("c", [task(k, duration=1.0) for k in long_], long_)
+    s.take_outbox()
+    assert len(s._deep) == len(s._free) == n and all(len(ws.processing) == 4 for ws in s.workers.values())
+    assert all(s.tasks[k].state == "queued" for k in long_)
+    looks = []
+    real = prefetch.fits_deep
+    monkeypatch.setattr(prefetch, "fits_deep", lambda *a: looks.append(1) or real(*a))
+    for ws in list(s.workers.values())[:50]:        # one tiny task done each: still 3, still deep
+        ts = min(ws.processing, key=lambda t: t.key)
+        s.task_started(ws.address, ts.key, now=0)
+        s.task_finished(ws.address, ts.key, nbytes=8, duration=0.0001)
+    assert all(s.tasks[k].state == "queued" for k in long_)
+    assert len(looks) <= 50, len(looks)            # the old scan: 500 per event, 25,000

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.placement import workload
+from hpc_cluster.scheduler.prefetch import budget_us
 from hpc_cluster.scheduler.state import SchedulerState, TaskState, WorkerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -77,7 +78,10 @@ def check(s: SchedulerState) -> None:
         assert ws.queued_us == sum(ts.queued_us for ts in ws.processing), (ws, ws.queued_us)
     for ws in s._free:
         assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
-    assert s._deep <= set(s._free), (s._deep, set(s._free))
+    assert set(s._deep) <= set(s._free), (set(s._deep), set(s._free))
+    # the deep workers' most room is read from a heap kept current by every change (prefetch.py)
+    room = max((budget_us(ws.nthreads, s.prefetch_seconds) - ws.queued_us for ws in s._deep), default=-1)
+    assert s._deep.most_room() == room, (s._deep.most_room(), room)
 
 
 class Run:

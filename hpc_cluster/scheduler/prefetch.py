@@ -23,6 +23,8 @@ share (TaskState.queued_us) until it starts or leaves the worker.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 
 # Expected work kept waiting per worker thread, beyond the base slots (seconds).
@@ -86,3 +88,48 @@ def not_queued(ts) -> None:
         if ts.processing_on is not None:
             ts.processing_on.queued_us -= ts.queued_us
         ts.queued_us = 0
+
+
+class DeepWorkers:
+    """The free workers with room only for short tasks (has_deep_room), as a set, that also
+    answers "does any of them have room for `cost_us`?" without looking at each: with every
+    free worker deep and the next task too long for all, the scheduler asked that at every
+    event, and 500 workers made it 30% of its time (BENCHMARKS.md, "Many workers").
+
+    A max-heap of (-room, version, ws); an entry is current while its version is the
+    worker's latest. The state calls `add` after every change of a worker's queued work
+    (state._update_free), so the top current entry is the most room there is."""
+
+    def __init__(self, budget_seconds: float):
+        self.budget_seconds = budget_seconds
+        self._version: dict = {}                      # ws -> its current entry's version
+        self._heap: list = []
+        self._count = itertools.count()
+
+    def __contains__(self, ws) -> bool:
+        return ws in self._version
+
+    def __len__(self) -> int:
+        return len(self._version)
+
+    def __iter__(self):
+        return iter(self._version)
+
+    def add(self, ws) -> None:
+        version = next(self._count)
+        self._version[ws] = version
+        room = budget_us(ws.nthreads, self.budget_seconds) - ws.queued_us
+        heapq.heappush(self._heap, (-room, version, id(ws), ws))
+        if len(self._heap) > 2 * len(self._version) + 64:     # stale entries: rebuilt, amortised O(1)
+            self._heap = [e for e in self._heap if self._version.get(e[3]) == e[1]]
+            heapq.heapify(self._heap)
+
+    def discard(self, ws) -> None:
+        self._version.pop(ws, None)
+
+    def most_room(self) -> int:
+        """The most room, in microseconds of expected work, among them (negative: none)."""
+        heap = self._heap
+        while heap and self._version.get(heap[0][3]) != heap[0][1]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else -1

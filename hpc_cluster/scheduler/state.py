@@ -35,7 +35,7 @@ from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
-from .prefetch import PREFETCH_SECONDS, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
+from .prefetch import PREFETCH_SECONDS, DeepWorkers, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
 from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
 from .records import EMPTY, TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
@@ -64,7 +64,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         # Workers with a free slot, kept in placement's order so that placing a task does not
         # score every worker (free.py; issue 19: 500 workers)
         self._free = FreeWorkers()
-        self._deep: set[WorkerState] = set()         # those of them with room only for short tasks (prefetch.py)
+        self._deep = DeepWorkers(self.prefetch_seconds)   # those of them with room only for short tasks (prefetch.py)
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
         self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
@@ -547,7 +547,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 # Some free workers have room only for short tasks (prefetch.py): this task
                 # may go there only if it is short enough for them.
                 allowed = short_enough(self, cost, expected)
-                if len(self._deep) == len(self._free) and (expected is None or not any(map(allowed, self._deep))):
+                if len(self._deep) == len(self._free) and (expected is None or self._deep.most_room() < cost):
                     # No base slot anywhere and this one is not short enough: it waits, and so
                     # do the tasks after it (in priority order: popping all of a long queue at
                     # every event would cost O(n) each time).
