@@ -38,6 +38,14 @@ def end_all(procs: list, timeout: float = 20) -> None:
 
 
 # -- dask.distributed: `dask scheduler` + `dask worker` processes -----------------------------
+
+def sched_idle() -> None:
+    """In a worker process before it starts: Linux's SCHED_IDLE, so that it runs only when the
+    scheduler and the client do not need the CPU. Hundreds of workers on this machine's two
+    cores otherwise leave the scheduler one turn in every run-queue round (500 processes: over
+    a second), which a cluster, whose workers are on other nodes, never does."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
 class DaskProcesses:
     """dask's scheduler and workers as processes (the scheduler file names the address)."""
 
@@ -57,13 +65,15 @@ class DaskProcesses:
                 raise RuntimeError("dask's scheduler did not start")
             time.sleep(0.05)
 
-    def start_workers(self, n: int, threads: int = 1, nanny: bool = True, memory_limit: str = "0") -> None:
+    def start_workers(self, n: int, threads: int = 1, nanny: bool = True, memory_limit: str = "0",
+                      idle: bool = False) -> None:
         for _ in range(n):
             self.workers.append(subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", self.scheduler_file,
                  "--nthreads", str(threads), "--memory-limit", memory_limit, "--nanny" if nanny else "--no-nanny",
                  "--no-dashboard", "--host", "127.0.0.1"],
-                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=sched_idle if idle else None))
 
     def client(self, stack: contextlib.ExitStack, timeout: float = 120):
         from distributed import Client
@@ -118,12 +128,13 @@ class OurProcesses:
             time.sleep(0.05)
         self.address = addr_file.read_text()
 
-    def start_workers(self, n: int, threads: int = 1, nanny: bool = False, extra: tuple = ()) -> None:
+    def start_workers(self, n: int, threads: int = 1, nanny: bool = False, extra: tuple = (),
+                      idle: bool = False) -> None:
         for _ in range(n):
             self.workers.append(subprocess.Popen(
                 [sys.executable, "-m", "hpc_cluster.worker", "--scheduler", self.address, "--nthreads", str(threads),
                  "--nanny" if nanny else "--no-nanny", "--log-level", "WARNING", *extra],
-                env=self.env, stdout=self.log, stderr=self.log))
+                env=self.env, stdout=self.log, stderr=self.log, preexec_fn=sched_idle if idle else None))
 
     def client(self, stack: contextlib.ExitStack, timeout: float = 120):
         from hpc_cluster import Client

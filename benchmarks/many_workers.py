@@ -4,6 +4,8 @@ dask.distributed side by side (issue 19, point 3).
     python benchmarks/many_workers.py                          # 100,250,500; ours then dask per count
     python benchmarks/many_workers.py --counts 10,20 --quick   # a smoke run
     python benchmarks/many_workers.py --systems ours --counts 500 --json out.json
+    python benchmarks/many_workers.py --idle-workers           # workers under SCHED_IDLE: the
+                                                               # scheduler first, as on a cluster
 
 Per system and worker count, on a fresh cluster: the scheduler as a process of its own and
 N workers without a nanny (ours `python -m hpc_cluster.worker --no-nanny`, dask's `dask
@@ -141,7 +143,7 @@ def run_count(system: str, n: int, args) -> dict:
             address, ping_env = procs.scheduler_file, dict(os.environ)
         sched = psutil.Process(procs.scheduler.pid)
         t0 = time.perf_counter()
-        procs.start_workers(n, threads=1, nanny=False)
+        procs.start_workers(n, threads=1, nanny=False, idle=args.idle_workers)
         client = procs.client(stack, timeout=args.timeout)
         try:
             client.wait_for_workers(n, timeout=args.timeout)
@@ -300,6 +302,9 @@ def main(argv=None) -> int:
     p.add_argument("--noop-tasks", type=int, default=20_000, help="no-op tasks (default 20,000)")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measured (default 5)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one step may take (default 300)")
+    p.add_argument("--idle-workers", action="store_true",
+                   help="workers under SCHED_IDLE: the scheduler and the clients run first, as when the workers "
+                        "are on other nodes (without it, 500 workers on 2 cores starve the scheduler)")
     p.add_argument("--quick", action="store_true", help="2 sleep rounds, 2,000 no-op tasks, 2 s idle")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--markdown", action="store_true", help="print the table as BENCHMARKS.md has it")
