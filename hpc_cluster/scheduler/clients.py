@@ -4,7 +4,7 @@ clearing, who holds what. Mixed into SchedulerState (state.py), pure like it.
 
 from __future__ import annotations
 
-from .records import EMPTY, TaskState
+from .records import own, TaskState
 
 
 class ClientsMixin:
@@ -52,12 +52,8 @@ class ClientsMixin:
                     ts.error = {"kind": "missing", "text": f"input {dkey!r} of {ts.key!r} was released "
                                 "before the task was submitted; keep a future to it"}
                     continue
-                if ts.dependencies is EMPTY:
-                    ts.dependencies = set()
-                ts.dependencies.add(dep)
-                if dep.dependents is EMPTY:
-                    dep.dependents = set()
-                dep.dependents.add(ts)
+                own(ts, "dependencies").add(dep)
+                own(dep, "dependents").add(ts)
         self._claim_held(new)                         # results reattached workers kept (reattach.py)
         for key in wanted:
             ts = self.tasks.get(key)
@@ -77,9 +73,7 @@ class ClientsMixin:
 
     def _want(self, cid: str, ts: TaskState) -> None:
         """The client holds a future to `ts`: tell it at once if the result or the error is there."""
-        if ts.who_wants is EMPTY:
-            ts.who_wants = set()
-        ts.who_wants.add(cid)
+        own(ts, "who_wants").add(cid)
         self._touch(ts)
         if ts.state == "memory":
             self._send(cid, {"op": "key-in-memory", "key": ts.key, "nbytes": ts.nbytes})
@@ -159,9 +153,7 @@ class ClientsMixin:
         for key, addrs in who_has.items():
             holders = [self.workers[a] for a in addrs if a in self.workers]
             ts = self.tasks.get(key) or self.tasks.setdefault(key, TaskState(key))
-            if ts.who_wants is EMPTY:
-                ts.who_wants = set()
-            ts.who_wants.add(cid)
+            own(ts, "who_wants").add(cid)
             ts.nbytes = int(nbytes.get(key, 0))
             self._touch(ts)
             if not holders:
@@ -169,9 +161,7 @@ class ClientsMixin:
                 continue
             ts.state, ts.error = "memory", None
             for ws in holders:
-                if ts.who_has is EMPTY:
-                    ts.who_has = set()
-                ts.who_has.add(ws)
+                own(ts, "who_has").add(ws)
                 ws.has_what.add(ts)
             self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         self._schedule()

@@ -10,7 +10,7 @@ task is lost or run twice because of walltime. Mixed into SchedulerState.
 from __future__ import annotations
 
 from .placement import expected_duration
-from .records import EMPTY
+from .records import own
 
 
 def drain_margin(ws, walltime_margin: float) -> float:
@@ -88,9 +88,7 @@ class DrainMixin:
             return True                       # nowhere to save it (lineage will)
         for i, ts in todo:
             target = targets[i % len(targets)]
-            if ts.copying is EMPTY:
-                ts.copying = set()
-            ts.copying.add(target.address)
+            own(ts, "copying").add(target.address)
             self.copying.add(ts)
             self._send(target.address, {"op": "fetch-replica", "key": ts.key,
                                         "holders": [ws.address]})

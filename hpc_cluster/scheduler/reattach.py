@@ -18,7 +18,7 @@ hold before anything is computed again.
 
 from __future__ import annotations
 
-from .records import EMPTY, TaskState
+from .records import own, TaskState
 
 
 class ReattachMixin:
@@ -154,9 +154,7 @@ class ReattachMixin:
                     ts.state, ts.nbytes, ts.error = "memory", holders[0][1], None
                     self._touch(ts)
                     for ws, _ in holders:
-                        if ts.who_has is EMPTY:
-                            ts.who_has = set()
-                        ts.who_has.add(ws)
+                        own(ts, "who_has").add(ws)
                         ws.has_what.add(ts)
                     continue
             addr = self.unclaimed_running.pop(ts.key, None)
@@ -166,9 +164,7 @@ class ReattachMixin:
             if ws is not None and ts.key in ws.abandoned and all(d.state == "memory" for d in ts.dependencies):
                 ws.abandoned.discard(ts.key)
                 for dep in ts.dependencies:
-                    if dep.waiters is EMPTY:
-                        dep.waiters = set()
-                    dep.waiters.add(ts)
+                    own(dep, "waiters").add(ts)
                 self._adopt_running(ts, ws, self.now)
 
     def _finished_unclaimed(self, address: str, key: str, nbytes: int) -> bool:
@@ -195,9 +191,7 @@ class ReattachMixin:
         ts.who_wants |= cids
         self._touch(ts)
         for ws, _ in holders:
-            if ts.who_has is EMPTY:
-                ts.who_has = set()
-            ts.who_has.add(ws)
+            own(ts, "who_has").add(ws)
             ws.has_what.add(ts)
         self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         return ts

@@ -16,11 +16,7 @@ class _NoneYet(frozenset):
     216 bytes and a task has eight of them; most tasks never fill most (a map task has no
     dependencies, no copies, nothing held): 1.7 KB of a waiting task's 2.3 KB (issue 19,
     <= 1 KB per waiting task). It reads as an empty set and takes removals as no-ops; adding
-    needs a set of the task's own first:
-
-        if ts.waiters is EMPTY:
-            ts.waiters = set()
-        ts.waiters.add(dep)
+    needs a set of the task's own first: `own(ts, "waiters").add(dep)`.
     """
 
     __slots__ = ()
@@ -60,6 +56,15 @@ class _NoneYet(frozenset):
 
 
 EMPTY = _NoneYet()
+
+
+def own(record, name: str) -> set:
+    """`record.<name>`, made a set of its own if it still is the shared EMPTY: to add to."""
+    value = getattr(record, name)
+    if value is EMPTY:
+        value = set()
+        setattr(record, name, value)
+    return value
 
 
 @dataclass(eq=False, slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from ..protocol.frames import Opaque
-from .records import EMPTY, TaskState
+from .records import own, TaskState
 
 def opaque_in(value) -> Opaque | None:
     """A payload as journal.py stores it ([data, [buffers]]), as the state holds it."""
@@ -53,9 +53,7 @@ class RecoveryMixin:
                 dropped.append(key)
                 continue
             accepted.append(key)
-            if ts.who_has is EMPTY:
-                ts.who_has = set()
-            ts.who_has.add(ws)
+            own(ts, "who_has").add(ws)
             ws.has_what.add(ts)
             self._touch(ts)
             if ts.state == "held":
@@ -145,12 +143,8 @@ def rebuild_into(st, recovered, now: float):
         for dkey in spec[4]:
             dep = st.tasks.get(dkey)
             if dep is not None:
-                if ts.dependencies is EMPTY:
-                    ts.dependencies = set()
-                ts.dependencies.add(dep)
-                if dep.dependents is EMPTY:
-                    dep.dependents = set()
-                dep.dependents.add(ts)
+                own(ts, "dependencies").add(dep)
+                own(dep, "dependents").add(ts)
     # What was to be computed goes again, waiting for held inputs; what nobody needs goes.
     for ts in sorted(st.tasks.values(), key=lambda t: t.priority):
         if ts.state == "released" and ts.who_wants:

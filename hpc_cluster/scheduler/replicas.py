@@ -6,7 +6,7 @@ number when a holder dies (remove_worker calls _ensure_replicas).
 
 from __future__ import annotations
 
-from .records import EMPTY
+from .records import own
 
 
 class ReplicaMixin:
@@ -40,9 +40,7 @@ class ReplicaMixin:
                        key=lambda ws: (len(ws.has_what), ws.address))
         holders = [ws.address for ws in ts.who_has]
         for ws in spare[:missing]:
-            if ts.copying is EMPTY:
-                ts.copying = set()
-            ts.copying.add(ws.address)
+            own(ts, "copying").add(ws.address)
             self.copying.add(ts)
             self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
 
@@ -55,9 +53,7 @@ class ReplicaMixin:
         if ts is None or ts.state != "memory":
             self._send(address, {"op": "free-keys", "keys": [key]})
             return
-        if ts.who_has is EMPTY:
-            ts.who_has = set()
-        ts.who_has.add(ws)
+        own(ts, "who_has").add(ws)
         ws.has_what.add(ts)
         self._touch(ts)
 

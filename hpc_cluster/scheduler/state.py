@@ -37,7 +37,7 @@ from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
 from .prefetch import PREFETCH_SECONDS, DeepWorkers, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
 from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
-from .records import EMPTY, TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
+from .records import EMPTY, own, TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -242,9 +242,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 dep.state = "queued"
             if dep.state in ("queued", "waiting"):
                 dep.state = "waiting"
-                if dep.waiting_on is EMPTY:
-                    dep.waiting_on = set()
-                dep.waiting_on.add(ts)
+                own(dep, "waiting_on").add(ts)
         if ts.who_wants or ts.waiters:
             self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
             if ts.func is None:
@@ -300,9 +298,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             # Another worker's thread finished it first (one that ran it before it was given up
             # on and sent elsewhere): the copy now sent to this other worker is not needed.
             self._abandon(ts)
-        if ts.who_has is EMPTY:
-            ts.who_has = set()
-        ts.who_has.add(ws)
+        own(ts, "who_has").add(ws)
         ws.has_what.add(ts)
         self._touch(ts)
         if ts.state == "memory":                     # a duplicate result: one more copy
@@ -387,14 +383,10 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._err(ts, _dependency_error(failed))
                 continue
             for dep in ts.dependencies:
-                if dep.waiters is EMPTY:
-                    dep.waiters = set()
-                dep.waiters.add(ts)
+                own(dep, "waiters").add(ts)
                 if dep.state == "memory":
                     continue
-                if ts.waiting_on is EMPTY:
-                    ts.waiting_on = set()
-                ts.waiting_on.add(dep)
+                own(ts, "waiting_on").add(dep)
                 if dep.state == "released":
                     stack.append(dep)
             if not ts.waiting_on:
