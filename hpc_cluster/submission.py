@@ -25,7 +25,10 @@ import heapq
 from .protocol.frames import Limits, MessageTooLargeError, nbytes
 from .units import format_memory
 
-CHUNK_TASKS = 10_000            # at most 2 frames a task: ~20,000 of the 100,000 a receiver takes
+# Tasks per message. The frame limit alone would allow ~50,000 (2 frames a task, 100,000 a
+# receiver takes), but the scheduler applies a message in one go: 10,000 tasks held its loop
+# for 150-400 ms with 500 workers, and no client got an answer meanwhile (issue 19, point 3).
+CHUNK_TASKS = 1_000
 CHUNK_BYTES = 256 * 2**20       # payload per message: bounds what one write holds, not a task's size
 CHUNK_HEADER = 32 * 2**20       # msgpack header per message (the receiver takes 256 MiB)
 _SPEC_OVERHEAD = 160            # header bytes of a task beside its key and deps (msgpack, generous)

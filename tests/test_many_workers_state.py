@@ -38,6 +38,13 @@ class Counting:
             monkeypatch.setattr(free, name, counted)
 
 
+def _one_thread_workers(n: int) -> SchedulerState:
+    s = SchedulerState(prefetch=2)
+    for i in range(n):
+        s.add_worker(f"tcp://w{i:03d}", nthreads=1, now=0)
+    return s
+
+
 def _steady(s):
     """Start every worker's first task, so that each holds one running task (as at 500 workers
     running sleep(0.1) tasks: every worker busy, all of them still 'free' for prefetch)."""
@@ -51,9 +58,7 @@ def test_placing_a_root_task_after_one_finished_does_not_look_at_every_worker(mo
     # 500 one-thread workers running 0.1 s tasks (queued roots: one per worker at a time).
     # Before free.py, each finished task made the scheduler score all 500 workers three times.
     n = 500
-    s = SchedulerState(prefetch=2)
-    for i in range(n):
-        s.add_worker(f"tcp://w{i:03d}", nthreads=1, now=0)
+    s = _one_thread_workers(n)
     keys = [f"sleep-{i}" for i in range(5 * n)]
     s.update_graph("c", [task(k, duration=0.1) for k in keys], keys)
     _steady(s)
@@ -76,9 +81,7 @@ def test_placing_tiny_tasks_on_many_idle_workers_looks_at_few(monkeypatch):
     # No-op tasks (prefetched: not queued roots) when the scheduler, not the workers, is the
     # bottleneck: most of 500 workers are free, and each placement used to score them all.
     n = 500
-    s = SchedulerState(prefetch=2)
-    for i in range(n):
-        s.add_worker(f"tcp://w{i:03d}", nthreads=1, now=0)
+    s = _one_thread_workers(n)
     count = Counting(monkeypatch)
     s._free.examined = 0
     keys = [f"noop-{i}" for i in range(200)]
@@ -236,9 +239,7 @@ def test_a_task_too_long_for_every_deep_worker_waits_without_a_look_at_each(monk
     # benchmark. The deep workers' most room now comes from a heap.
     import hpc_cluster.scheduler.prefetch as prefetch
     n = 500
-    s = SchedulerState(prefetch=2)
-    for i in range(n):
-        s.add_worker(f"tcp://w{i:03d}", nthreads=1, now=0)
+    s = _one_thread_workers(n)
     tiny = [f"tiny-{i}" for i in range(4 * n)]         # 3 in the base slots and 1 beyond, each
     s.update_graph("c", [task(k, duration=0.0001) for k in tiny], tiny)
     long_ = [f"long-{i}" for i in range(100)]
@@ -255,3 +256,76 @@ def test_a_task_too_long_for_every_deep_worker_waits_without_a_look_at_each(monk
         s.task_finished(ws.address, ts.key, nbytes=8, duration=0.0001)
     assert all(s.tasks[k].state == "queued" for k in long_)
     assert len(looks) <= 50, len(looks)            # the old scan: 500 per event, 25,000
+
+
+def test_a_short_task_finds_the_one_deep_worker_with_room_without_asking_the_others(monkeypatch):
+    # Every free worker holds 4 tiny tasks (3 base slots + 1 beyond): all are "deep", with
+    # 1 ms of room left. One, last in placement's order, has started 3 of its 4: 4 ms of room.
+    # A task expected to take 2 ms fits only there. Placement's order (fewest tasks, then
+    # address) put that worker last, and pick asked all 500 in turn: 12% of the scheduler's
+    # samples at 500 workers. The deep workers' room heap gives it at once.
+    import hpc_cluster.scheduler.prefetch as prefetch
+    n = 500
+    s = _one_thread_workers(n)
+    tiny = [f"tiny-{i}" for i in range(4 * n)]
+    s.update_graph("c", [task(k, duration=0.001) for k in tiny], tiny)
+    s.take_outbox()
+    last = s.workers[f"tcp://w{n - 1:03d}"]
+    for ts in sorted(last.processing, key=lambda t: t.key)[:3]:
+        s.task_started(last.address, ts.key, now=0)
+    assert len(s._deep) == len(s._free) == n
+    looks = []
+    real = prefetch.fits_deep
+    monkeypatch.setattr(prefetch, "fits_deep", lambda *a: looks.append(1) or real(*a))
+    two = ["two-0", "two-1"]
+    s.update_graph("c", [task(k, duration=0.002) for k in two], two)
+    assert [s.tasks[k].processing_on for k in two] == [last, last]
+    assert len(looks) <= 4, len(looks)              # the old walk: ~500 per task
+
+
+def test_a_placement_pass_places_at_most_its_limit_and_says_more_is_left():
+    s = SchedulerState(prefetch=2)
+    s.place_limit = 100
+    for i in range(50):
+        s.add_worker(f"tcp://w{i:02d}", nthreads=1, now=0)
+    keys = [f"noop-{i}" for i in range(1000)]
+    s.update_graph("c", [task(k, duration=0.0001) for k in keys], keys)
+    placed = lambda: sum(s.tasks[k].state == "processing" for k in keys)   # noqa: E731
+    assert placed() == 100 and s.more_to_place
+    passes = 1
+    while s.more_to_place:
+        s.more_to_place = False
+        s._schedule()
+        passes += 1
+    # 50 workers x (1 thread + 2 base slots + 32 short tasks beyond) = 1,750 slots: all placed
+    assert placed() == 1000 and passes == 11
+
+
+def test_the_server_places_a_large_submission_over_several_turns_of_its_loop():
+    # 10,000 tasks submitted to 500 workers used to be placed in one go: 1-2 s in which no
+    # client got an answer. Another coroutine on the scheduler's loop must run between passes.
+    import asyncio
+
+    from hpc_cluster.scheduler.server import PLACE_PER_TURN, Scheduler
+
+    async def main():
+        sched = Scheduler(b"s" * 32)
+        st = sched.state
+        for i in range(100):
+            st.add_worker(f"tcp://127.0.0.1:{20000 + i}", nthreads=1, now=0)   # no connection: writes go nowhere
+        keys = [f"noop-{i}" for i in range(3 * PLACE_PER_TURN)]
+        st.update_graph("c", [task(k, duration=0.0001) for k in keys], keys)
+        sched._flush()
+        placed = lambda: sum(st.tasks[k].state == "processing" for k in keys)   # noqa: E731
+        seen = [placed()]
+        for _ in range(50):
+            await asyncio.sleep(0)             # one turn of the loop for us: a pass may run before it
+            seen.append(placed())
+            if seen[-1] == len(keys):
+                break
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[0] == PLACE_PER_TURN
+    assert seen[-1] == 3 * PLACE_PER_TURN
+    assert len(set(seen)) >= 3, seen           # we ran between passes: 500, 1,000, 1,500 seen

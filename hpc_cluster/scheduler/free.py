@@ -86,9 +86,14 @@ class FreeWorkers:
 
     # -- placement ---------------------------------------------------------------
     def pick(self, ts, expected: float | None, now: float, queue_root: bool = False, pools: dict | None = None,
-             allowed=None):
+             allowed=None, by_room=None):
         """pick_worker(ts, self, ...) without scoring every free worker; `allowed`, if given,
-        narrows the free workers first (the state's prefetch room for short tasks)."""
+        narrows the free workers first (the state's prefetch room for short tasks).
+
+        `by_room` is given when every free worker has room only for short tasks: a
+        (prefetch.DeepWorkers, cost in us) pair. Then a task no worker holds inputs of goes to
+        the one with the most room for it (the least work queued ahead of it), not to the first
+        in placement's order, which may be far from the first with room."""
         holders = {ws for dep in ts.dependencies for ws in dep.who_has
                    if ws in self._version and (allowed is None or allowed(ws))}
         if holders:
@@ -101,6 +106,9 @@ class FreeWorkers:
             return not (ws.draining or (ts.resources and not has_resources(ts, ws))
                         or not has_time(expected, ws, now) or (needs and not fits_worker(ts, ws, pools))
                         or (allowed is not None and not allowed(ws)))
+        if by_room is not None and not queue_root:
+            deep, cost_us = by_room
+            return deep.first(cost_us, fits)
         return self._first(self._roots if queue_root else self._all, fits)
 
     def _first(self, heap: list, fits):

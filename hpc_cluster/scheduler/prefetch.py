@@ -127,6 +127,27 @@ class DeepWorkers:
     def discard(self, ws) -> None:
         self._version.pop(ws, None)
 
+    def first(self, cost_us: int, fits):
+        """The worker with the most room among those with room for `cost_us` that `fits`
+        (the task's other filters), or None. Entries come in order of room, so the walk
+        ends at the first without room for the task: with every free worker deep, picking
+        by their placement order instead asked each one ahead of a worker with room, up to
+        all 500 per task (12% of the scheduler's samples at 500 workers)."""
+        heap, passed, found = self._heap, [], None
+        while heap:
+            entry = heapq.heappop(heap)
+            if self._version.get(entry[3]) != entry[1]:
+                continue                                  # stale: its room changed, or it left
+            passed.append(entry)
+            if -entry[0] < cost_us:
+                break
+            if fits(entry[3]):
+                found = entry[3]
+                break
+        for entry in passed:
+            heapq.heappush(heap, entry)
+        return found
+
     def most_room(self) -> int:
         """The most room, in microseconds of expected work, among them (negative: none)."""
         heap = self._heap

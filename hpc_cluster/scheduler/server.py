@@ -9,6 +9,7 @@ one connection (logged); the scheduler and every other peer carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -22,27 +23,16 @@ from .backlog import BacklogMixin
 from .checks import (Refused, _check_task, _count, _deadline, _fractions, _held, _keys,  # noqa: F401
                      _memory, _number, _restart_timeout)
 from .evidence import EvidenceCollector
-from .placement import worker_pool
 from .state import SchedulerState
 from .stream import TaskStream
+from .workers import heartbeat_interval, worker_table
 
 logger = logging.getLogger("hpc_cluster.scheduler")
 
-
-def heartbeat_interval(workers: int) -> float:
-    """The least interval between a worker's heartbeats with this many workers: dask's rule
-    (distributed's heartbeat_interval), so that the scheduler reads at most about 200
-    heartbeats a second however large the cluster: 0.5 s up to 10 workers, 1 s under 50, 2 s
-    under 200, then workers/200 + 1 s (3.5 s at 500). A worker beats at this or at its own
-    --heartbeat-interval, the longer."""
-    if workers <= 10:
-        return 0.5
-    if workers < 50:
-        return 1.0
-    if workers < 200:
-        return 2.0
-    return workers / 200 + 1.0
-
+# Tasks placed in one turn of the loop (state.place_limit). A 10,000-task submission to 500
+# workers placed at once held the loop for a second and more (BENCHMARKS.md, "Many workers");
+# 200 placements take 2-10 ms, then whatever else arrived is served before the next.
+PLACE_PER_TURN = 200
 
 
 class Scheduler(BacklogMixin):
@@ -61,6 +51,8 @@ class Scheduler(BacklogMixin):
         kwargs = dict(allowed_failures=allowed_failures, prefetch=prefetch, walltime_failures=walltime_failures)
         self.state = (SchedulerState(**kwargs) if recovered is None
                       else SchedulerState.rebuild(recovered, clock(), **kwargs))
+        self.state.place_limit = PLACE_PER_TURN
+        self._placing = False                              # a _place_more is due on the loop
         self.journal, self.recovery_window = journal, recovery_window
         self._journal_task: asyncio.Task | None = None
         self._recovery_task: asyncio.Task | None = None
@@ -157,6 +149,17 @@ class Scheduler(BacklogMixin):
             stream = self.streams.get(to)
             if stream is not None:
                 stream.extend(msgs)
+        if self.state.more_to_place and not self._placing:
+            with contextlib.suppress(RuntimeError):         # no loop (closing): the next event places
+                asyncio.get_running_loop().call_soon(self._place_more)
+                self._placing = True
+
+    def _place_more(self) -> None:
+        """Place what the last bounded pass left (PLACE_PER_TURN), one pass a turn: a client's
+        question that arrived meanwhile is answered between passes, not after all of them."""
+        self._placing = self.state.more_to_place = False
+        self.state._schedule()
+        self._flush()
 
     def _send_now(self, to: str, msg: dict) -> None:
         stream = self.streams.get(to)
@@ -361,8 +364,7 @@ class Scheduler(BacklogMixin):
         self._tell("joined", info)
         connection = "closed"
         try:
-            while True:
-                msgs = await comm.read()
+            async for msgs in comm.batches():
                 now = self.clock()
                 self.state.heartbeat(addr, now)
                 for msg in msgs:
@@ -464,8 +466,7 @@ class Scheduler(BacklogMixin):
         self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions(), "halted": self.halted,
                              "services": self.services})
         try:
-            while True:
-                msgs = await comm.read()
+            async for msgs in comm.batches():
                 for msg in msgs:
                     self._client_op(cid, msg)      # or held back (backlog.py)
                 self._flush()
@@ -477,7 +478,12 @@ class Scheduler(BacklogMixin):
             self._flush()
 
     def _reply(self, cid: str, msg: dict, result) -> None:
-        self._send_now(cid, {"op": "reply", "rid": msg.get("rid"), "result": result})
+        # Written now, not at the end of the loop's turn: behind 500 workers' writes that turn
+        # took a client's question to the next one (what was sent to it before stays ahead).
+        stream = self.streams.get(cid)
+        if stream is not None:
+            stream.send({"op": "reply", "rid": msg.get("rid"), "result": result})
+            stream.flush()
 
     def _client_message(self, cid: str, msg: dict) -> None:
         op, st = msg["op"], self.state
@@ -593,15 +599,4 @@ class Scheduler(BacklogMixin):
                                "missing": [by_nanny[n] for n in by_nanny if current.get(n) in (None, by_nanny[n])]})
 
     def worker_table(self) -> list[dict]:
-        return [{"address": ws.address, "name": ws.name, "id": ws.name, "nthreads": ws.nthreads,
-                 "memory_limit": ws.memory_limit, "resources": ws.resources,
-                 "processing": len(ws.processing), "executing": len(ws.executing),
-                 "stored": len(ws.has_what), "joined": ws.joined, "last_seen": ws.last_seen, **ws.info,
-                 "pool": worker_pool(ws),
-                 "reserved_memory": ws.used_memory,
-                 "status": "paused" if ws.paused else "running", "memory": dict(ws.memory),
-                 # dask's names for the same numbers (scheduler_info()["workers"][addr]["metrics"])
-                 "metrics": {"memory": ws.memory.get("rss", 0), "managed_bytes": ws.memory.get("managed", 0),
-                             "spilled_bytes": {"memory": ws.memory.get("spilled", 0),
-                                               "disk": ws.memory.get("spilled_disk", 0)}}}
-                for ws in self.state.workers.values()]
+        return worker_table(self.state)

@@ -65,6 +65,11 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         # score every worker (free.py; issue 19: 500 workers)
         self._free = FreeWorkers()
         self._deep = DeepWorkers(self.prefetch_seconds)   # those of them with room only for short tasks (prefetch.py)
+        # Tasks one placement pass may place (None: all it can). The server bounds it so that a
+        # 10,000-task submission to 500 workers does not hold its loop for a second; it places
+        # the rest on later turns while `more_to_place` says so.
+        self.place_limit: int | None = None
+        self.more_to_place = False
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
         self.pools: dict[str, dict] = {}             # set_pools (pools.py); none: placement as before pools
@@ -518,9 +523,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             self._check_placeable()
         if self.placement_held_until is not None:
             return                         # reattaching workers report what they hold first (reattach.py)
-        deferred = []
+        deferred, left = [], self.place_limit
         roots_open = True                  # False once root tasks wait for a thread, for this pass
         while self._free:
+            if left is not None and left <= 0:
+                self.more_to_place = True
+                break
             heap = self._next_ready(roots_open)
             if heap is None:
                 break
@@ -534,18 +542,19 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             expected = expected_duration(ts, self.durations)
             queue_root = self.queue_roots and is_queued_root(ts, expected)
             cost = queued_cost_us(expected, self.prefetch_seconds)
-            allowed = None
+            allowed = by_room = None
             if self._deep:
                 # Some free workers have room only for short tasks (prefetch.py): this task
                 # may go there only if it is short enough for them.
                 allowed = short_enough(self, cost, expected)
-                if len(self._deep) == len(self._free) and (expected is None or self._deep.most_room() < cost):
-                    # No base slot anywhere and this one is not short enough: it waits, and so
-                    # do the tasks after it (in priority order: popping all of a long queue at
-                    # every event would cost O(n) each time).
-                    deferred.append((heap, prio, key))
-                    break
-            ws = self._free.pick(ts, expected, self.now, queue_root, self.pools, allowed)
+                if len(self._deep) == len(self._free):
+                    if expected is None or self._deep.most_room() < cost:
+                        # No base slot anywhere and this one is not short enough: it and the
+                        # tasks after it wait (popping a long queue at every event is O(n)).
+                        deferred.append((heap, prio, key))
+                        break
+                    by_room = (self._deep, cost)
+            ws = self._free.pick(ts, expected, self.now, queue_root, self.pools, allowed, by_room)
             if ws is None and queue_root and not self._free.has_root_slot():
                 # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
                 # tasks with inputs may still take prefetch slots. No need to pop every root.
@@ -563,6 +572,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 deferred.append((heap, prio, key))          # its inputs' worker takes it when a slot frees
                 continue
             self._assign(ts, ws, cost)
+            if left is not None:
+                left -= 1
         for heap, prio, key in deferred:
             heapq.heappush(heap, (prio, key))
 
