@@ -14,7 +14,8 @@ Per system and scenario, on a fresh cluster (2 worker processes x 1 thread, nann
 
 reported: submit time (until map()/get() returns), run time (from then until all are done),
 the scheduler's peak RSS over its RSS before the submission, per task (sampled every 0.25 s,
-so a short peak may be missed), and what happened when a run does not end within --timeout
+so a short peak may be missed), its RSS at the first moment it holds every task (most still
+waiting), per task, and what happened when a run does not end within --timeout
 (the futures done by then; --dask-timeout for dask's, 480 s by default, --timeout for ours). Both schedulers run in a process of their own (dask's started
 with `dask scheduler`, its workers with `dask worker --nanny`), so their RSS is theirs alone.
 """
@@ -119,6 +120,7 @@ def run_scenario(system: str, scenario: str, n: int, workers: int, timeout: floa
             return out
         t1 = time.perf_counter()
         out["submit_s"] = round(t1 - t0, 1)
+        out.update(_all_known(system, client, pid, n, rss.base))
         done = _wait(futures, timeout, client)
         t2 = time.perf_counter()
         out["rss_base"], out["rss_peak"] = rss.stop()
@@ -138,6 +140,22 @@ def run_scenario(system: str, scenario: str, n: int, workers: int, timeout: floa
                               f"futures done, client {getattr(client, 'status', '?')}")
         del futures
     return out
+
+
+def _all_known(system: str, client, pid: int, n: int, base: int, timeout: float = 120) -> dict:
+    """The scheduler's RSS once it holds every submitted task (the first moment it does; the
+    parts may still be arriving when map() returns), per task, and how many were done by then:
+    the figure for issue 19's "bytes per waiting task" (the peak also holds every result's record)."""
+    def known() -> int:
+        if system == "ours":
+            return sum(client._lt.run(client._request({"op": "counts"}), 60).values())
+        return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    deadline = time.monotonic() + timeout
+    while (count := known()) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    rss = psutil.Process(pid).memory_info().rss
+    return {"rss_all_known": rss, "known_tasks": count,
+            "rss_all_known_per_task_bytes": round((rss - base) / max(count, 1))}
 
 
 def _wait(futures, timeout: float, client) -> int:

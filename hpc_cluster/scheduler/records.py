@@ -137,3 +137,11 @@ class WorkerState:
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} {len(self.processing)}/{self.nthreads}>"
+
+
+def dependency_error(failed: TaskState) -> dict:
+    """The error of a task whose input `failed` erred: the first failure's, passed down."""
+    err = failed.error or {"kind": "exception"}
+    if err.get("kind") == "dependency":
+        return err
+    return {"kind": "dependency", "origin": failed.key, "cause": err}

@@ -37,7 +37,7 @@ from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
 from .prefetch import PREFETCH_SECONDS, DeepWorkers, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
 from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
-from .records import EMPTY, own, TaskState, WorkerState  # noqa: F401  (re-exported: tests and mixins use them from here)
+from .records import EMPTY, TaskState, WorkerState, dependency_error, own  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -65,9 +65,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         # score every worker (free.py; issue 19: 500 workers)
         self._free = FreeWorkers()
         self._deep = DeepWorkers(self.prefetch_seconds)   # those of them with room only for short tasks (prefetch.py)
-        # Tasks one placement pass may place (None: all it can). The server bounds it so that a
-        # 10,000-task submission to 500 workers does not hold its loop for a second; it places
-        # the rest on later turns while `more_to_place` says so.
+        # Tasks one placement pass may place (None: all). The server bounds it, so that 10,000
+        # tasks for 500 workers do not hold its loop for a second, and places the rest later.
         self.place_limit: int | None = None
         self.more_to_place = False
         self.durations = TaskDurations()
@@ -385,7 +384,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             # so the error names the same input every time.
             failed = min((d for d in ts.dependencies if d.state == "erred"), key=lambda d: d.key, default=None)
             if failed is not None:
-                self._err(ts, _dependency_error(failed))
+                self._err(ts, dependency_error(failed))
                 continue
             for dep in ts.dependencies:
                 own(dep, "waiters").add(ts)
@@ -461,7 +460,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             for dep in ts.dependencies:
                 dep.waiters.discard(ts)
             self._tell_clients(ts, {"op": "task-erred", "key": ts.key, "error": err})
-            child_err = _dependency_error(ts)
+            child_err = dependency_error(ts)
             for dts in ts.dependents:
                 if dts.state in ACTIVE:
                     stack.append((dts, child_err))
@@ -601,10 +600,3 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         for ts in self.tasks.values():
             out[ts.state] = out.get(ts.state, 0) + 1
         return out
-
-
-def _dependency_error(failed: TaskState) -> dict:
-    err = failed.error or {"kind": "exception"}
-    if err.get("kind") == "dependency":
-        return err
-    return {"kind": "dependency", "origin": failed.key, "cause": err}
