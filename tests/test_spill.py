@@ -339,6 +339,15 @@ def fill(i: int, nbytes: int) -> bytes:
     return os.urandom(8) * (nbytes // 8)
 
 
+def fill_and_hold(i: int, nbytes: int) -> bytes:
+    # Holds its result a moment before returning: the budget is crossed while it runs, and
+    # the nanny (10 Hz) sees it then. An instant task left the crossing to be seen between
+    # tasks under load (CI: "stopped the worker while idle"), with nothing executing.
+    data = os.urandom(8) * (nbytes // 8)
+    time.sleep(0.3)
+    return data
+
+
 def grow(nbytes: int) -> int:
     held, step = [], 8 * MiB
     while len(held) * step < nbytes:
@@ -353,7 +362,7 @@ def test_a_memory_death_from_held_results_is_not_charged_to_the_running_task():
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="300MB", allowed_failures=0,
                       memory_target_fraction=False, memory_spill_fraction=False,
                       memory_pause_fraction=False) as cluster, Client(cluster) as client:
-        futures = client.map(fill, range(20), nbytes=30 * MB)
+        futures = client.map(fill_and_hold, range(20), nbytes=30 * MB)
         death = wait_until(lambda: next((d for d in client.deaths() if d.get("final_at")), None), 60,
                            "the nanny to stop the worker")
         assert death["cause"] == "memory-nanny" and death["blame"] is False, death
