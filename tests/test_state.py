@@ -17,7 +17,19 @@ def task(key, deps=(), priority=0, retries=0, resources=None):
 
 
 def computes(out, worker):
-    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute"]
+    """The tasks placed on `worker` (not those sent ahead: they wait there for an input)."""
+    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute" and "after" not in m]
+
+
+def aheads(out, worker):
+    """The tasks sent ahead to `worker`, held there until their input finishes (ahead.py)."""
+    return [(m["key"], m["after"]) for m in out.get(worker, []) if m["op"] == "compute" and "after" in m]
+
+
+def promoted(s, key, worker):
+    """`key` now runs on `worker` because its input finished there: no message needed."""
+    ts = s.tasks[key]
+    return ts.state == "processing" and ts.processing_on.address == worker and ts.ahead_on is None
 
 
 def ops(out, to, op):
@@ -47,10 +59,17 @@ def test_root_tasks_wait_for_a_slot_and_their_dependents_are_prefetched():
     s.update_graph("c", [task(f"r{i}") for i in range(6)] + [task("d0", deps=["r0"])],
                    [f"r{i}" for i in range(6)] + ["d0"])
     one = math.ceil(ROOT_SATURATION)
-    assert computes(s.take_outbox(), "w1") == [f"r{i}" for i in range(one)]
+    out = s.take_outbox()
+    assert computes(out, "w1") == [f"r{i}" for i in range(one)]
+    assert aheads(out, "w1") == [("d0", "r0")]                        # the dependent waits there for r0
     s.task_started("w1", "r0", now=0)
     s.task_finished("w1", "r0", nbytes=8, duration=0.5)
-    assert computes(s.take_outbox(), "w1") == [f"r{one}", "d0"]       # the freed root slot, the dependent prefetched
+    # The dependent, held there, runs first: no root slot until it is done (results are
+    # not made faster than their dependents use them)
+    assert computes(s.take_outbox(), "w1") == [] and promoted(s, "d0", "w1")
+    s.task_started("w1", "d0", now=0)
+    s.task_finished("w1", "d0", nbytes=8, duration=0.5)
+    assert computes(s.take_outbox(), "w1") == [f"r{one}"]              # the freed root slot
     s.task_started("w1", "r1", now=0)
     assert computes(s.take_outbox(), "w1") == []
     s.add_worker("w4", nthreads=4, now=0)
@@ -146,10 +165,11 @@ def test_dependencies_and_release_of_intermediates():
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0)
     s.update_graph("c", [task("a"), task("b", deps=["a"])], ["b"])
-    assert computes(s.take_outbox(), "w") == ["a"]
+    out = s.take_outbox()
+    assert computes(out, "w") == ["a"] and aheads(out, "w") == [("b", "a")]
     s.task_finished("w", "a", 1)
     out = s.take_outbox()
-    assert computes(out, "w") == ["b"]
+    assert computes(out, "w") == [] and promoted(s, "b", "w")
     assert not ops(out, "c", "key-in-memory")                   # nobody wants 'a'
     s.task_finished("w", "b", 1)
     out = s.take_outbox()
@@ -199,7 +219,7 @@ def test_worker_death_charges_only_executing_tasks():
     assert [m["key"] for m in killed] == ["run"]
     assert killed[0]["error"]["kind"] == "killed-worker"
     assert killed[0]["error"]["attempts"][0]["cause"] == "crash"
-    assert s.tasks["queued1"].state == "queued" and s.tasks["queued1"].attempts == []
+    assert s.tasks["queued1"].state == "queued" and not s.tasks["queued1"].attempts
 
 
 def test_innocent_deaths_are_not_charged_and_verdict_can_be_refined():
@@ -235,9 +255,10 @@ def test_lost_result_is_recomputed_from_lineage():
     s.remove_worker("w1", now=2, death={"cause": "connection-lost", "blame": False})
     out = s.take_outbox()
     assert computes(out, "w2") == ["a"]                         # recompute the input first
+    assert aheads(out, "w2") == [("b", "a")]
     assert ops(out, "c", "key-recomputing")[0]["key"] == "b"
     s.task_finished("w2", "a", 1)
-    assert computes(s.take_outbox(), "w2") == ["b"]
+    assert computes(s.take_outbox(), "w2") == [] and promoted(s, "b", "w2")
     s.task_finished("w2", "b", 1)
     assert ops(s.take_outbox(), "c", "key-in-memory")[0]["key"] == "b"
 
@@ -283,7 +304,7 @@ def test_missing_input_reported_by_worker_is_refetched_or_recomputed():
     s.take_outbox()
     s.missing_data(other, "b", "a", [other])                   # its own copy vanished
     out = s.take_outbox()
-    assert computes(out, other) == ["a"]
+    assert computes(out, other) == ["a"] and aheads(out, other) == [("b", "a")]
 
 
 def test_cancel_marks_task_and_dependents():
@@ -589,9 +610,17 @@ def test_a_waiting_task_costs_the_scheduler_under_1_kb():
     finally:
         tracemalloc.stop()
     assert {ts.state for ts in st.tasks.values()} == {"queued"} and len(st.tasks) == n
-    assert per_task < 1000, f"{per_task:.0f} bytes per waiting task"
-    # The shared empty value stays empty: the state gave each task a set of its own to fill.
+    # 889 bytes with a set of wanting clients and an attempts list per task; 623 without
+    assert per_task < 750, f"{per_task:.0f} bytes per waiting task"
+    # The shared empty value stays empty. The tasks one client wants share one frozenset of
+    # wanting clients (a 216-byte set each before), and a release changes only its task's.
     from hpc_cluster.scheduler.records import EMPTY
     assert len(EMPTY) == 0 and all(ts.who_wants == {"c"} for ts in st.tasks.values())
+    assert len({id(ts.who_wants) for ts in st.tasks.values()}) == 1
+    st.add_client("d")
+    st.update_graph("d", [], ["noop-" + "0" * 32])
+    st.client_releases("c", ["noop-" + "0" * 32, "noop-" + "0" * 31 + "1"])
+    assert st.tasks["noop-" + "0" * 32].who_wants == {"d"} and "noop-" + "0" * 31 + "1" not in st.tasks
+    assert all(st.tasks[f"noop-{i:032x}"].who_wants == {"c"} for i in range(2, n))
     with pytest.raises(TypeError, match="of its own"):
         EMPTY.add(1)

@@ -52,6 +52,8 @@ def check(s: SchedulerState) -> None:
             assert not ts.executing or ts.queued_us == 0, ts          # started: no longer queued work
         else:
             assert ts.processing_on is None and not ts.executing and ts.queued_us == 0, ts
+        # held ahead on a worker (scheduler/ahead.py) only while it waits for its input
+        assert ts.ahead_on is None or ts.state == "waiting", (ts, ts.ahead_on)
         if ts.state == "waiting":
             assert ts.waiting_on and ts.waiting_on <= ts.dependencies, (ts, ts.waiting_on)
             assert all(d.state not in ("memory", "erred") for d in ts.waiting_on), (ts, ts.waiting_on)
@@ -95,6 +97,7 @@ class Run:
         self.now = 0.0
         self.n = 0
         self.in_flight: list = []          # worker reports not delivered yet: (method, args)
+        self.held: dict = {}               # (worker, input): keys sent ahead, held there until it finishes
         self.delivered: list = []          # for duplicates
 
     def draw(self, strategy):
@@ -184,24 +187,38 @@ class Run:
             self.s.scatter(cid, {f"d{self.n}": [self.pick(self.s.workers)]}, {f"d{self.n}": 8})
 
     def worker_reports(self):
-        """A worker acts on what it was sent: the reports go in flight, delivered later."""
+        """A worker acts on what it was sent: the reports go in flight, delivered later. A
+        task sent ahead is held until its input finishes on that worker, then run like one
+        just sent (worker.py); free-keys drops it."""
         for addr, msgs in sorted(self.s.take_outbox().items()):
             for msg in msgs:
+                if msg["op"] == "free-keys":
+                    for where, held in self.held.items():
+                        if where[0] == addr:
+                            held[:] = [m for m in held if m["key"] not in msg["keys"]]
                 if msg["op"] == "compute" and addr in self.s.workers:
-                    k = msg["key"]
-                    self.in_flight.append(("task_started", (addr, k, self.now)))
-                    outcome = self.draw(st.sampled_from(["finished", "finished", "erred", "missing", "none"]))
-                    if outcome == "finished":
-                        self.in_flight.append(("task_finished", (addr, k, 10, self.duration)))
-                    elif outcome == "erred":
-                        self.in_flight.append(("task_erred", (addr, k, {"text": "boom"})))
-                    elif outcome == "missing" and msg["deps"]:
-                        dep = sorted(msg["deps"])[0]
-                        self.in_flight.append(("missing_data", (addr, k, dep, msg["deps"][dep])))
+                    if "after" in msg:
+                        self.held.setdefault((addr, msg["after"]), []).append(msg)
+                    else:
+                        self.run_task(addr, msg)
             # The order of free-keys follows set iteration (memory addresses): sorted, so that
             # the same draws make the same run (hypothesis requires it).
             freed = sorted(k for msg in msgs if msg["op"] == "free-keys" for k in msg["keys"])
             self.in_flight.extend(("abandoned_done", (addr, k)) for k in freed)
+
+    def run_task(self, addr, msg):
+        k = msg["key"]
+        self.in_flight.append(("task_started", (addr, k, self.now)))
+        outcome = self.draw(st.sampled_from(["finished", "finished", "erred", "missing", "none"]))
+        if outcome == "finished":
+            self.in_flight.append(("task_finished", (addr, k, 10, self.duration)))
+            for held in self.held.pop((addr, k), []):
+                self.run_task(addr, held)
+        elif outcome == "erred":
+            self.in_flight.append(("task_erred", (addr, k, {"text": "boom"})))
+        elif outcome == "missing" and msg["deps"]:
+            dep = sorted(msg["deps"])[0]
+            self.in_flight.append(("missing_data", (addr, k, dep, msg["deps"][dep])))
 
     def deliver(self):
         """One report, in any order (reordered), sometimes one delivered before (duplicate)."""

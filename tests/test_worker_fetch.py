@@ -11,32 +11,17 @@ import pytest
 
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.worker import fetch as fetch_module
-from hpc_cluster.worker.logs import LogBuffer
 from hpc_cluster.worker.fetch import FETCH_AHEAD_BYTES, FETCH_REQUEST_BYTES, request_batches
-from hpc_cluster.worker.worker import Worker
+from bare_worker import bare_worker
 
 LARGE = FETCH_AHEAD_BYTES // 2 + 1          # two of them ahead are over the limit
 SMALL = 1_000
 
 
-class Outbox:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, msg):
-        self.sent.append(msg)
-
-    def flush(self):
-        pass
-
-
 @pytest.fixture
 def worker(monkeypatch):
     """A 1-thread worker whose fetches and task starts are recorded, not done."""
-    monkeypatch.setattr(LogBuffer, "install", classmethod(lambda cls: None))
-    w = Worker("tcp://127.0.0.1:1", b"s" * 32, nthreads=1)
-    w.address = "tcp://127.0.0.1:2"
-    w.scheduler = Outbox()
+    w = bare_worker(monkeypatch)
     w.fetched_for = []
     monkeypatch.setattr(w, "_fetch_for", lambda ts: w.fetched_for.append(ts.key))
     monkeypatch.setattr(w.executor, "submit", lambda *a: None)
@@ -153,8 +138,7 @@ def test_large_inputs_from_one_holder_are_asked_for_one_request_at_a_time(monkey
     # next sent only when the last reply was taken in.
     import asyncio
 
-    monkeypatch.setattr(LogBuffer, "install", classmethod(lambda cls: None))
-    w = Worker("tcp://127.0.0.1:1", b"s" * 32, nthreads=1)
+    w = bare_worker(monkeypatch)
     piece = 15_000_000
     keys = [f"p{i}" for i in range(5)]
     asked, open_requests = [], []

@@ -4,7 +4,7 @@ clearing, who holds what. Mixed into SchedulerState (state.py), pure like it.
 
 from __future__ import annotations
 
-from .records import own, TaskState
+from .records import own, TaskState, with_item, without_item
 
 
 class ClientsMixin:
@@ -73,7 +73,7 @@ class ClientsMixin:
 
     def _want(self, cid: str, ts: TaskState) -> None:
         """The client holds a future to `ts`: tell it at once if the result or the error is there."""
-        own(ts, "who_wants").add(cid)
+        ts.who_wants = with_item(ts.who_wants, cid)
         self._touch(ts)
         if ts.state == "memory":
             self._send(cid, {"op": "key-in-memory", "key": ts.key, "nbytes": ts.nbytes})
@@ -133,7 +133,7 @@ class ClientsMixin:
         for key in keys:
             ts = self.tasks.get(key)
             if ts is not None and cid in ts.who_wants:
-                ts.who_wants.discard(cid)
+                ts.who_wants = without_item(ts.who_wants, cid)
                 touched.append(ts)
                 self._touch(ts)
         for ts in touched:
@@ -153,7 +153,7 @@ class ClientsMixin:
         for key, addrs in who_has.items():
             holders = [self.workers[a] for a in addrs if a in self.workers]
             ts = self.tasks.get(key) or self.tasks.setdefault(key, TaskState(key))
-            own(ts, "who_wants").add(cid)
+            ts.who_wants = with_item(ts.who_wants, cid)
             ts.nbytes = int(nbytes.get(key, 0))
             self._touch(ts)
             if not holders:

@@ -18,7 +18,7 @@ hold before anything is computed again.
 
 from __future__ import annotations
 
-from .records import own, TaskState
+from .records import own, shared, TaskState
 
 
 class ReattachMixin:
@@ -146,7 +146,7 @@ class ReattachMixin:
         for ts in new:
             if ts.error is not None:
                 continue
-            ts.who_wants |= self.awaited.pop(ts.key, (set(), 0.0))[0] & self.clients   # resubmitted after all
+            ts.who_wants = shared(ts.who_wants | (self.awaited.pop(ts.key, (set(), 0.0))[0] & self.clients))   # resubmitted after all
             if ts.key in self.unclaimed:
                 holders = [(self.workers[a], n) for a, (n, _) in self.unclaimed.pop(ts.key).items()
                            if a in self.workers]
@@ -188,7 +188,7 @@ class ReattachMixin:
         if not holders:
             return None
         ts = self.tasks[key] = TaskState(key, state="memory", nbytes=holders[0][1])
-        ts.who_wants |= cids
+        ts.who_wants = shared(ts.who_wants | cids)
         self._touch(ts)
         for ws, _ in holders:
             own(ts, "who_has").add(ws)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from ..protocol.frames import Opaque
-from .records import own, TaskState
+from .records import own, shared, TaskState
 
 def opaque_in(value) -> Opaque | None:
     """A payload as journal.py stores it ([data, [buffers]]), as the state holds it."""
@@ -121,7 +121,7 @@ def rebuild_into(st, recovered, now: float):
             _, _, code, detail, wanted, nbytes, retries, attempts, pool, memory, escalated, escalation, replicas = status
             ts.nbytes, ts.retries, ts.pool, ts.memory = nbytes, retries, pool, memory
             ts.escalated, ts.escalation, ts.replicas = escalated, escalation, replicas
-            ts.who_wants = set(wanted)
+            ts.who_wants = shared(wanted)
             st.clients.update(wanted)
             ts.attempts = [{"death": by_id[a[0]], "ran_for": a[1], "pool": a[2], "moved": a[3],
                             "considered": a[4], "escalation": a[5], "needed": a[6]}

@@ -157,8 +157,8 @@ class Scheduler(BacklogMixin):
     def _place_more(self) -> None:
         """Place what the last bounded pass left (PLACE_PER_TURN), one pass a turn: a client's
         question that arrived meanwhile is answered between passes, not after all of them."""
-        self._placing = self.state.more_to_place = False
-        self.state._schedule()
+        self._placing = False
+        self.state.place()
         self._flush()
 
     def _send_now(self, to: str, msg: dict) -> None:

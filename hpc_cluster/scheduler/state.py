@@ -26,24 +26,26 @@ from __future__ import annotations
 import heapq
 import itertools
 
+from .ahead import AheadMixin
 from .blame import BlameMixin
 from .clients import ClientsMixin
 from .drain import DrainMixin
 from .free import FreeWorkers
+from .placing import PlacingMixin
 from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
-from .prefetch import PREFETCH_SECONDS, DeepWorkers, has_base_slot, has_deep_room, not_queued, queued_cost_us, short_enough
-from .placement import TaskDurations, expected_duration, is_queued_root, wait_for_holder, worker_pool
+from .prefetch import PREFETCH_SECONDS, DeepWorkers, not_queued
+from .placement import TaskDurations, worker_pool
 from .records import EMPTY, TaskState, WorkerState, dependency_error, own  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
 
 class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
-                     RecoveryMixin, TimelineMixin):
+                     RecoveryMixin, TimelineMixin, AheadMixin, PlacingMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True, prefetch_seconds: float = PREFETCH_SECONDS):
         self.tasks: dict[str, TaskState] = {}
@@ -104,20 +106,6 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
     def _tell_clients(self, ts: TaskState, msg: dict) -> None:
         for cid in ts.who_wants:
             self._send(cid, msg)
-
-    def _update_free(self, ws: WorkerState) -> None:
-        # A task that seceded (waits on its own subtasks in worker_client) frees its slot (prefetch.base_slots).
-        if ws.address in self.workers and not ws.draining and not ws.paused:
-            if has_base_slot(ws, self.prefetch):
-                self._free.add(ws)
-                self._deep.discard(ws)
-                return
-            if has_deep_room(ws, self.prefetch, self.prefetch_seconds):
-                self._free.add(ws)
-                self._deep.add(ws)
-                return
-        self._free.discard(ws)
-        self._deep.discard(ws)
 
     # -- workers ---------------------------------------------------------------
     def add_worker(self, address: str, nthreads: int, now: float, memory_limit: int = 0,
@@ -187,9 +175,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if ts.executing:
                 # The record is shared: a later verdict updates it in place.
                 ran = now - ts.started_at if ts.started_at is not None else None
-                ts.attempts.append({"death": record, "ran_for": ran, "pool": record["pool"]})
+                ts.attempts = [*ts.attempts, {"death": record, "ran_for": ran, "pool": record["pool"]}]
                 self._touch(ts)
             ts.processing_on, ts.queued_us = None, 0
+            for dts in ts.dependents:
+                if dts.ahead_on is ws:
+                    dts.ahead_on = None          # it held them ahead (ahead.py); nothing to tell it now
         executing = set(ws.executing)
         ws.processing.clear()
         ws.executing.clear()
@@ -309,6 +300,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if freed:
                 self._schedule()
             return
+        if ts.ahead_on is ws:
+            ts.ahead_on = None           # held there ahead and run there (ahead.py): not to be freed
+        self._clear_ahead(ts)
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
         ts.waiting_on = EMPTY        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
@@ -316,7 +310,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         for dts in ts.dependents:
             if dts.state == "waiting" and ts in dts.waiting_on:
                 dts.waiting_on.discard(ts)
-                if not dts.waiting_on:
+                if not dts.waiting_on and not (dts.ahead_on is not None and self._promote(dts, ws)):
                     self._queue(dts)
         self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         for dep in list(ts.dependencies):
@@ -395,17 +389,17 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     stack.append(dep)
             if not ts.waiting_on:
                 self._queue(ts)
+            elif len(ts.waiting_on) == 1:
+                dep = next(iter(ts.waiting_on))
+                if dep.state == "processing":
+                    self._send_ahead(ts, dep)        # a chain's next link (ahead.py)
 
     def _queue(self, ts: TaskState) -> None:
+        self._clear_ahead(ts)
         ts.state = "queued"
         if self.pools:
             self._unchecked.append(ts)               # one no pool can hold fails at once (_schedule)
         heapq.heappush(self._roots if not ts.dependencies else self._ready, (ts.priority, ts.key))
-
-    def _next_ready(self, roots_open: bool) -> list | None:
-        """The heap whose first task comes first (the roots' only while they may go)."""
-        heaps = [h for h in (self._ready, self._roots if roots_open else None) if h]
-        return min(heaps, key=lambda h: h[0]) if heaps else None
 
     def _unassign(self, ts: TaskState) -> None:
         ws = ts.processing_on
@@ -454,6 +448,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 continue
             if ts.state == "processing":
                 self._abandon(ts)
+            self._clear_ahead(ts)
             ts.state, ts.error = "erred", err
             self._touch(ts)
             ts.waiting_on = EMPTY
@@ -510,89 +505,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             elif ts.state in ACTIVE:
                 if ts.state == "processing":
                     self._abandon(ts)
+                self._clear_ahead(ts)
                 ts.state = "released"
                 ts.waiting_on = EMPTY
                 for dep in ts.dependencies:
                     dep.waiters.discard(ts)
                     stack.append(("release", dep))
-
-    # -- placement ---------------------------------------------------------------
-    def _schedule(self) -> None:
-        if self._unchecked:
-            self._check_placeable()
-        if self.placement_held_until is not None:
-            return                         # reattaching workers report what they hold first (reattach.py)
-        deferred, left = [], self.place_limit
-        roots_open = True                  # False once root tasks wait for a thread, for this pass
-        while self._free:
-            if left is not None and left <= 0:
-                self.more_to_place = True
-                break
-            heap = self._next_ready(roots_open)
-            if heap is None:
-                break
-            prio, key = heapq.heappop(heap)
-            ts = self.tasks.get(key)
-            if ts is None or ts.state != "queued" or ts.priority != prio:
-                continue
-            if self._awaiting_verdict(ts):
-                deferred.append((heap, prio, key))          # refine_death schedules it again
-                continue
-            expected = expected_duration(ts, self.durations)
-            queue_root = self.queue_roots and is_queued_root(ts, expected)
-            cost = queued_cost_us(expected, self.prefetch_seconds)
-            allowed = by_room = None
-            if self._deep:
-                # Some free workers have room only for short tasks (prefetch.py): this task
-                # may go there only if it is short enough for them.
-                allowed = short_enough(self, cost, expected)
-                if len(self._deep) == len(self._free):
-                    if expected is None or self._deep.most_room() < cost:
-                        # No base slot anywhere and this one is not short enough: it and the
-                        # tasks after it wait (popping a long queue at every event is O(n)).
-                        deferred.append((heap, prio, key))
-                        break
-                    by_room = (self._deep, cost)
-            ws = self._free.pick(ts, expected, self.now, queue_root, self.pools, allowed, by_room)
-            if ws is None and queue_root and not self._free.has_root_slot():
-                # Every free worker's threads are taken: root tasks wait (placement.SHORT_ROOT);
-                # tasks with inputs may still take prefetch slots. No need to pop every root.
-                deferred.append((heap, prio, key))
-                roots_open = False
-                continue
-            if ws is None:
-                error = self._unplaceable(ts, expected)
-                if error is not None:
-                    self._err(ts, error)
-                else:
-                    deferred.append((heap, prio, key))      # waits for a worker with time (or a slot) for it
-                continue
-            if wait_for_holder(ts, ws, self.durations, self.now, self.pools):
-                deferred.append((heap, prio, key))          # its inputs' worker takes it when a slot frees
-                continue
-            self._assign(ts, ws, cost)
-            if left is not None:
-                left -= 1
-        for heap, prio, key in deferred:
-            heapq.heappush(heap, (prio, key))
-
-    def _assign(self, ts: TaskState, ws: WorkerState, cost_us: int) -> None:
-        ts.state, ts.processing_on, ts.queued_us = "processing", ws, cost_us
-        ws.processing.add(ts)
-        ws.queued_us += cost_us
-        for r, n in (ts.resources or {}).items():
-            ws.used_resources[r] = ws.used_resources.get(r, 0) + n
-        ws.used_memory += ts.memory
-        self._update_free(ws)
-        deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
-        msg = {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
-               "priority": list(ts.priority)}
-        # The sizes of the inputs it must fetch: it fetches large ones only for a task a thread
-        # is free for, not ahead (worker.py, FETCH_AHEAD_BYTES).
-        sizes = {dep.key: dep.nbytes for dep in ts.dependencies if dep.nbytes and ws not in dep.who_has}
-        if sizes:
-            msg["sizes"] = sizes
-        self._send(ws.address, msg)
 
     # -- inspection --------------------------------------------------------------
     def counts(self) -> dict[str, int]:

@@ -81,6 +81,10 @@ class Worker(FetchMixin):
         self.ready: list = []
         self.waiting: list = []                  # heap of (priority, key): fetches not started yet
         self.executing: set[str] = set()
+        # Computes the scheduler sent ahead (scheduler/ahead.py): held, by key, until the input
+        # named by "after" finishes here; the keys held on each such input, in arrival order.
+        self.held_ahead: dict[str, dict] = {}
+        self.ahead_of: dict[str, list[str]] = {}
         self.seceded: set[str] = set()           # running, but gave up their slot (worker_client)
         self._rejoining: collections.deque = collections.deque()   # (key, event): waiting for a slot
         self.functions = serialize.FunctionCache()
@@ -243,6 +247,8 @@ class Worker(FetchMixin):
                         self._hand_back(msg["keys"])
                     elif op == "free-all":
                         self._free(list(self.tasks) + list(self.data))
+                        self.held_ahead.clear()
+                        self.ahead_of.clear()
                     elif op == "close":
                         reason = msg.get("reason", "asked by the scheduler")
                         if self._lifetime_ended(reason):
@@ -279,6 +285,14 @@ class Worker(FetchMixin):
         if key in self.nbytes:                   # we already hold it: say so again
             self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})
             return
+        after = msg.get("after")
+        if after is not None and after not in self.nbytes:
+            # Held until `after` finishes here; only the scheduler's free-keys drops it: it
+            # counts on this worker starting it then (scheduler/ahead.py).
+            if key not in self.held_ahead:
+                self.ahead_of.setdefault(after, []).append(key)
+            self.held_ahead[key] = msg
+            return
         ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()),
                    msg.get("sizes"))
         self.tasks[key] = ts
@@ -300,6 +314,11 @@ class Worker(FetchMixin):
 
     def _free(self, keys) -> None:
         for key in keys:
+            if self.held_ahead.pop(key, None) is not None:
+                continue
+            held = self.ahead_of.get(key)
+            if held is not None and not any(k in self.held_ahead for k in held):
+                del self.ahead_of[key]           # an input given up on, with nothing held for it
             ts = self.tasks.get(key)
             if ts is not None and ts.state != "executing":
                 self._forget_task(ts)
@@ -439,6 +458,10 @@ class Worker(FetchMixin):
                 self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2], spill=False)
                 self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
                                      "duration": duration})
+                for key in self.ahead_of.pop(ts.key, ()):
+                    held = self.held_ahead.pop(key, None)
+                    if held is not None:
+                        self._add_task(held)     # as if it arrived now: started below, no round trip
             else:
                 exc, text = outcome[1], outcome[2]
                 self.scheduler.send({"op": "task-erred", "key": ts.key, "duration": duration,
