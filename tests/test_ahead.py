@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_cluster.protocol.frames import Opaque
+from hpc_cluster.scheduler.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
 
 from bare_worker import bare_worker
@@ -25,33 +26,41 @@ def sent(out, worker, op="compute"):
     return [m for m in out.get(worker, []) if m["op"] == op]
 
 
-def chain_on_one_worker(**worker):
+def chain_on_one_worker(length=3, **worker):
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0, **worker)
-    s.update_graph("c", [task("a"), task("b", deps=["a"]), task("c", deps=["b"])], ["c"])
+    keys = ["a", "b", "c"] if length == 3 else [f"t{i}" for i in range(length)]
+    s.update_graph("c", [task(keys[0])] + [task(k, deps=[p]) for p, k in zip(keys, keys[1:])], keys[-1:])
     return s
 
 
+def links(out, worker):
+    return [(m["key"], m.get("after")) for m in sent(out, worker)]
+
+
 # -- the scheduler --------------------------------------------------------------------
-def test_the_next_link_is_sent_ahead_and_runs_where_its_input_finished_without_a_message():
-    s = chain_on_one_worker()
-    out = s.take_outbox()
-    assert [(m["key"], m.get("after")) for m in sent(out, "w")] == [("a", None), ("b", "a")]
-    assert s.tasks["b"].state == "waiting" and s.tasks["b"].ahead_on is s.workers["w"]
-    assert s.tasks["c"].ahead_on is None                 # its input is not running yet
-    s.task_started("w", "a", now=1)
-    s.task_finished("w", "a", nbytes=8)
-    out = s.take_outbox()
-    # b runs on w now, unasked; c is sent ahead behind it
-    b = s.tasks["b"]
-    assert b.state == "processing" and b.processing_on is s.workers["w"] and b.ahead_on is None
-    assert [(m["key"], m.get("after")) for m in sent(out, "w")] == [("c", "b")]
-    s.task_started("w", "b", now=2)                      # the worker's own start is taken as any other
-    assert b.executing
-    s.task_finished("w", "b", nbytes=8)
-    s.task_started("w", "c", now=3)
-    s.task_finished("w", "c", nbytes=8)
-    assert s.tasks["c"].state == "memory"
+def test_the_next_links_are_sent_ahead_and_run_where_their_input_finished_without_a_message():
+    n = AHEAD_DEPTH + 3
+    s = chain_on_one_worker(n)
+    t = [f"t{i}" for i in range(n)]
+    # t0 placed; the next AHEAD_DEPTH links held on w behind it, each after the one before
+    assert links(s.take_outbox(), "w") == [("t0", None)] + [(t[i], t[i - 1]) for i in range(1, AHEAD_DEPTH + 1)]
+    assert all(s.tasks[k].state == "waiting" and s.tasks[k].ahead_on is s.workers["w"] for k in t[1:AHEAD_DEPTH + 1])
+    assert s.tasks[t[AHEAD_DEPTH + 1]].ahead_on is None
+    s.task_started("w", "t0", now=1)
+    s.task_finished("w", "t0", nbytes=8)
+    # t1 runs on w now, unasked; the window moves on by one link
+    t1 = s.tasks["t1"]
+    assert t1.state == "processing" and t1.processing_on is s.workers["w"] and t1.ahead_on is None
+    assert links(s.take_outbox(), "w") == [(t[AHEAD_DEPTH + 1], t[AHEAD_DEPTH])]
+    s.task_started("w", "t1", now=2)                     # the worker's own start is taken as any other
+    assert t1.executing
+    for i in range(1, n):
+        s.task_started("w", t[i], now=2 + i)
+        s.task_finished("w", t[i], nbytes=8)
+    # every link after t0 ran held ahead: none was ever placed with a compute of its own
+    assert all(after is not None for _, after in links(s.take_outbox(), "w"))
+    assert s.tasks[t[-1]].state == "memory"
 
 
 @pytest.mark.parametrize("stop", ["draining", "paused"])
@@ -120,8 +129,8 @@ def test_a_dead_worker_forgets_what_it_held_and_charges_only_its_running_task():
     assert death["executing"] == ["a"]
     assert not s.tasks["b"].attempts
     out = s.take_outbox()
-    # a goes to v, and b ahead behind it there
-    assert [(m["key"], m.get("after")) for m in sent(out, "v")] == [("a", None), ("b", "a")]
+    # a goes to v, and the chain ahead behind it there
+    assert links(out, "v") == [("a", None), ("b", "a"), ("c", "b")]
 
 
 # -- the worker -----------------------------------------------------------------------

@@ -32,25 +32,48 @@ from .placement import expected_duration, fits_worker, has_time
 from .prefetch import queued_cost_us
 
 
+# Links of a chain held ahead on one worker. One is enough while the scheduler answers a
+# finished link before the worker ends the next; a few more keep the worker going when the
+# scheduler falls behind (no-op tasks: the worker is then faster than the scheduler).
+AHEAD_DEPTH = 4
+
+
 class AheadMixin:
     """Part of SchedulerState (state.py)."""
 
-    def _send_ahead(self, ts, dep) -> None:
-        """`ts` waits only on `dep`, which was just placed (or is processing): hold it there."""
-        ws = dep.processing_on
-        if (ws is None or ts.state != "waiting" or ts.waiting_on != {dep} or len(dep.dependents) != 1
-                or ts.attempts or ts.resources or ts.memory or not fits_worker(ts, ws, self.pools or None)):
-            return
-        if ts.ahead_on is ws:
-            return                          # held there already (the input came back to it)
-        for other in ts.dependencies:
-            if other is not dep and ws not in other.who_has:
-                return                      # it would fetch: placement decides where, as usual
-        self._clear_ahead(ts)
-        ts.ahead_on = ws
-        deps = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
-        self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
-                                "deps": deps, "priority": list(ts.priority), "after": dep.key})
+    def _send_ahead(self, ts, dep, depth: int | None = None) -> None:
+        """`ts` waits only on `dep`, which was just placed or sent ahead (or is processing, or
+        held): hold it where `dep` will run, and the links after it, up to AHEAD_DEPTH."""
+        while True:
+            ws = dep.processing_on or dep.ahead_on
+            if depth is None:
+                depth = self._depth_of(dep) + 1
+            if (ws is None or depth > AHEAD_DEPTH or ts.state != "waiting" or ts.waiting_on != {dep}
+                    or len(dep.dependents) != 1 or ts.attempts or ts.resources or ts.memory
+                    or not fits_worker(ts, ws, self.pools or None)):
+                return
+            if ts.ahead_on is not ws:       # (held there already: the input came back to it)
+                for other in ts.dependencies:
+                    if other is not dep and ws not in other.who_has:
+                        return              # it would fetch: placement decides where, as usual
+                self._clear_ahead(ts)
+                ts.ahead_on = ws
+                deps = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
+                self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
+                                        "deps": deps, "priority": list(ts.priority), "after": dep.key})
+            if len(ts.dependents) != 1:
+                return
+            dep, depth = ts, depth + 1
+            ts = next(iter(ts.dependents))
+
+    @staticmethod
+    def _depth_of(ts) -> int:
+        """0 for a task processing; for one held ahead, how many held links lead to it."""
+        depth = 0
+        while ts.processing_on is None and ts.ahead_on is not None and depth <= AHEAD_DEPTH:
+            depth += 1
+            ts = next(iter(ts.waiting_on))
+        return depth
 
     def _clear_ahead(self, ts) -> None:
         """Stop having a worker hold `ts` (it frees its copy; the message keeps both in step)."""

@@ -105,9 +105,9 @@ class PlacingMixin:
         self._update_free(ws)
         if send:
             self._send_compute(ts, ws)
-        if len(ts.dependents) == 1:                  # after it: the chain's next link waits there (ahead.py)
+        if len(ts.dependents) == 1:                  # after it: the chain's next links wait there (ahead.py)
             for dts in ts.dependents:
-                self._send_ahead(dts, ts)
+                self._send_ahead(dts, ts, 1)
 
     def _send_compute(self, ts: TaskState, ws: WorkerState) -> None:
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}

@@ -391,7 +391,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._queue(ts)
             elif len(ts.waiting_on) == 1:
                 dep = next(iter(ts.waiting_on))
-                if dep.state == "processing":
+                if dep.state == "processing" or dep.ahead_on is not None:
                     self._send_ahead(ts, dep)        # a chain's next link (ahead.py)
 
     def _queue(self, ts: TaskState) -> None:
