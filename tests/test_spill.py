@@ -192,6 +192,19 @@ def test_pause_and_spill_levels_follow_the_fractions(tmp_path):
     assert m.pause_changed(799 * MB) and not m.paused
 
 
+def test_the_resident_set_read_from_statm_follows_what_the_process_takes(tmp_path):
+    # read with every task start from a /proc file kept open (psutil's read was 11 us)
+    import psutil
+    m = MemoryManager(1000 * MB, MemoryFractions(), str(tmp_path))
+    before = m.read_rss()
+    assert abs(before - psutil.Process().memory_info().rss) < 8 * MB
+    block = bytearray(64 * MB)
+    assert m.read_rss() - before > 60 * MB
+    del block
+    m.close()
+    assert m.read_rss() > 0                      # closed: psutil reads it again
+
+
 def test_false_turns_each_threshold_off(tmp_path):
     off = MemoryManager(1000 * MB, MemoryFractions.read(0, 0, 0, 0), str(tmp_path))
     assert off.store.directory is None and off.store.target is None

@@ -48,7 +48,8 @@ class AheadMixin:
             ws = dep.processing_on or dep.ahead_on
             if depth is None:
                 depth = self._depth_of(dep) + 1
-            if (ws is None or depth > AHEAD_DEPTH or ts.state != "waiting" or ts.waiting_on != {dep}
+            if (ws is None or depth > AHEAD_DEPTH or self.workers.get(ws.address) is not ws
+                    or ts.state != "waiting" or ts.waiting_on != {dep}
                     or len(dep.dependents) != 1 or ts.attempts or ts.resources or ts.memory
                     or not fits_worker(ts, ws, self.pools or None)):
                 return
@@ -74,6 +75,15 @@ class AheadMixin:
             depth += 1
             ts = next(iter(ts.waiting_on))
         return depth
+
+    def _forget_holds(self, ws, running) -> None:
+        """`ws` is gone: what it held behind its running tasks is held nowhere now."""
+        for ts in running:
+            while len(ts.dependents) == 1:
+                ts = next(iter(ts.dependents))
+                if ts.ahead_on is not ws:
+                    break
+                ts.ahead_on = None
 
     def _clear_ahead(self, ts) -> None:
         """Stop having a worker hold `ts` (it frees its copy; the message keeps both in step)."""

@@ -178,9 +178,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 ts.attempts = [*ts.attempts, {"death": record, "ran_for": ran, "pool": record["pool"]}]
                 self._touch(ts)
             ts.processing_on, ts.queued_us = None, 0
-            for dts in ts.dependents:
-                if dts.ahead_on is ws:
-                    dts.ahead_on = None          # it held them ahead (ahead.py); nothing to tell it now
+        self._forget_holds(ws, running)          # what it held ahead (ahead.py): nothing to tell it now
         executing = set(ws.executing)
         ws.processing.clear()
         ws.executing.clear()
@@ -312,6 +310,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 dts.waiting_on.discard(ts)
                 if not dts.waiting_on and not (dts.ahead_on is not None and self._promote(dts, ws)):
                     self._queue(dts)
+                elif dts.waiting_on and dts.ahead_on is ws:
+                    self._clear_ahead(dts)   # the worker starts it now, but another input is missing (ahead.py)
         self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
         for dep in list(ts.dependencies):
             self._maybe_release(dep)
