@@ -292,13 +292,16 @@ def test_a_placement_pass_places_at_most_its_limit_and_says_more_is_left():
     s.update_graph("c", [task(k, duration=0.0001) for k in keys], keys)
     placed = lambda: sum(s.tasks[k].state == "processing" for k in keys)   # noqa: E731
     assert placed() == 100 and s.more_to_place
+    # the limit is the turn's: another event in the same turn places nothing more
+    s.task_finished("tcp://w00", next(k for k in keys if s.tasks[k].state == "processing"), 8)
+    assert placed() == 99 and s.more_to_place
     passes = 1
     while s.more_to_place:
-        s.more_to_place = False
-        s._schedule()
+        s.place_limit = 100                    # the server's next turn
+        s.place()
         passes += 1
     # 50 workers x (1 thread + 2 base slots + 32 short tasks beyond) = 1,750 slots: all placed
-    assert placed() == 1000 and passes == 11
+    assert placed() == 999 and passes == 11
 
 
 def test_the_server_places_a_large_submission_over_several_turns_of_its_loop():

@@ -2,9 +2,10 @@
 
 Where a task *may* run and how workers compare is placement.py's (pure functions); how many
 tasks a worker may hold is prefetch.py's; this module walks the ready heaps and assigns. One
-pass places at most `place_limit` tasks (the server bounds it, so 10,000 tasks for 500 workers
-do not hold its loop for a second) and says `more_to_place`; the server calls `place()` on
-its next turn for the rest.
+`place_limit` is what placement may still place in this turn of the server's loop, shared by
+every pass of the turn (the server refills it each turn, so 10,000 tasks for 500 workers do
+not hold its loop for a second, nor do 50 finished-task reports in one turn place 50 x 200);
+a pass that meets it says `more_to_place`, and the server calls `place()` on its next turn.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class PlacingMixin:
             self._assign(ts, ws, cost)
             if left is not None:
                 left -= 1
+        if left is not None:
+            self.place_limit = left            # what the turn's next passes may still place
         for heap, prio, key in deferred:
             heapq.heappush(heap, (prio, key))
 

@@ -20,6 +20,7 @@ from ..protocol.comm import BatchedSend, Comm, Listener
 from ..protocol.frames import Limits, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
 from .backlog import BacklogMixin
+from .collector import Collector
 from .checks import (Refused, _check_task, _count, _deadline, _fractions, _held, _keys,  # noqa: F401
                      _memory, _number, _restart_timeout)
 from .evidence import EvidenceCollector
@@ -29,9 +30,11 @@ from .workers import heartbeat_interval, worker_table
 
 logger = logging.getLogger("hpc_cluster.scheduler")
 
-# Tasks placed in one turn of the loop (state.place_limit). A 10,000-task submission to 500
-# workers placed at once held the loop for a second and more (BENCHMARKS.md, "Many workers");
-# 200 placements take 2-10 ms, then whatever else arrived is served before the next.
+# Tasks placed in one turn of the loop, by all its events together (state.place_limit). A
+# 10,000-task submission to 500 workers placed at once held the loop for a second and more
+# (BENCHMARKS.md, "Many workers"); so did a turn in which 50 workers each reported a finished
+# task and each report refilled its worker's deep queue. 200 placements take 2-10 ms, then
+# whatever else arrived is served before the next.
 PLACE_PER_TURN = 200
 
 
@@ -91,6 +94,7 @@ class Scheduler(BacklogMixin):
         # manager: it polls the batch system less when the workers tell it first): fn(kind, info).
         self.worker_events: list[Callable[[str, dict], None]] = []
         self.closed = asyncio.Event()
+        self.collector = Collector()                       # full GCs when quiet (collector.py)
 
     async def start(self) -> str:
         info = {"role": "scheduler", "versions": get_versions()}
@@ -98,6 +102,7 @@ class Scheduler(BacklogMixin):
                                  check=self._check_versions,
                                  tls=self.security.server_context() if self.security else None)
         self.address = self.listener.start_listening(self.host, self.port)
+        self.collector.start()
         if self.reattach_grace > 0:
             self.state.hold_placement(self.clock() + self.reattach_grace)
         self._ttl_task = asyncio.create_task(self._watch_heartbeats())
@@ -129,6 +134,7 @@ class Scheduler(BacklogMixin):
             comm.close()
         if self.listener:
             self.listener.stop()
+        self.collector.stop()
         self.closed.set()
 
     def _check_versions(self, peer: dict) -> str | None:
@@ -145,26 +151,32 @@ class Scheduler(BacklogMixin):
 
     # -- plumbing --------------------------------------------------------------
     def _flush(self) -> None:
+        self.collector.busy()
         for to, msgs in self.state.take_outbox().items():
             stream = self.streams.get(to)
             if stream is not None:
                 stream.extend(msgs)
-        if self.state.more_to_place and not self._placing:
+        if self.state.place_limit < PLACE_PER_TURN and not self._placing:
             with contextlib.suppress(RuntimeError):         # no loop (closing): the next event places
                 asyncio.get_running_loop().call_soon(self._place_more)
                 self._placing = True
 
     def _place_more(self) -> None:
-        """Place what the last bounded pass left (PLACE_PER_TURN), one pass a turn: a client's
-        question that arrived meanwhile is answered between passes, not after all of them."""
+        """A new turn: refill the placement budget (PLACE_PER_TURN) and place what the last
+        turn left, so a client's question that arrived meanwhile is answered between passes,
+        not after all of them."""
         self._placing = False
-        self.state.place()
+        self.state.place_limit = PLACE_PER_TURN
+        if self.state.more_to_place:
+            self.state.place()
         self._flush()
 
-    def _send_now(self, to: str, msg: dict) -> None:
+    def _send_now(self, to: str, msg: dict, flush: bool = False) -> None:
         stream = self.streams.get(to)
         if stream is not None:
             stream.send(msg)
+            if flush:
+                stream.flush()
 
     async def _serve(self, comm: Comm) -> None:
         role = comm.peer_info.get("role")
@@ -194,6 +206,7 @@ class Scheduler(BacklogMixin):
                                    now - last - interval, self.silence_ttl())
                 awake_since = now
             last = now
+            self.collector.tick()
             # A worker last heard before we woke is silent only once we were awake a whole TTL
             # (now - awake_since > ttl); after that, the usual now - last_seen > ttl holds.
             ttl = self.silence_ttl()
@@ -480,10 +493,7 @@ class Scheduler(BacklogMixin):
     def _reply(self, cid: str, msg: dict, result) -> None:
         # Written now, not at the end of the loop's turn: behind 500 workers' writes that turn
         # took a client's question to the next one (what was sent to it before stays ahead).
-        stream = self.streams.get(cid)
-        if stream is not None:
-            stream.send({"op": "reply", "rid": msg.get("rid"), "result": result})
-            stream.flush()
+        self._send_now(cid, {"op": "reply", "rid": msg.get("rid"), "result": result}, flush=True)
 
     def _client_message(self, cid: str, msg: dict) -> None:
         op, st = msg["op"], self.state

@@ -69,7 +69,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self._deep = DeepWorkers(self.prefetch_seconds)   # those of them with room only for short tasks (prefetch.py)
         # Tasks one placement pass may place (None: all). The server bounds it, so that 10,000
         # tasks for 500 workers do not hold its loop for a second, and places the rest later.
-        self.place_limit: int | None = None
+        self.place_limit: int | None = None        # left to place this turn (placing.py)
         self.more_to_place = False
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought
