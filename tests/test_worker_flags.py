@@ -274,7 +274,7 @@ def joined(client, prefix, n=1, timeout=30) -> dict[str, dict]:
                        timeout=timeout, what=f"{n} worker(s) named {prefix}*")
     for w in found.values():
         assert w.get("lifetime_end") is not None, (
-            "the scheduler did not keep the worker's lifetime_end: server._serve_worker must copy it "
+            "the scheduler did not keep the worker's lifetime_end: scheduler/links.py _serve_worker must copy it "
             f"from the registration into the worker's info; got {sorted(w)}")
     return found
 
