@@ -59,6 +59,15 @@ def test_exit_code_and_signal(condor, tmp_path):
     assert (rec.state, rec.exit_code, rec.signal) == ("failed", None, 11)
 
 
+def test_the_periodic_remove_clock_is_whole_seconds_as_htcondors():
+    # time() and JobCurrentStartDate are integers in HTCondor: a 2 s limit from a start
+    # recorded as 100 fires at time() 103, never at 102.5 (CI: a job removed after 1.1 s)
+    expr = "(JobStatus == 2) && (time() - JobCurrentStartDate > HpcClusterWalltime)"
+    ad = {"JobStatus": 2, "JobCurrentStartDate": 100, "HpcClusterWalltime": 2}
+    assert not condorsim.evaluate(expr, ad, 102.9)
+    assert condorsim.evaluate(expr, ad, 103.0)
+
+
 def test_walltime_is_our_periodic_remove(condor, tmp_path):
     _, rec = run_to_end(adapter(), spec(tmp_path, "sleep 60", walltime=2))
     assert (rec.state, rec.time_limit) == ("timeout", 2) and rec.elapsed >= 2

@@ -160,7 +160,9 @@ def evaluate(expr: str, ad: dict, now: float) -> bool:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return False
         env[name.replace(".", "_")] = value
-    py = expr.replace("&&", " and ").replace("||", " or ").replace("!=", " != ").replace("time()", str(now))
+    # ClassAd time() is whole seconds, as JobCurrentStartDate is: a float `now` made a limit
+    # of 2 s fire 1.1 s after a start at x.9 (the walltime test's job then ran "1 s").
+    py = expr.replace("&&", " and ").replace("||", " or ").replace("!=", " != ").replace("time()", str(int(now)))
     py = re.sub(r"!(?!=)", " not ", py)
     py = re.sub(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+", lambda m: m.group(0).replace(".", "_"), py)
     try:
