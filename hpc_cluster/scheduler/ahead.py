@@ -59,9 +59,7 @@ class AheadMixin:
                         return              # it would fetch: placement decides where, as usual
                 self._clear_ahead(ts)
                 ts.ahead_on = ws
-                deps = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
-                self._send(ws.address, {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args,
-                                        "deps": deps, "priority": list(ts.priority), "after": dep.key})
+                self._send(ws.address, {**self._compute_msg(ts, ws), "after": dep.key})
             if len(ts.dependents) != 1:
                 return
             dep, depth = ts, depth + 1

@@ -107,12 +107,13 @@ class PlacingMixin:
         ws.used_memory += ts.memory
         self._update_free(ws)
         if send:
-            self._send_compute(ts, ws)
+            self._send(ws.address, self._compute_msg(ts, ws))
         if len(ts.dependents) == 1:                  # after it: the chain's next links wait there (ahead.py)
             for dts in ts.dependents:
                 self._send_ahead(dts, ts, 1)
 
-    def _send_compute(self, ts: TaskState, ws: WorkerState) -> None:
+    def _compute_msg(self, ts: TaskState, ws: WorkerState) -> dict:
+        """The message that has `ws` run `ts` (ahead.py's adds "after": held until that input is done)."""
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
         msg = {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
                "priority": list(ts.priority)}
@@ -121,7 +122,7 @@ class PlacingMixin:
         sizes = {dep.key: dep.nbytes for dep in ts.dependencies if dep.nbytes and ws not in dep.who_has}
         if sizes:
             msg["sizes"] = sizes
-        self._send(ws.address, msg)
+        return msg
 
     def _next_ready(self, roots_open: bool) -> list | None:
         """The heap whose first task comes first (the roots' only while they may go)."""

@@ -67,9 +67,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         # score every worker (free.py; issue 19: 500 workers)
         self._free = FreeWorkers()
         self._deep = DeepWorkers(self.prefetch_seconds)   # those of them with room only for short tasks (prefetch.py)
-        # Tasks one placement pass may place (None: all). The server bounds it, so that 10,000
-        # tasks for 500 workers do not hold its loop for a second, and places the rest later.
-        self.place_limit: int | None = None        # left to place this turn (placing.py)
+        # Tasks placement may still place in this turn of the server's loop, over all its passes
+        # (None: no bound). The server refills it each turn (placing.py, server.PLACE_PER_TURN).
+        self.place_limit: int | None = None
         self.more_to_place = False
         self.durations = TaskDurations()
         self.now = 0.0                               # the latest time an event brought

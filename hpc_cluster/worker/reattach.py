@@ -98,8 +98,7 @@ async def reattach(worker) -> bool:
     worker.scheduler_comm.close()
     offline = worker.scheduler = Offline()
     worker._free([k for k, ts in worker.tasks.items() if ts.state not in ("executing", "cancelled")])
-    worker.held_ahead.clear()            # held for a scheduler that may not know them now (scheduler/ahead.py)
-    worker.ahead_of.clear()
+    worker.drop_held_ahead()             # held for a scheduler that may not know them now (scheduler/ahead.py)
     lost = time.monotonic()
     end, delay = deadline(worker, lost, time.time()), 0.1
     while not worker.closed.is_set() and time.monotonic() < end:

@@ -247,8 +247,7 @@ class Worker(FetchMixin):
                         self._hand_back(msg["keys"])
                     elif op == "free-all":
                         self._free(list(self.tasks) + list(self.data))
-                        self.held_ahead.clear()
-                        self.ahead_of.clear()
+                        self.drop_held_ahead()
                     elif op == "close":
                         reason = msg.get("reason", "asked by the scheduler")
                         if self._lifetime_ended(reason):
@@ -311,6 +310,11 @@ class Worker(FetchMixin):
             self._hand_back([ts.key], paused=True)
             return
         heapq.heappush(self.ready, (ts.priority, ts.key))
+
+    def drop_held_ahead(self) -> None:
+        """Forget every task held ahead (the scheduler freed all, or may no longer know them)."""
+        self.held_ahead.clear()
+        self.ahead_of.clear()
 
     def _free(self, keys) -> None:
         for key in keys:
