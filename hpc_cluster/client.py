@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
-import concurrent.futures
 import itertools
 import logging
 import random
@@ -21,6 +20,7 @@ import uuid
 from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
+from .client_loop import LoopThread
 from .client_reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
@@ -34,36 +34,6 @@ from .protocol.versions import get_versions
 from .submission import CHUNK_TASKS, check_fits, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
-
-
-class _LoopThread:
-    """One event loop in a daemon thread, shared by every Client of the process."""
-
-    _lock = threading.Lock()
-    _instance: "_LoopThread | None" = None
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="hpc-cluster-client", daemon=True)
-        self.thread.start()
-
-    @classmethod
-    def get(cls) -> "_LoopThread":
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    def run(self, coro, timeout: float | None = None):
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("blocking client call made from the client's own event loop "
-                               "(e.g. inside a done-callback); call it from another thread")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise TimeoutError(f"no answer within {timeout} s") from None
 
 
 def _funcname(func) -> str:
@@ -117,7 +87,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         self._specs = SpecKeeper()                        # unfinished work, for a scheduler that lost it
         self.security = resolve_security(security)
         self._tls = self.security.client_context() if self.security else None
-        self._lt = _LoopThread.get()
+        self._lt = LoopThread.get()
         self._loop = self._lt.loop
         self._lock = threading.RLock()
         self._states = FutureStates(self._lock)
