@@ -33,6 +33,10 @@ from .protocol.secret import read_cluster_file, secret_from_env
 from .protocol.versions import get_versions
 from .submission import CHUNK_TASKS, check_fits, split_submission
 
+# Results asked of (or put on) one worker per request: a message carries a frame per result,
+# and one of more frames than its receiver accepts (Limits.max_frames) is refused.
+KEYS_PER_REQUEST = 10_000
+
 logger = logging.getLogger("hpc_cluster.client")
 
 
@@ -448,10 +452,25 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                 by_worker[random.choice(holders)].append(key)
             else:
                 missing.append(key)
-        results = await asyncio.gather(*(self._worker_request(w, {"op": "get-data", "keys": ks})
-                                         for w, ks in by_worker.items()), return_exceptions=True)
+        # Each worker in requests of a bounded number of keys, one after the other: a reply
+        # carries a frame per result, and one of more frames than we accept was refused, the
+        # connection dropped, and the keys asked for again for ever (a map of 200,000 tasks on
+        # 2 workers never gathered).
+        per_request = self._keys_per_request(self._pool.limits)
+
+        async def from_worker(w: str, ks: list[str]) -> list:
+            replies = []
+            for i in range(0, len(ks), per_request):
+                batch = ks[i:i + per_request]
+                try:
+                    replies.append((batch, await self._worker_request(w, {"op": "get-data", "keys": batch})))
+                except Exception as exc:  # this batch is asked for again (the holder may be gone)
+                    replies.append((batch, exc))
+            return replies
+
+        per_worker = await asyncio.gather(*(from_worker(w, ks) for w, ks in by_worker.items()))
         values = {}
-        for (w, ks), reply in zip(by_worker.items(), results):
+        for ks, reply in (item for replies in per_worker for item in replies):
             if isinstance(reply, BaseException):
                 missing.extend(ks)
                 continue
@@ -466,6 +485,10 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                     self._set(k, st, "error", {"kind": "unsendable", "text": str(why)})
                     missing.append(k)
         return values, missing
+
+    @staticmethod
+    def _keys_per_request(limits: Limits | None) -> int:
+        return max(1, min(KEYS_PER_REQUEST, ((limits or Limits()).max_frames - 1) // 2))
 
     async def _worker_request(self, address: str, msg: dict) -> dict:
         return await self._pool.request(address, msg)
@@ -507,11 +530,17 @@ class Client(CollectionsMixin, ClusterToolsMixin):
             for w in (workers if broadcast else [workers[i % len(workers)]]):
                 plan[w][k] = blob
                 who_has[k].append(w)
-        replies = await asyncio.gather(*(self._worker_request(w, {"op": "put-data", "data": d})
-                                         for w, d in plan.items()))
         nbytes = {}
-        for r in replies:
-            nbytes.update(r.get("nbytes") or {})
+
+        async def put(w: str, data: dict) -> None:
+            # In bounded requests, as _fetch asks (a scatter of 200,000 items to one worker was
+            # refused whole; workers read with the default max_frames).
+            items, n = list(data.items()), self._keys_per_request(None)
+            for i in range(0, len(items), n):
+                reply = await self._worker_request(w, {"op": "put-data", "data": dict(items[i:i + n])})
+                nbytes.update(reply.get("nbytes") or {})
+
+        await asyncio.gather(*(put(w, d) for w, d in plan.items()))
         self._flush_out()
         self._stream.send({"op": "scatter", "who_has": dict(who_has), "nbytes": nbytes})
 

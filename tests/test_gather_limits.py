@@ -14,6 +14,7 @@ import time
 import pytest
 
 from hpc_cluster import Client, HPCClusterError, LocalCluster, TimeoutError, wait
+from hpc_cluster.protocol.frames import Limits
 from waiting import wait_until
 
 
@@ -93,6 +94,28 @@ def test_gather_timeout_holds_while_fetching(cluster):
                 os.kill(pid, signal.SIGCONT)
         assert isinstance(out.get("error"), TimeoutError), out
         assert out["elapsed"] < 6, out
+
+
+def test_a_gather_of_more_results_than_one_reply_can_carry_arrives_whole(cluster):
+    """A worker's reply carries a frame per result, and a receiver refuses a message of more
+    than its max_frames (100,000): a gather of 200,000 results from 2 workers asked again for
+    ever. Here the client accepts 41 frames, as 100,000 at a smaller scale."""
+    with Client(cluster) as client:
+        client._pool.limits = Limits(max_frames=41)
+        futures = client.map(inc, range(300))
+        wait(futures, timeout=30)
+        out = bounded(lambda: client.gather(futures, timeout=20), 40)
+        assert out.get("value") == list(range(1, 301)), out
+
+
+def test_scatter_and_gather_of_210_000_items_at_full_scale(cluster):
+    """The same at the real limit: 105,000 results per worker, more than one message carries."""
+    with Client(cluster) as client:
+        out = bounded(lambda: client.scatter(list(range(210_000)), hash=False), 120)
+        futures = out.get("value")
+        assert futures is not None and len(futures) == 210_000, out
+        out = bounded(lambda: client.gather(futures, timeout=60), 90)
+        assert out.get("value") == list(range(210_000)), out.get("error")
 
 
 @pytest.fixture(scope="module")

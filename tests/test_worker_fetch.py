@@ -130,6 +130,9 @@ def test_request_batches_keep_each_request_under_the_limit():
     assert request_batches(list("abcde"), sizes, 30) == [["a", "b"], ["c"], ["d"], ["e"]]
     assert request_batches(["x", "y"], {}, 30) == [["x", "y"]]          # sizes unknown: one request
     assert request_batches([], sizes, 30) == []
+    # A reply carries a frame per key: a bounded count too, even of keys of no size.
+    assert request_batches(list("abcde"), {}, 30, most_keys=2) == [["a", "b"], ["c", "d"], ["e"]]
+    assert len(request_batches([f"k{i}" for i in range(25_000)], {}, 30)) == 3
 
 
 def test_large_inputs_from_one_holder_are_asked_for_one_request_at_a_time(monkeypatch):

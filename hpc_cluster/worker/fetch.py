@@ -28,15 +28,19 @@ FETCH_AHEAD_BYTES = 50_000_000
 # rechunk's pieces) is copied to be pickled, so one request for five 15 MB pieces held 75 MB of
 # copies on the holder, and as much again of frames here, at once.
 FETCH_REQUEST_BYTES = 20_000_000
+# And of at most this many keys: a reply carries a frame per input, and one of more than
+# Limits.max_frames (100,000) is refused (the client's gather had that bug).
+FETCH_REQUEST_KEYS = 10_000
 
 
-def request_batches(keys: list[str], sizes: dict, limit: int) -> list[list[str]]:
+def request_batches(keys: list[str], sizes: dict, limit: int,
+                    most_keys: int = FETCH_REQUEST_KEYS) -> list[list[str]]:
     """`keys` in consecutive groups of at most `limit` bytes by `sizes` (a key of unknown size
-    counts 0; a key larger than `limit` goes alone)."""
+    counts 0; a key larger than `limit` goes alone) and at most `most_keys` keys."""
     batches, batch, total = [], [], 0
     for k in keys:
         n = sizes.get(k) or 0
-        if batch and total + n > limit:
+        if batch and (total + n > limit or len(batch) >= most_keys):
             batches.append(batch)
             batch, total = [], 0
         batch.append(k)
