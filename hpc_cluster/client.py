@@ -26,7 +26,7 @@ from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import task_needs
-from .protocol import serialize
+from .protocol import context, serialize
 from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
 from .protocol.frames import Limits, Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
@@ -64,6 +64,7 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                  timeout: float = 30.0, set_as_default: bool = True, security=None,
                  reconnect: float = DEFAULT_RECONNECT):
         from .protocol.tls import Security, resolve_security
+        context.refuse_on_loop("Client()")               # worker/inline.py
         self.cluster = None
         self._cluster_file = None                         # re-read when reconnecting: a new address
         if address is not None and not isinstance(address, str):

@@ -29,6 +29,7 @@ def get_client(timeout: float = 30.0):
     if ctx is None:
         from .dask_collections import current_client
         return current_client()
+    context.refuse_on_loop("get_client()")     # it would wait on the loop it blocks (worker/inline.py)
     with _lock:
         client = _worker_clients.get(ctx.scheduler)
         if client is None or client.status in ("closed", "closing", "disconnected"):
@@ -50,6 +51,7 @@ def secede() -> None:
     """Give up this task's thread slot: the worker may start another task while this one
     waits (it keeps running; a worker death still counts it as executing)."""
     ctx, key = _running_task()
+    context.refuse_on_loop("secede()")
     if not context.seceded():
         ctx.secede(key)
         context.set_seceded(True)

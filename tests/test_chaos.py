@@ -108,7 +108,9 @@ def chaos(cluster, c, rng, pause_scheduler: bool, n_leaves: int = 4000) -> None:
         # A fast machine finishes a tree before five kills (CI once did in 9 s: 4 kills);
         # then another tree, on other numbers, until the chaos has been real. Killing more
         # often instead is no fix: at one kill per 1.2 s recomputing falls behind (463 s).
-        while (len(kills) < 5 or (pause_scheduler and len(pauses) < 2)) and rounds < 6:
+        # Two pauses take up to 60 s (10-20 s apart, 3-10 s long): a fast machine finished
+        # 6 trees with one pause (2026-11-25), so up to 12.
+        while (len(kills) < 5 or (pause_scheduler and len(pauses) < 2)) and rounds < 12:
             first = n_leaves * rounds
             result, count = build(c, n_leaves=n_leaves, first=first)
             value = result.result(timeout=600)

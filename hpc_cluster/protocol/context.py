@@ -54,3 +54,19 @@ def set_seceded(seceded: bool) -> None:
 def seceded() -> bool:
     """Has the task this thread runs given up its slot (secede) and not taken one again?"""
     return getattr(_local, "seceded", False)
+
+
+class RunOnThread(BaseException):
+    """Raised in a task the worker runs on its event loop (worker/inline.py) when it would
+    wait on its own cluster: the worker runs it again on a task thread. A BaseException, so
+    that a task's `except Exception` does not take it for its own error."""
+
+
+def set_inline(inline: bool) -> None:
+    _local.inline = inline
+
+
+def refuse_on_loop(what: str) -> None:
+    """Raise RunOnThread when called from a task running on the worker's event loop."""
+    if getattr(_local, "inline", False):
+        raise RunOnThread(f"{what} in a task run on the worker's event loop; it runs again on a task thread")

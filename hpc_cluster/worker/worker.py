@@ -25,6 +25,7 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .fetch import FetchMixin
+from .inline import InlineMixin
 from .logs import LogBuffer
 from .reattach import reattach
 from .sizeof import sizeof
@@ -49,7 +50,7 @@ class _Task:
         self.missing: set[str] = set()
 
 
-class Worker(FetchMixin):
+class Worker(FetchMixin, InlineMixin):
     def __init__(self, scheduler: str, secret: bytes, nthreads: int = 1, memory_limit: int = 0,
                  name: str | None = None, host: str = "127.0.0.1", port: int | Sequence[int] = 0,
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
@@ -96,6 +97,9 @@ class Worker(FetchMixin):
                                     done=self._executed)
         self._done: collections.deque = collections.deque()
         self._done_scheduled = False
+        # Per function (its pickle): consecutive runs quick enough to run on the loop (inline.py).
+        self._quick: dict[bytes, int] = {}
+        self._more_scheduled = False             # a _run_ready is due: inline runs used their turn
         self._fetching: dict[str, asyncio.Future] = {}
         self._unsendable: dict[str, str] = {}      # inputs their holder cannot send: why
         self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits,
@@ -292,7 +296,7 @@ class Worker(FetchMixin):
                 self.ahead_of.setdefault(after, []).append(key)
             self.held_ahead[key] = msg
             return
-        ts = _Task(key, msg["func"].data, msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()),
+        ts = _Task(key, bytes(msg["func"].data), msg["args"].data, msg.get("deps") or {}, tuple(msg.get("priority") or ()),
                    msg.get("sizes"))
         self.tasks[key] = ts
         for dep in ts.deps:
@@ -368,10 +372,22 @@ class Worker(FetchMixin):
             event.set()
         self._fetch_more()                # a thread may have freed: tasks made ready here start below
         starting = []
+        budget = None
         while self.ready and self._busy() < self.nthreads and not self.memory.paused and not self.memory.behind():
             _, key = heapq.heappop(self.ready)
             ts = self.tasks.get(key)
             if ts is None or ts.state != "ready":
+                continue
+            if not starting and self._runs_inline(ts):
+                # Only with no task started for a thread and not handed to it yet (inline.py).
+                budget = budget or self._inline_budget()
+                if time.perf_counter() > budget:
+                    heapq.heappush(self.ready, (ts.priority, key))
+                    if not self._more_scheduled:   # the loop reads its messages, then more
+                        self._more_scheduled = True
+                        self.loop.call_soon(self._run_ready_again)
+                    break
+                self._run_inline(ts)
                 continue
             ts.state = "executing"
             self.executing.add(key)
@@ -386,6 +402,13 @@ class Worker(FetchMixin):
             self.scheduler.flush()
             for ts in starting:
                 self.executor.submit(ts)
+        if budget is not None:            # results were stored here: as _drain_done does after them
+            self.scheduler.flush()
+            self.memory.spill_soon(then=self._run_ready)
+
+    def _run_ready_again(self) -> None:
+        self._more_scheduled = False
+        self._run_ready()
 
     # -- secede / rejoin (worker_client) -----------------------------------------------
     def _secede(self, key: str) -> None:
@@ -450,34 +473,39 @@ class Worker(FetchMixin):
         self._done_scheduled = False
         while self._done:
             ts, outcome, duration = self._done.popleft()
-            self.executing.discard(ts.key)
-            self.seceded.discard(ts.key)
-            cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
-            self._forget_task(ts)
-            if cancelled:
-                # The scheduler gave up on it but still counts this thread as busy.
-                self.scheduler.send({"op": "abandoned-done", "key": ts.key})
-                continue
-            if outcome[0] == "ok":
-                self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2], spill=False)
-                self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
-                                     "duration": duration})
-                for key in self.ahead_of.pop(ts.key, ()):
-                    held = self.held_ahead.pop(key, None)
-                    if held is not None:
-                        self._add_task(held)     # as if it arrived now: started below, no round trip
-            else:
-                exc, text = outcome[1], outcome[2]
-                self.scheduler.send({"op": "task-erred", "key": ts.key, "duration": duration,
-                                     "exception": Opaque(_pickle_exception(exc)),
-                                     "traceback": Opaque(serialize.dumps(text)),
-                                     "text": f"{type(exc).__name__}: {exc}"[:2000]})
+            self._note_run(ts.func, duration)
+            self._report(ts, outcome, duration)
         self._run_ready()
         # Spilling writes files: only now, with the results reported and the next tasks
         # started, and in the spill thread, so neither the scheduler nor this worker's
         # threads wait for the disk.
         self.scheduler.flush()
         self.memory.spill_soon(then=self._run_ready)
+
+    def _report(self, ts: _Task, outcome: tuple, duration: float) -> None:
+        """A task ended (on a thread or on the loop): keep its result, tell the scheduler."""
+        self.executing.discard(ts.key)
+        self.seceded.discard(ts.key)
+        cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
+        self._forget_task(ts)
+        if cancelled:
+            # The scheduler gave up on it but still counts this thread as busy.
+            self.scheduler.send({"op": "abandoned-done", "key": ts.key})
+            return
+        if outcome[0] == "ok":
+            self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2], spill=False)
+            self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
+                                 "duration": duration})
+            for key in self.ahead_of.pop(ts.key, ()):
+                held = self.held_ahead.pop(key, None)
+                if held is not None:
+                    self._add_task(held)     # as if it arrived now: started below, no round trip
+        else:
+            exc, text = outcome[1], outcome[2]
+            self.scheduler.send({"op": "task-erred", "key": ts.key, "duration": duration,
+                                 "exception": Opaque(_pickle_exception(exc)),
+                                 "traceback": Opaque(serialize.dumps(text)),
+                                 "text": f"{type(exc).__name__}: {exc}"[:2000]})
 
     # -- peers and clients -------------------------------------------------------------
     async def request(self, address: str, msg: dict) -> dict:

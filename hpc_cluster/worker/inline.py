@@ -1,0 +1,81 @@
+"""Tiny tasks run on the worker's event loop instead of a task thread (mixed into Worker).
+
+A task on a thread costs the worker two wake-ups across threads: the loop hands it to the
+thread (a futex), the thread hands the outcome back (the loop's self-pipe). On 2 cores those
+context switches were half of a worker's CPU per no-op task (throughput.py's map: 152 us of
+worker CPU per task on threads, 74 us on the loop; BENCHMARKS.md). So a function whose last
+INLINE_AFTER runs each took under INLINE_BELOW runs on the loop, one task at a time, for at
+most INLINE_TURN per turn of the loop; then the loop reads its messages and comes back.
+
+Blame is unchanged: such a task's `task-started` is on the wire before it runs, and its
+`task-finished` is sent before the next task is started; a task started for a thread is
+handed to its thread before anything runs on the loop. So every task reported started is
+really running.
+
+A task on the loop must not wait on its own cluster (get_client(), worker_client, secede(),
+a Client made in it): the loop it would wait for is the one it blocks. Such a call raises
+context.RunOnThread (a BaseException: a task's `except Exception` does not swallow it);
+the function never runs on the loop again and the task starts over on a task thread. A run
+on the loop that took over INLINE_BAN ends its function's runs there for good; a run over
+INLINE_BELOW sends it back to threads until INLINE_AFTER quick runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..protocol import context
+
+INLINE_BELOW = 0.0002     # s: a run quicker than this is "tiny" (a thread hand-off costs ~40-80 us)
+INLINE_AFTER = 8          # consecutive tiny runs of a function before it runs on the loop
+INLINE_TURN = 0.002       # s of runs on the loop per turn, then its messages are read
+INLINE_BAN = 0.05         # s: a run on the loop this long means the function may block it
+_BANNED = -1
+_MOST_FUNCTIONS = 4096    # functions tracked; forgotten all at once past it (they re-qualify)
+
+
+class InlineMixin:
+    """Needs: self._quick (dict: function bytes -> consecutive tiny runs, or _BANNED),
+    self._execute, self._report, self.executor, self.executing, self.scheduler, self.memory."""
+
+    def _note_run(self, func: bytes, seconds: float) -> None:
+        streak = self._quick.get(func, 0)
+        if streak == _BANNED:
+            return
+        if len(self._quick) >= _MOST_FUNCTIONS and func not in self._quick:
+            self._quick.clear()
+        self._quick[func] = streak + 1 if seconds < INLINE_BELOW else 0
+
+    def _runs_inline(self, ts) -> bool:
+        return self._quick.get(ts.func, 0) >= INLINE_AFTER
+
+    def _run_inline(self, ts) -> None:
+        """Start `ts` and run it here, on the loop; report it before anything else starts."""
+        ts.state = "executing"
+        self.executing.add(ts.key)
+        self.scheduler.send({"op": "task-started", "key": ts.key, "memory": self.memory.at_task_start()})
+        self.scheduler.flush()
+        # The task sees no running loop, as on a thread: asyncio.run() in it works (95 us,
+        # quick enough to be here) instead of "cannot be called from a running event loop".
+        loop = asyncio._get_running_loop()
+        asyncio._set_running_loop(None)
+        context.set_inline(True)
+        try:
+            outcome, duration = self._execute(ts)
+        finally:
+            context.set_inline(False)
+            asyncio._set_running_loop(loop)
+        if outcome[0] == "error" and isinstance(outcome[1], context.RunOnThread):
+            # It would wait on this loop: started already (and said so), it starts over there.
+            self._quick[ts.func] = _BANNED
+            self.executor.submit(ts)
+            return
+        if duration > INLINE_BAN:
+            self._quick[ts.func] = _BANNED
+        else:
+            self._note_run(ts.func, duration)
+        self._report(ts, outcome, duration)
+
+    def _inline_budget(self) -> float:
+        return time.perf_counter() + INLINE_TURN
