@@ -624,3 +624,69 @@ def test_a_waiting_task_costs_the_scheduler_under_1_kb():
     assert all(st.tasks[f"noop-{i:032x}"].who_wants == {"c"} for i in range(2, n))
     with pytest.raises(TypeError, match="of its own"):
         EMPTY.add(1)
+
+
+def test_a_graphs_leaves_share_their_small_edge_sets():
+    """Issue 19: each leaf of a 1,000,000-task graph had a one-element set of dependents and
+    one of waiters (432 B of its 1,976). Leaves under one sum now share one frozenset."""
+    import tracemalloc
+    from hpc_cluster.scheduler.records import SHARED_EDGES
+    st = SchedulerState()
+    st.add_client("c")
+    leaves, sums = 4_000, 4
+    specs = [{"key": f"leaf-{i}", "func": Opaque(b"f"), "args": Opaque(b"a"), "deps": ()} for i in range(leaves)]
+    specs += [{"key": f"sum-{j}", "func": Opaque(b"f"), "args": Opaque(b"a"),
+               "deps": [f"leaf-{i}" for i in range(j, leaves, sums)]} for j in range(sums)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        st.update_graph("c", specs, [f"sum-{j}" for j in range(sums)])
+        edges = sum(s.size for s in tracemalloc.take_snapshot().statistics("filename")
+                    if s.traceback[0].filename.endswith("records.py")) / leaves
+        per_task = (tracemalloc.get_traced_memory()[0] - before) / (leaves + sums)
+    finally:
+        tracemalloc.stop()
+    leaf = [st.tasks[f"leaf-{i}"] for i in range(leaves)]
+    assert all(ts.dependents == {st.tasks[f"sum-{i % sums}"]} == ts.waiters for i, ts in enumerate(leaf))
+    assert len({id(ts.dependents) for ts in leaf}) == sums           # one per sum, not per leaf
+    assert edges < 50, f"{edges:.0f} bytes of records per leaf (432 with a set each)"
+    assert per_task < 700, f"{per_task:.0f} bytes per task"
+    # A sum that finishes drops out of its leaves' waiters: still shared, now empty.
+    st.update_graph("c", [{"key": "more", "func": Opaque(b"f"), "args": Opaque(b"a"),
+                           "deps": ["leaf-0"]}], ["more"])
+    assert st.tasks["leaf-0"].dependents == {st.tasks["sum-0"], st.tasks["more"]}
+    assert st.tasks["leaf-4"].dependents == {st.tasks["sum-0"]}        # its siblings' unchanged
+    assert SHARED_EDGES >= 2
+
+
+def test_edge_sets_past_the_shared_size_are_the_tasks_own():
+    from hpc_cluster.scheduler.records import EMPTY, SHARED_EDGES, TaskState, add_edge, drop_edge
+    a, b = TaskState("a"), TaskState("b")
+    others = [TaskState(f"o{i}") for i in range(SHARED_EDGES + 1)]
+    for o in others[:SHARED_EDGES]:
+        add_edge(a, "dependents", o)
+        add_edge(b, "dependents", o)
+    assert isinstance(a.dependents, frozenset) and a.dependents is b.dependents
+    add_edge(a, "dependents", others[-1])                 # one past: its own set, b's unchanged
+    assert type(a.dependents) is set and len(a.dependents) == SHARED_EDGES + 1
+    assert len(b.dependents) == SHARED_EDGES
+    drop_edge(a, "dependents", others[0])
+    drop_edge(b, "dependents", others[0])
+    assert others[0] not in a.dependents and others[0] not in b.dependents and len(b.dependents) == SHARED_EDGES - 1
+    for o in others:
+        drop_edge(b, "dependents", o)
+    assert b.dependents is EMPTY
+
+
+def test_small_payloads_are_copied_out_of_their_message_and_a_shared_function_kept_once():
+    from hpc_cluster.scheduler.checks import COPY_BELOW, compact_payloads
+    body = bytearray(b"F" * 40 + b"a" * 20 + b"b" * 20 + b"L" * (COPY_BELOW + 1))
+    view = memoryview(body)
+    func = view[:40]
+    tasks = [{"key": "x", "func": Opaque(func), "args": Opaque(view[40:60])},
+             {"key": "y", "func": Opaque(func), "args": Opaque(view[60:80])},
+             {"key": "z", "func": Opaque(func), "args": Opaque(view[80:])}]
+    compact_payloads(tasks)
+    assert tasks[0]["func"] is tasks[1]["func"] is tasks[2]["func"] and tasks[0]["func"].data == b"F" * 40
+    assert [type(t["args"].data) for t in tasks] == [bytes, bytes, memoryview]     # a large one stays a view
+    assert tasks[1]["args"].data == b"b" * 20

@@ -6,7 +6,10 @@ messages, and so that what is accepted is in one place.
 
 from __future__ import annotations
 
-from ..protocol.frames import Opaque, ProtocolError
+from ..protocol.frames import Opaque, ProtocolError, nbytes
+
+# Payloads up to this size are copied out of the message they came in (compact_payloads).
+COPY_BELOW = 4096
 
 # msgpack packs integers in [-2**63, 2**64); a priority is sent to workers negated, so a
 # larger one made the whole outgoing batch to a worker unpackable (issue 14, point 7).
@@ -47,6 +50,25 @@ def _check_task(spec) -> dict:
                                             for k, v in res.items()):
         raise ProtocolError(f"task {spec['key']!r}: resources must map names to numbers")
     return spec
+
+
+def compact_payloads(tasks: list[dict]) -> None:
+    """Small payloads as bytes of their own, one per distinct payload, not views of the message.
+
+    A view (memoryview, 184 B) of each task's args kept the whole message's buffer alive, and
+    each task had an Opaque of its own for the function they all share (a map sends it once):
+    with a 20-byte args pickle, a waiting task cost 230 B more than its bytes (issue 19). A
+    large payload stays a view: copying it would double it while the message lives."""
+    copies: dict[int, Opaque] = {}
+    for spec in tasks:
+        for name in ("func", "args"):
+            payload = spec[name]
+            if payload.buffers or nbytes(payload.data) > COPY_BELOW:
+                continue
+            copy = copies.get(id(payload.data))
+            if copy is None:
+                copy = copies[id(payload.data)] = Opaque(bytes(payload.data))
+            spec[name] = copy
 
 
 def _held(value) -> dict[str, int]:

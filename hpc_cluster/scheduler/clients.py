@@ -4,7 +4,7 @@ clearing, who holds what. Mixed into SchedulerState (state.py), pure like it.
 
 from __future__ import annotations
 
-from .records import own, TaskState, with_item, without_item
+from .records import add_edge, own, TaskState, with_item, without_item
 
 
 class ClientsMixin:
@@ -53,7 +53,7 @@ class ClientsMixin:
                                 "before the task was submitted; keep a future to it"}
                     continue
                 own(ts, "dependencies").add(dep)
-                own(dep, "dependents").add(ts)
+                add_edge(dep, "dependents", ts)
         self._claim_held(new)                         # results reattached workers kept (reattach.py)
         for key in wanted:
             ts = self.tasks.get(key)

@@ -18,7 +18,7 @@ hold before anything is computed again.
 
 from __future__ import annotations
 
-from .records import own, shared, TaskState
+from .records import add_edge, own, shared, TaskState
 
 
 class ReattachMixin:
@@ -164,7 +164,7 @@ class ReattachMixin:
             if ws is not None and ts.key in ws.abandoned and all(d.state == "memory" for d in ts.dependencies):
                 ws.abandoned.discard(ts.key)
                 for dep in ts.dependencies:
-                    own(dep, "waiters").add(ts)
+                    add_edge(dep, "waiters", ts)
                 self._adopt_running(ts, ws, self.now)
 
     def _finished_unclaimed(self, address: str, key: str, nbytes: int) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from ..protocol.frames import Opaque
-from .records import own, shared, TaskState
+from .records import add_edge, own, shared, TaskState
 
 def opaque_in(value) -> Opaque | None:
     """A payload as journal.py stores it ([data, [buffers]]), as the state holds it."""
@@ -144,7 +144,7 @@ def rebuild_into(st, recovered, now: float):
             dep = st.tasks.get(dkey)
             if dep is not None:
                 own(ts, "dependencies").add(dep)
-                own(dep, "dependents").add(ts)
+                add_edge(dep, "dependents", ts)
     # What was to be computed goes again, waiting for held inputs; what nobody needs goes.
     for ts in sorted(st.tasks.values(), key=lambda t: t.priority):
         if ts.state == "released" and ts.who_wants:

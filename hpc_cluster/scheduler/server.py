@@ -20,7 +20,7 @@ from ..protocol.frames import Limits, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
 from .backlog import BacklogMixin
 from .collector import Collector
-from .checks import Refused, _check_task, _keys, _restart_timeout
+from .checks import Refused, _check_task, _keys, _restart_timeout, compact_payloads
 from .evidence import EvidenceCollector
 from .links import WorkerLinksMixin
 from .state import SchedulerState
@@ -366,6 +366,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                 wanted = _keys(msg.get("keys", []), "keys")
                 try:
                     tasks = [_check_task(t) for t in tasks]
+                    compact_payloads(tasks)
                 except Refused as exc:
                     named = [t["key"] for t in tasks if isinstance(t, dict) and isinstance(t.get("key"), str)]
                     st.refuse_graph(cid, named + wanted, f"{exc}. Nothing of this submission was run")

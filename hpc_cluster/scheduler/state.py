@@ -39,7 +39,7 @@ from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
 from .prefetch import PREFETCH_SECONDS, DeepWorkers, not_queued
 from .placement import TaskDurations, worker_pool
-from .records import EMPTY, TaskState, WorkerState, dependency_error, own  # noqa: F401  (re-exported: tests and mixins use them from here)
+from .records import EMPTY, TaskState, WorkerState, add_edge, dependency_error, drop_edge, own  # noqa: F401  (re-exported: tests and mixins use them from here)
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -304,7 +304,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
         ts.waiting_on = EMPTY        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
-            dep.waiters.discard(ts)
+            drop_edge(dep, "waiters", ts)
         for dts in ts.dependents:
             if dts.state == "waiting" and ts in dts.waiting_on:
                 dts.waiting_on.discard(ts)
@@ -381,7 +381,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 self._err(ts, dependency_error(failed))
                 continue
             for dep in ts.dependencies:
-                own(dep, "waiters").add(ts)
+                add_edge(dep, "waiters", ts)
                 if dep.state == "memory":
                     continue
                 own(ts, "waiting_on").add(dep)
@@ -453,7 +453,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             self._touch(ts)
             ts.waiting_on = EMPTY
             for dep in ts.dependencies:
-                dep.waiters.discard(ts)
+                drop_edge(dep, "waiters", ts)
             self._tell_clients(ts, {"op": "task-erred", "key": ts.key, "error": err})
             child_err = dependency_error(ts)
             for dts in ts.dependents:
@@ -482,8 +482,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 del self.tasks[ts.key]
                 self._touch(ts)
                 for dep in ts.dependencies:
-                    dep.dependents.discard(ts)
-                    dep.waiters.discard(ts)
+                    drop_edge(dep, "dependents", ts)
+                    drop_edge(dep, "waiters", ts)
                     stack.append(("release" if not dep.who_wants and not dep.waiters and dep.state == "memory"
                                   and not dep.dependents else "forget", dep))
                 ts.dependencies = EMPTY
@@ -509,7 +509,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 ts.state = "released"
                 ts.waiting_on = EMPTY
                 for dep in ts.dependencies:
-                    dep.waiters.discard(ts)
+                    drop_edge(dep, "waiters", ts)
                     stack.append(("release", dep))
 
     # -- inspection --------------------------------------------------------------
