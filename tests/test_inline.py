@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hpc_cluster import Client, KilledWorker, LocalCluster, worker_client
-from hpc_cluster.worker.inline import INLINE_AFTER, INLINE_BAN, INLINE_BELOW, InlineMixin
+from hpc_cluster.worker.inline import INLINE_AFTER, INLINE_BAN, INLINE_BELOW, InlineMixin, inline_allowed
 
 
 def inc(x):
@@ -107,9 +107,19 @@ def test_a_crash_on_the_loop_is_charged_to_that_task_alone():
         assert death["cause"] == "crash" and death["blame"] and death["executing"] == [bad.key], death
 
 
+def test_the_environment_can_keep_every_task_on_threads(monkeypatch):
+    monkeypatch.setenv("HPC_CLUSTER_INLINE_TASKS", "0")
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as c:
+        names = one_by_one(c, where, range(INLINE_AFTER + 12))
+    assert all(n.startswith("hpc-task") for n in names), names
+    assert inline_allowed({}) and inline_allowed({"HPC_CLUSTER_INLINE_TASKS": "1"})
+    assert not inline_allowed({"HPC_CLUSTER_INLINE_TASKS": " Off"})
+
+
 class _Runs(InlineMixin):
     def __init__(self):
         self._quick = {}
+        self._inline_allowed = True
 
 
 class _Task:

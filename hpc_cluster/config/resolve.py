@@ -28,7 +28,8 @@ ENV_PREFIX = "HPC_CLUSTER_"
 # job scripts and processes export at run time. Any other HPC_CLUSTER_* variable must be
 # a setting; an unknown one is refused, because a typo would otherwise do nothing.
 ENV_META = {"CONFIG", "SITE", "SYSTEM_CONFIG_DIR"}
-ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS", "WORKER_INDEX"}
+ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS", "WORKER_INDEX",
+               "INLINE_TASKS"}    # read by each worker (worker/inline.py), not a cluster's setting
 
 # ---------------------------------------------------------------------------- env and keywords
 

@@ -18,11 +18,15 @@ context.RunOnThread (a BaseException: a task's `except Exception` does not swall
 the function never runs on the loop again and the task starts over on a task thread. A run
 on the loop that took over INLINE_BAN ends its function's runs there for good; a run over
 INLINE_BELOW sends it back to threads until INLINE_AFTER quick runs again.
+
+HPC_CLUSTER_INLINE_TASKS=0 in a worker's environment keeps every task on its threads (code
+that needs a thread of its own, or to measure what this saves).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from ..protocol import context
@@ -35,8 +39,13 @@ _BANNED = -1
 _MOST_FUNCTIONS = 4096    # functions tracked; forgotten all at once past it (they re-qualify)
 
 
+def inline_allowed(environ=os.environ) -> bool:
+    return environ.get("HPC_CLUSTER_INLINE_TASKS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 class InlineMixin:
     """Needs: self._quick (dict: function bytes -> consecutive tiny runs, or _BANNED),
+    self._inline_allowed (inline_allowed() when the worker started),
     self._execute, self._report, self.executor, self.executing, self.scheduler, self.memory."""
 
     def _note_run(self, func: bytes, seconds: float) -> None:
@@ -48,7 +57,7 @@ class InlineMixin:
         self._quick[func] = streak + 1 if seconds < INLINE_BELOW else 0
 
     def _runs_inline(self, ts) -> bool:
-        return self._quick.get(ts.func, 0) >= INLINE_AFTER
+        return self._quick.get(ts.func, 0) >= INLINE_AFTER and self._inline_allowed
 
     def _run_inline(self, ts) -> None:
         """Start `ts` and run it here, on the loop; report it before anything else starts."""

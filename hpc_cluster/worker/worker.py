@@ -25,7 +25,7 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.versions import get_versions
 from .fetch import FetchMixin
-from .inline import InlineMixin
+from .inline import InlineMixin, inline_allowed
 from .logs import LogBuffer
 from .reattach import reattach
 from .sizeof import sizeof
@@ -99,6 +99,7 @@ class Worker(FetchMixin, InlineMixin):
         self._done_scheduled = False
         # Per function (its pickle): consecutive runs quick enough to run on the loop (inline.py).
         self._quick: dict[bytes, int] = {}
+        self._inline_allowed = inline_allowed()
         self._more_scheduled = False             # a _run_ready is due: inline runs used their turn
         self._fetching: dict[str, asyncio.Future] = {}
         self._unsendable: dict[str, str] = {}      # inputs their holder cannot send: why
