@@ -42,6 +42,7 @@ class FrameReader:
         self.stream = stream
         self.buf: memoryview | None = None      # bytes read but not yet taken: [pos, end)
         self.pos = self.end = 0
+        self.waited = False                     # set when a read had to wait for the peer (Comm.batches)
 
     async def read_frames(self, limits: Limits) -> list:
         """The next message's logical frames (header first). Raises ProtocolError for one over
@@ -91,7 +92,13 @@ class FrameReader:
             self.buf[:have] = bytes(self.buf[self.pos:self.end])
             self.pos, self.end = 0, have
         while self.end < need:
-            self.end += await self.stream.read_into(self.buf[self.end:], partial=True)
+            self.end += await self._read_into(self.buf[self.end:], partial=True)
+
+    def _read_into(self, view, partial: bool = False):
+        fut = self.stream.read_into(view, partial=partial)
+        if not fut.done():
+            self.waited = True                  # the loop will have turned before it completes
+        return fut
 
     async def _read_exactly(self, view: memoryview) -> None:
         """Fill `view` from what is buffered, then straight from the stream: the rest of a large
@@ -101,7 +108,7 @@ class FrameReader:
             view[:k] = self.buf[self.pos:self.pos + k]
             self.pos += k
         for start in range(k, len(view), CHUNK):
-            await self.stream.read_into(view[start:start + CHUNK])
+            await self._read_into(view[start:start + CHUNK])
 
     async def _read_parts(self, sizes: list[int]) -> list[memoryview]:
         """Read the logical frames: each large one into memory of its own, so that one array

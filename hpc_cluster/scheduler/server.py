@@ -32,9 +32,10 @@ logger = logging.getLogger("hpc_cluster.scheduler")
 # Tasks placed in one turn of the loop, by all its events together (state.place_limit). A
 # 10,000-task submission to 500 workers placed at once held the loop for a second and more
 # (BENCHMARKS.md, "Many workers"); so did a turn in which 50 workers each reported a finished
-# task and each report refilled its worker's deep queue. 200 placements take 2-10 ms, then
-# whatever else arrived is served before the next.
-PLACE_PER_TURN = 200
+# task and each report refilled its worker's deep queue. 100 placements take 2-5 ms, then
+# whatever else arrived is served before the next (200 made 20 ms turns at 500 workers, and an
+# answer, two to three turns, over 50 ms).
+PLACE_PER_TURN = 100
 
 
 class Scheduler(BacklogMixin, WorkerLinksMixin):
