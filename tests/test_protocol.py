@@ -118,16 +118,12 @@ def test_one_read_of_the_stream_takes_every_message_already_come():
     assert drained            # between messages a connection holds no read buffer of its own
 
 
-def test_a_reader_slow_on_a_batch_lets_the_loop_serve_others_before_the_next():
-    # Messages already in the buffer are taken without suspending, so a client's submission in
-    # many parts was applied in one go (430 ms at 500 workers) while nobody else was answered.
-    # Comm.batches gives the loop a turn after a batch its reader spent FAIR_AFTER on; quick
-    # batches still go back to back (a turn per message would slow every chain of tasks).
-    from hpc_cluster.protocol.comm import FAIR_AFTER
-
+def _turns_while_reading(count: int, on_batch) -> list[tuple[int, int]]:
+    """Read `count` buffered one-message batches with Comm.batches, calling on_batch(i) on each,
+    while another coroutine counts the loop's turns: [(i, turns so far)] per batch."""
     async def run():
         comm, peer = _comm_pair()
-        peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(6)))
+        peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(count)))
         turns, seen = [0], []
 
         async def other_peer():
@@ -139,16 +135,27 @@ def test_a_reader_slow_on_a_batch_lets_the_loop_serve_others_before_the_next():
         async for msgs in comm.batches():
             i = msgs[0]["i"]
             seen.append((i, turns[0]))
-            if i < 3:
-                time.sleep(FAIR_AFTER * 2)       # a slow batch (a large submission applied)
-            if i == 5:
+            on_batch(i)
+            if i == count - 1:
                 break
         other.cancel()
         comm.close()
         peer.close()
         return seen
+    return asyncio.run(run())
 
-    seen = asyncio.run(run())
+
+def test_a_reader_slow_on_a_batch_lets_the_loop_serve_others_before_the_next():
+    # Messages already in the buffer are taken without suspending, so a client's submission in
+    # many parts was applied in one go (430 ms at 500 workers) while nobody else was answered.
+    # Comm.batches gives the loop a turn after a batch its reader spent FAIR_AFTER on; quick
+    # batches still go back to back (a turn per message would slow every chain of tasks).
+    from hpc_cluster.protocol.comm import FAIR_AFTER
+
+    def work(i):
+        if i < 3:
+            time.sleep(FAIR_AFTER * 2)           # a slow batch (a large submission applied)
+    seen = _turns_while_reading(6, work)
     turns = [t for _, t in seen]
     assert [i for i, _ in seen] == list(range(6))
     assert turns[1] > turns[0] and turns[2] > turns[1] and turns[3] > turns[2], seen   # after each slow one
@@ -159,29 +166,7 @@ def test_many_quick_batches_let_the_loop_serve_others_once_they_add_up():
     # Each batch under FAIR_AFTER, but buffered one after another: a submission in parts of
     # 250 tasks (3 ms each) was applied whole in one callback (123 ms at 500 workers).
     from hpc_cluster.protocol.comm import FAIR_AFTER
-
-    async def run():
-        comm, peer = _comm_pair()
-        peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(40)))
-        turns, seen = [0], []
-
-        async def other_peer():
-            while True:
-                turns[0] += 1
-                await asyncio.sleep(0)
-        other = asyncio.ensure_future(other_peer())
-        await asyncio.sleep(0)
-        async for msgs in comm.batches():
-            seen.append(turns[0])
-            time.sleep(FAIR_AFTER / 4)           # a quick batch
-            if msgs[0]["i"] == 39:
-                break
-        other.cancel()
-        comm.close()
-        peer.close()
-        return seen
-
-    seen = asyncio.run(run())
+    seen = [t for _, t in _turns_while_reading(40, lambda i: time.sleep(FAIR_AFTER / 4))]
     # At most about four quick batches between the other peer's turns, never all 40 at once.
     runs = [seen.count(t) for t in sorted(set(seen))]
     assert len(runs) >= 8 and max(runs) <= 5, seen
