@@ -22,6 +22,7 @@ from typing import Any
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .client_loop import LoopThread
 from .client_reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
+from .client_data import WorkerDataMixin
 from .client_tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
@@ -31,20 +32,9 @@ from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, Handsha
 from .protocol.frames import Limits, Opaque
 from .protocol.secret import read_cluster_file, secret_from_env
 from .protocol.versions import get_versions
-from .submission import CHUNK_TASKS, check_fits, split_submission
-
-# Results asked of (or put on) one worker per request: a message carries a frame per result,
-# and one of more frames than its receiver accepts (Limits.max_frames) is refused.
-KEYS_PER_REQUEST = 10_000
+from .submission import CHUNK_TASKS, check_fits, release_messages, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
-
-
-def _releases(keys: list[str]) -> list[dict]:
-    """release-keys messages of at most CHUNK_TASKS keys, each sent in a wire message of its
-    own: the scheduler then takes a large release a part per turn of its loop (Comm.batches),
-    where 20,000 keys in one message held every other client's answer for 15 ms at a time."""
-    return [{"op": "release-keys", "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
 
 
 def _funcname(func) -> str:
@@ -52,7 +42,7 @@ def _funcname(func) -> str:
     return "lambda" if name == "<lambda>" else name
 
 
-class Client(CollectionsMixin, ClusterToolsMixin):
+class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
     """Connect to a cluster and run work on it.
 
     `Client(cluster)`, `Client("tcp://host:port")` (secret from $HPC_CLUSTER_SECRET or
@@ -274,11 +264,11 @@ class Client(CollectionsMixin, ClusterToolsMixin):
                         self._states.pop(item, None)
                     continue
                 if release:
-                    msgs.extend(_releases(release))
+                    msgs.extend(release_messages(release))
                     release = []
                 msgs.append(item)
             if release:
-                msgs.extend(_releases(release))
+                msgs.extend(release_messages(release))
         if self.status == "running" or self.status == "connecting":
             # Many submissions queued at once (a large map's parts, or thousands of submit()
             # calls in one loop turn) go as several wire messages, each within the limits.
@@ -449,108 +439,6 @@ class Client(CollectionsMixin, ClusterToolsMixin):
         if isinstance(futures, Future) and futures.key in skipped:
             return None
         return replace_futures(futures, values, skipped)
-
-    async def _fetch(self, keys: list[str]) -> tuple[dict, list]:
-        who_has = await self._request({"op": "who-has", "keys": keys})
-        by_worker: dict[str, list[str]] = collections.defaultdict(list)
-        missing = []
-        for key in keys:
-            holders = who_has.get(key) or []
-            if holders:
-                by_worker[random.choice(holders)].append(key)
-            else:
-                missing.append(key)
-        # Each worker in requests of a bounded number of keys, one after the other: a reply
-        # carries a frame per result, and one of more frames than we accept was refused, the
-        # connection dropped, and the keys asked for again for ever (a map of 200,000 tasks on
-        # 2 workers never gathered).
-        per_request = self._keys_per_request(self._pool.limits)
-
-        async def from_worker(w: str, ks: list[str]) -> list:
-            replies = []
-            for i in range(0, len(ks), per_request):
-                batch = ks[i:i + per_request]
-                try:
-                    replies.append((batch, await self._worker_request(w, {"op": "get-data", "keys": batch})))
-                except Exception as exc:  # this batch is asked for again (the holder may be gone)
-                    replies.append((batch, exc))
-            return replies
-
-        per_worker = await asyncio.gather(*(from_worker(w, ks) for w, ks in by_worker.items()))
-        values = {}
-        for ks, reply in (item for replies in per_worker for item in replies):
-            if isinstance(reply, BaseException):
-                missing.extend(ks)
-                continue
-            for k, blob in reply["data"].items():
-                values[k] = serialize.loads_value(blob)
-            missing.extend(reply.get("missing") or [])
-            # A result that cannot travel (does not pickle, too large for its worker to send):
-            # a task error, said once, instead of asking again for ever.
-            for k, why in (reply.get("errors") or {}).items():
-                st = self._states.get(k)
-                if st is not None:
-                    self._set(k, st, "error", {"kind": "unsendable", "text": str(why)})
-                    missing.append(k)
-        return values, missing
-
-    @staticmethod
-    def _keys_per_request(limits: Limits | None) -> int:
-        return max(1, min(KEYS_PER_REQUEST, ((limits or Limits()).max_frames - 1) // 2))
-
-    async def _worker_request(self, address: str, msg: dict) -> dict:
-        return await self._pool.request(address, msg)
-
-    # -- data and control ------------------------------------------------------------------
-    def scatter(self, data, broadcast: bool = False, hash: bool = True):
-        """Put local data on workers; returns futures in the same shape (list, dict or one)."""
-        if isinstance(data, dict):
-            items = list(data.items())
-        elif isinstance(data, (list, tuple)):
-            items = [(None, v) for v in data]
-        else:
-            items = [(None, data)]
-        blobs = []
-        for k, v in items:
-            with serialize.local_modules_by_value():
-                blob = serialize.dumps_value(v)
-            if k is None:
-                token = serialize.tokenize(b"scatter", blob) if hash else uuid.uuid4().hex
-                k = f"{type(v).__name__}-{token}"
-            blobs.append((str(k), blob))
-        futures = [Future(k, self) for k, _ in blobs]
-        self._lt.run(self._scatter(blobs, broadcast), self.timeout)
-        self.wait_keys([f.key for f in futures], self.timeout)
-        if isinstance(data, dict):
-            return dict(zip(data, futures))
-        if isinstance(data, (list, tuple)):
-            return type(data)(futures) if isinstance(data, list) else tuple(futures)
-        return futures[0]
-
-    async def _scatter(self, blobs: list, broadcast: bool) -> None:
-        workers = [w["address"] for w in await self._request({"op": "workers"})]
-        if not workers:
-            raise RuntimeError("no workers to scatter to; wait for workers (cluster.scale) first")
-        random.shuffle(workers)
-        plan: dict[str, dict] = collections.defaultdict(dict)
-        who_has: dict[str, list] = collections.defaultdict(list)
-        for i, (k, blob) in enumerate(blobs):
-            for w in (workers if broadcast else [workers[i % len(workers)]]):
-                plan[w][k] = blob
-                who_has[k].append(w)
-        nbytes = {}
-
-        async def put(w: str, data: dict) -> None:
-            # In bounded requests, as _fetch asks (a scatter of 200,000 items to one worker was
-            # refused whole; workers read with the default max_frames).
-            items, n = list(data.items()), self._keys_per_request(None)
-            for i in range(0, len(items), n):
-                reply = await self._worker_request(w, {"op": "put-data", "data": dict(items[i:i + n])})
-                nbytes.update(reply.get("nbytes") or {})
-
-        await asyncio.gather(*(put(w, d) for w, d in plan.items()))
-        self._flush_out()
-        self._stream.send({"op": "scatter", "who_has": dict(who_has), "nbytes": nbytes})
 
     def cancel(self, futures, reason: str = "cancelled by the user") -> None:
         flat: list[Future] = []

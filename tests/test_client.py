@@ -333,9 +333,8 @@ def test_local_cluster_context_leaves_no_process_behind():
 def test_a_large_release_goes_in_parts_the_scheduler_can_take_a_turn_at_a_time():
     # 20,000 keys in one release-keys message held every other client's answer for 15 ms at a
     # time at 500 workers; parts of CHUNK_TASKS let Comm.batches give the loop turns between.
-    from hpc_cluster.client import _releases
-    from hpc_cluster.submission import CHUNK_TASKS
+    from hpc_cluster.submission import CHUNK_TASKS, release_messages
     keys = [f"k{i}" for i in range(2 * CHUNK_TASKS + 1)]
-    msgs = _releases(keys)
+    msgs = release_messages(keys)
     assert [len(m["keys"]) for m in msgs] == [CHUNK_TASKS, CHUNK_TASKS, 1]
     assert [k for m in msgs for k in m["keys"]] == keys and {m["op"] for m in msgs} == {"release-keys"}
