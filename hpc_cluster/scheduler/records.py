@@ -64,16 +64,18 @@ EMPTY = _NoneYet()
 _WANTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+def _interned(table: weakref.WeakValueDictionary, name: tuple, value: frozenset) -> frozenset:
+    """`table`'s frozenset under `name`, `value` if it has none yet (kept while one is in use)."""
+    found = table.get(name)
+    if found is None:
+        table[name] = found = value
+    return found
+
+
 def shared(items) -> frozenset:
     """The one frozenset of these items (EMPTY if none): tasks with the same clients share it."""
     value = frozenset(items)
-    if not value:
-        return EMPTY
-    name = tuple(sorted(value))
-    found = _WANTS.get(name)
-    if found is None:
-        _WANTS[name] = found = value
-    return found
+    return _interned(_WANTS, tuple(sorted(value)), value) if value else EMPTY
 
 
 def with_item(current: frozenset, item) -> frozenset:
@@ -93,14 +95,8 @@ _EDGES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _shared_edges(items: frozenset) -> frozenset:
-    if not items:
-        return EMPTY
-    # By identity: a set of tasks keeps them alive, so no id in a live name is reused.
-    name = tuple(sorted(map(id, items)))
-    found = _EDGES.get(name)
-    if found is None:
-        _EDGES[name] = found = items
-    return found
+    # Named by identity: a set of tasks keeps them alive, so no id in a live name is reused.
+    return _interned(_EDGES, tuple(sorted(map(id, items))), items) if items else EMPTY
 
 
 def add_edge(record, name: str, item) -> None:
