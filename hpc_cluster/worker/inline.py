@@ -46,7 +46,8 @@ def inline_allowed(environ=os.environ) -> bool:
 class InlineMixin:
     """Needs: self._quick (dict: function bytes -> consecutive tiny runs, or _BANNED),
     self._inline_allowed (inline_allowed() when the worker started),
-    self._execute, self._report, self.executor, self.executing, self.scheduler, self.memory."""
+    self._execute, self._report, self.executor, self.executing, self.scheduler, self.memory,
+    self.loop (the worker's event loop, the one running)."""
 
     def _note_run(self, func: bytes, seconds: float) -> None:
         streak = self._quick.get(func, 0)
@@ -57,7 +58,7 @@ class InlineMixin:
         self._quick[func] = streak + 1 if seconds < INLINE_BELOW else 0
 
     def _runs_inline(self, ts) -> bool:
-        return self._quick.get(ts.func, 0) >= INLINE_AFTER and self._inline_allowed
+        return self._inline_allowed and self._quick.get(ts.func, 0) >= INLINE_AFTER
 
     def _run_inline(self, ts) -> None:
         """Start `ts` and run it here, on the loop; report it before anything else starts."""
@@ -67,14 +68,13 @@ class InlineMixin:
         self.scheduler.flush()
         # The task sees no running loop, as on a thread: asyncio.run() in it works (95 us,
         # quick enough to be here) instead of "cannot be called from a running event loop".
-        loop = asyncio._get_running_loop()
         asyncio._set_running_loop(None)
         context.set_inline(True)
         try:
             outcome, duration = self._execute(ts)
         finally:
             context.set_inline(False)
-            asyncio._set_running_loop(loop)
+            asyncio._set_running_loop(self.loop)
         if outcome[0] == "error" and isinstance(outcome[1], context.RunOnThread):
             # It would wait on this loop: started already (and said so), it starts over there.
             self._quick[ts.func] = _BANNED
