@@ -102,3 +102,74 @@ def test_a_task_no_message_can_carry_is_refused_naming_the_limit(small_cluster):
         # The session goes on: nothing was sent, nothing dropped.
         assert client.submit(inc, 1).result(timeout=20) == 2
         assert client.status == "running"
+
+
+def _blob_cache():
+    """func_blob_of as the Client's: one pickle per function object."""
+    from hpc_cluster.protocol import serialize
+    blobs: dict = {}
+    return lambda f: blobs.setdefault(id(f), (f, serialize.dumps_function(f)))[1]
+
+
+def _sized(pad, x):
+    return len(pad) + x
+
+
+def test_a_graphs_nodes_send_their_shared_function_once():
+    """Issue 19: each node of a graph carried its function by value (this file's `inc`:
+    ~450 B) in its own pickle, and the scheduler held a copy per task (1,871 B per waiting
+    task of a 1,000,000-task graph; 933 B once the nodes share one function payload)."""
+    import functools
+
+    from dask._task_spec import Task
+
+    from hpc_cluster.graph import GraphCall, graph_tasks, run_graph_node
+    from hpc_cluster.protocol import serialize
+    blob_of = _blob_cache()
+    graph = {("leaf", i): Task(("leaf", i), inc, i) for i in range(2000)}
+    big = functools.partial(_sized, b"x" * 10_000)            # pickles over PULL_BELOW
+    graph[("big", 0)] = Task(("big", 0), big, 1)
+    specs, wire = graph_tasks(graph, blob_of)
+    leaves = [s for s in specs if s["key"].startswith("('leaf'")]
+    assert len(leaves) == 2000 and len({id(s["func"]) for s in leaves}) == 1
+    call = serialize.loads(leaves[0]["func"])
+    assert isinstance(call, GraphCall) and call.func.__name__ == "inc"
+    # The function went by value (its file's name inside it); the nodes no longer carry it.
+    assert __file__.encode() in leaves[0]["func"]
+    assert not any(__file__.encode() in s["args"] for s in leaves)
+    assert max(len(s["args"]) for s in leaves) < len(leaves[0]["func"])
+    # The user's graph is as it was; a function too large to share stays in its node.
+    assert all(node.func is inc for key, node in graph.items() if key[0] == "leaf")
+    (whole,) = [s for s in specs if s["key"] == wire[("big", 0)]]
+    assert whole["func"] == blob_of(run_graph_node) and len(whole["args"]) > 10_000
+
+
+def _kw(a, b=0, *, scale=1):
+    return (a + b) * scale
+
+
+def test_graphs_with_shared_functions_compute_right_on_workers(small_cluster):
+    """Every kind of node runs the same with its function sent apart: keyword arguments, a
+    task nested in another's arguments, data nodes, aliases, a partial, a lambda, a function
+    too large to share, and tasks of dask.array."""
+    import functools
+
+    import dask.array as da
+    from dask._task_spec import Alias, DataNode, Task, TaskRef
+
+    double = functools.partial(_kw, scale=2)
+    graph = {
+        "a": DataNode("a", 5),
+        "b": Task("b", _kw, TaskRef("a"), b=3, scale=10),                    # (5 + 3) * 10
+        "c": Task("c", add, TaskRef("b"), Task("c-in", inc, TaskRef("a"))),   # 80 + 6
+        "d": Task("d", double, TaskRef("c")),                                 # 172
+        "e": Task("e", lambda v: -v, TaskRef("d")),
+        "f": Alias("f", "e"),
+        "g": Task("g", functools.partial(_sized, b"y" * 10_000), TaskRef("a")),
+        **{("h", i): Task(("h", i), _kw, i, b=i) for i in range(50)},
+    }
+    with Client(small_cluster) as client:
+        assert client.get(graph, ["b", "c", "d", "e", "f", "g"]) == [80, 86, 172, -172, -172, 10_005]
+        assert client.get(graph, [("h", i) for i in range(50)]) == [2 * i for i in range(50)]
+        x = da.arange(10_000, chunks=500)
+        assert client.compute((x * 2 + 1).sum()).result(timeout=60) == sum(2 * i + 1 for i in range(10_000))

@@ -96,6 +96,31 @@ def test_priority_then_submission_order():
     assert computes(s.take_outbox(), "w1") == ["low"]
 
 
+def test_priorities_at_the_ends_of_the_range_order_and_reach_workers_as_pairs():
+    """A task's priority is one int (56 B less than a tuple per task); workers and journals
+    still get [-priority, order], which must come out the same for every allowed priority."""
+    from hpc_cluster.scheduler.records import priority_from_pair, priority_of, priority_pair
+    top = 2**63 - 1
+    s = SchedulerState(prefetch=0)
+    s.update_graph("c", [task("low", priority=-top), task("mid"), task("high", priority=top),
+                         task("mid2"), task("neg", priority=-1)], ["low", "mid", "high", "mid2", "neg"])
+    s.add_worker("w1", nthreads=1, now=0)
+    order = []
+    for _ in range(5):
+        msgs = [m for m in s.take_outbox().get("w1", []) if m["op"] == "compute"]
+        assert len(msgs) == 1
+        order.append(msgs[0]["key"])
+        pair = msgs[0]["priority"]
+        assert priority_from_pair(pair) == s.tasks[msgs[0]["key"]].priority
+        assert all(-(2**63) <= v < 2**64 for v in pair)               # msgpack packs it
+        s.task_finished("w1", msgs[0]["key"], 1)
+    assert order == ["high", "mid", "mid2", "neg", "low"]
+    for user in (top, -top, 0, 5, -5):
+        for seq in (0, 1, 2**40):
+            assert priority_pair(priority_of(user, seq)) == [-user, seq]
+    assert priority_from_pair([3]) == priority_of(-3, 0)                # an older journal's
+
+
 def test_placement_prefers_worker_holding_inputs():
     s = SchedulerState(prefetch=0)
     s.add_worker("w1", nthreads=1, now=0)
@@ -610,8 +635,10 @@ def test_a_waiting_task_costs_the_scheduler_under_1_kb():
     finally:
         tracemalloc.stop()
     assert {ts.state for ts in st.tasks.values()} == {"queued"} and len(st.tasks) == n
-    # 889 bytes with a set of wanting clients and an attempts list per task; 623 without
-    assert per_task < 750, f"{per_task:.0f} bytes per waiting task"
+    # 889 bytes with a set of wanting clients and an attempts list per task; 625 with the
+    # priority a (priority, order) tuple; 573 with it one int
+    assert per_task < 600, f"{per_task:.0f} bytes per waiting task"
+    assert all(type(ts.priority) is int for ts in st.tasks.values())
     # The shared empty value stays empty. The tasks one client wants share one frozenset of
     # wanting clients (a 216-byte set each before), and a release changes only its task's.
     from hpc_cluster.scheduler.records import EMPTY

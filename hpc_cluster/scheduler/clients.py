@@ -4,7 +4,7 @@ clearing, who holds what. Mixed into SchedulerState (state.py), pure like it.
 
 from __future__ import annotations
 
-from .records import add_edge, own, TaskState, with_item, without_item
+from .records import add_edge, own, priority_of, TaskState, with_item, without_item
 
 
 class ClientsMixin:
@@ -37,7 +37,7 @@ class ClientsMixin:
                 ts = self.tasks[key] = TaskState(key)
             ts.func, ts.args = spec["func"], spec["args"]
             self._touch(ts)
-            ts.priority = (-int(spec.get("priority", 0)), next(self._seq))
+            ts.priority = priority_of(int(spec.get("priority", 0)), next(self._seq))
             ts.retries = int(spec.get("retries", 0))
             ts.resources = spec.get("resources") or None
             ts.duration = float(spec["duration"]) if spec.get("duration") else None

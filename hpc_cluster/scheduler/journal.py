@@ -50,6 +50,7 @@ from pathlib import Path
 import msgpack
 
 from ..protocol.frames import Opaque
+from .records import priority_pair
 from .recovery import opaque_in
 from .timeline import journal_death
 
@@ -227,7 +228,7 @@ def resume_from(path, cluster: str | None = None) -> Recovered | None:
 def spec_record(ts, func=None) -> list:
     """`func`: the "B" id its function was written under, if it was (else the payload)."""
     return ["S", ts.key, opaque_out(ts.func) if func is None else func, opaque_out(ts.args), sorted(d.key for d in ts.dependencies),
-            list(ts.priority), ts.duration, ts.resources, None]
+            priority_pair(ts.priority), ts.duration, ts.resources, None]
 
 
 def _sorted(items) -> list:

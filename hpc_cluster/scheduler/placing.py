@@ -14,7 +14,7 @@ import heapq
 
 from .placement import expected_duration, is_queued_root, wait_for_holder
 from .prefetch import has_base_slot, has_deep_room, queued_cost_us, short_enough
-from .records import TaskState, WorkerState
+from .records import priority_pair, TaskState, WorkerState
 
 
 class PlacingMixin:
@@ -116,7 +116,7 @@ class PlacingMixin:
         """The message that has `ws` run `ts` (ahead.py's adds "after": held until that input is done)."""
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
         msg = {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
-               "priority": list(ts.priority)}
+               "priority": priority_pair(ts.priority)}
         # The sizes of the inputs it must fetch: it fetches large ones only for a task a thread
         # is free for, not ahead (worker.py, FETCH_AHEAD_BYTES).
         sizes = {dep.key: dep.nbytes for dep in ts.dependencies if dep.nbytes and ws not in dep.who_has}

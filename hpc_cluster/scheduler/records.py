@@ -118,6 +118,27 @@ def drop_edge(record, name: str, item) -> None:
         setattr(record, name, _shared_edges(frozenset(current) - {item}))
 
 
+# A task's priority is one int, not a (user's priority, submission order) tuple: 56 bytes less
+# per waiting task (issue 19). Workers and journals still get the pair.
+SEQ_SPAN = 2**64
+
+
+def priority_of(user: int, seq: int) -> int:
+    """Higher user priority first, then submission order; lower runs first."""
+    return -user * SEQ_SPAN + seq
+
+
+def priority_pair(priority: int) -> list[int]:
+    """[-user priority, submission order]: what workers order by and journals keep."""
+    return list(divmod(priority, SEQ_SPAN))
+
+
+def priority_from_pair(pair) -> int:
+    """The inverse of priority_pair (a journal written before the pair had one number)."""
+    pair = list(pair) + [0] * (2 - len(pair))
+    return pair[0] * SEQ_SPAN + pair[1]
+
+
 def own(record, name: str) -> set:
     """`record.<name>`, made a set of its own if it still is the shared EMPTY: to add to."""
     value = getattr(record, name)
@@ -132,7 +153,7 @@ class TaskState:
     key: str
     func: object = None                     # Opaque, None for scattered data
     args: object = None                     # Opaque
-    priority: tuple = (0, 0)
+    priority: int = 0                                # priority_of(the user's, submission order): lower runs first
     retries: int = 0
     resources: dict | None = None
     state: str = "released"

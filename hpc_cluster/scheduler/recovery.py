@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from ..protocol.frames import Opaque
-from .records import add_edge, own, shared, TaskState
+from .records import add_edge, own, priority_from_pair, SEQ_SPAN, shared, TaskState
 
 def opaque_in(value) -> Opaque | None:
     """A payload as journal.py stores it ([data, [buffers]]), as the state holds it."""
@@ -113,8 +113,8 @@ def rebuild_into(st, recovered, now: float):
     for key, spec in recovered.specs.items():
         ts = st.tasks[key] = TaskState(key)
         ts.func, ts.args = opaque_in(spec[2]), opaque_in(spec[3])
-        ts.priority = tuple(spec[5])
-        top = max(top, ts.priority[1] if len(ts.priority) > 1 else 0)
+        ts.priority = priority_from_pair(spec[5])
+        top = max(top, ts.priority % SEQ_SPAN)
         ts.duration, ts.resources = spec[6], spec[7] or None
         status = recovered.status.get(key)
         if status is not None:
