@@ -118,20 +118,27 @@ def test_one_read_of_the_stream_takes_every_message_already_come():
     assert drained            # between messages a connection holds no read buffer of its own
 
 
+async def _count_turns() -> tuple[list[int], asyncio.Future]:
+    """Another peer's coroutine counting the loop's turns: ([turns so far], its task to cancel)."""
+    turns = [0]
+
+    async def other_peer():
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+    other = asyncio.ensure_future(other_peer())
+    await asyncio.sleep(0)
+    return turns, other
+
+
 def _turns_while_reading(count: int, on_batch) -> list[tuple[int, int]]:
     """Read `count` buffered one-message batches with Comm.batches, calling on_batch(i) on each,
     while another coroutine counts the loop's turns: [(i, turns so far)] per batch."""
     async def run():
         comm, peer = _comm_pair()
         peer.sendall(b"".join(b"".join(dumps([{"op": "m", "i": i}])) for i in range(count)))
-        turns, seen = [0], []
-
-        async def other_peer():
-            while True:
-                turns[0] += 1
-                await asyncio.sleep(0)
-        other = asyncio.ensure_future(other_peer())
-        await asyncio.sleep(0)
+        seen = []
+        turns, other = await _count_turns()
         async for msgs in comm.batches():
             i = msgs[0]["i"]
             seen.append((i, turns[0]))
@@ -171,6 +178,63 @@ def test_many_quick_batches_let_the_loop_serve_others_once_they_add_up():
     runs = [seen.count(t) for t in sorted(set(seen))]
     assert len(runs) >= 8 and max(runs) <= 5, seen
     assert max(runs) >= 2, seen                  # and still several back to back
+
+
+def test_batches_that_would_overrun_together_get_a_turn_each():
+    # Parts of a submission of 3-7 ms each (FAIR_AFTER 5 ms) went two to a turn: 11.6 ms of one
+    # callback while a client's question waited (500 workers). The turn now comes before a
+    # batch that, as long as the last, would take the sum past FAIR_AFTER.
+    from hpc_cluster.protocol.comm import FAIR_AFTER
+    seen = [t for _, t in _turns_while_reading(12, lambda i: time.sleep(FAIR_AFTER * 0.6))]
+    assert all(b > a for a, b in zip(seen, seen[1:])), seen
+
+
+def _writes_by_turn(streams: int, flusher) -> tuple[list[int], list[list[dict]]]:
+    """Queue two messages on each of `streams` BatchedSends (real socket comms) in one turn;
+    return the loop turn each stream's write was made in, and what each peer read."""
+    from tornado.iostream import IOStream
+
+    from hpc_cluster.protocol.comm import BatchedSend, Comm
+
+    async def run():
+        pairs = [_comm_pair() for _ in range(streams)]
+        written = [None] * streams
+        turns, other = await _count_turns()
+        sends = []
+        for i, (comm, _) in enumerate(pairs):
+            real = comm.write_nowait
+
+            def observed(msgs, _i=i, _real=real):
+                written[_i] = turns[0]
+                return _real(msgs)
+            comm.write_nowait = observed
+            sends.append(BatchedSend(comm, flusher))
+        for n in range(2):
+            for i, bs in enumerate(sends):
+                bs.send({"op": "m", "i": i, "n": n})
+        got = []
+        for comm, peer in pairs:
+            reader = Comm(IOStream(peer), "ours")
+            got.append(await asyncio.wait_for(reader.read(), 10))
+            reader.close()
+            comm.close()
+        other.cancel()
+        return written, got
+    return asyncio.run(run())
+
+
+def test_a_flusher_spreads_writes_to_many_peers_over_turns_and_loses_none():
+    # A client releasing its results had the scheduler write to all 500 workers in one turn
+    # (11 ms) while a client's question waited. Writes through a Flusher stop at its budget
+    # per turn (0 here: one write a turn) and go on in the next; each peer still gets its
+    # messages in one write, in order. Without a flusher all are written in the same turn.
+    from hpc_cluster.protocol.comm import Flusher
+    written, got = _writes_by_turn(12, Flusher(budget=0))
+    assert written == sorted(written) and len(set(written)) == 12, written
+    assert got == [[{"op": "m", "i": i, "n": 0}, {"op": "m", "i": i, "n": 1}] for i in range(12)]
+    written, got = _writes_by_turn(12, None)
+    assert len(set(written)) == 1, written
+    assert got == [[{"op": "m", "i": i, "n": 0}, {"op": "m", "i": i, "n": 1}] for i in range(12)]
 
 
 def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_rest():

@@ -39,7 +39,7 @@ class WorkerLinksMixin:
         # Reply before any task can be queued for it, so "registered" travels alone.
         await comm.write({"op": "registered", "address": addr,
                           "heartbeat_interval": heartbeat_interval(len(self.state.workers) + 1)})
-        self.streams[addr] = BatchedSend(comm)
+        self.streams[addr] = BatchedSend(comm, self.flusher)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
                 "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from ..protocol.comm import BatchedSend, Comm, Listener
+from ..protocol.comm import BatchedSend, Comm, Flusher, Listener
 from ..protocol.frames import Limits, ProtocolError
 from ..protocol.versions import format_table, get_versions, mismatches
 from .backlog import BacklogMixin
@@ -80,6 +80,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self._client_ids = itertools.count(1)
         self.deaths = EvidenceCollector(self.state, self.clock, self._flush)
         self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
+        self.flusher = Flusher()                          # writes to workers, bounded per loop turn
         # Extra client ops added by whoever runs us (deploy's job manager): op -> async fn(msg).
         self.handlers: dict[str, Callable[[dict], Awaitable]] = {}
         self._intents: dict[str, str] = {}                 # worker address -> why we end it
