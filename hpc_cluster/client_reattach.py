@@ -54,8 +54,10 @@ class SpecKeeper:
             if key in self.specs and key not in self.wanted:
                 self.wanted.add(key)
                 self.pins[key] += 1
+        pins = self.pins
         for spec in specs:                 # an unwanted one nothing kept needs (cannot happen, but)
-            self._maybe_drop(spec["key"])
+            if not pins.get(spec["key"]):
+                self._maybe_drop(spec["key"])
 
     def done(self, key: str) -> None:
         """Its future finished, failed or was released: its spec may go (and inputs only it kept)."""

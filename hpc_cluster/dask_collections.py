@@ -20,6 +20,7 @@ import weakref
 from .futures import Future, flatten_futures
 from .graph import graph_tasks, wire_key
 from .protocol.frames import Opaque
+from .submission import gc_paused
 
 # Keywords of dask's compute()/get() that only mean something to dask's local schedulers.
 _LOCAL_ONLY = frozenset({"num_workers", "pool", "chunksize", "raise_task_exception", "get_id", "rerun_exceptions_locally"})
@@ -161,6 +162,10 @@ class CollectionsMixin:
     # -- graphs ---------------------------------------------------------------------------
     def _graph_to_futures(self, dsk, keys: list, annotations: dict) -> dict:
         """Submit a dask graph; {dask key: Future} for `keys`."""
+        with gc_paused():
+            return self._graph_submitted(dsk, keys, annotations)
+
+    def _graph_submitted(self, dsk, keys: list, annotations: dict) -> dict:
         specs, wire = graph_tasks(dsk, self._func_blob, annotations)
         in_graph = {s["key"] for s in specs}
         for spec in specs:

@@ -14,13 +14,17 @@ a task that only a later part needs must not be forgotten in between (a task nob
 and nothing depends on is dropped at once): the client wants such a task until the last part
 is sent, then releases it (`carried`).
 
-Pure: specs in, messages out.
+Pure (specs in, messages out), but for `gc_paused`, which the client holds while it builds a
+large submission.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import heapq
+import threading
 
 from .protocol.frames import Limits, MessageTooLargeError, nbytes
 from .units import format_memory
@@ -36,26 +40,63 @@ CHUNK_HEADER = 32 * 2**20       # msgpack header per message (the receiver takes
 _SPEC_OVERHEAD = 160            # header bytes of a task beside its key and deps (msgpack, generous)
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while a submission's specs and futures are built.
+
+    Each spec and future is a new container object: CPython's collector ran ~9,000 times and
+    cost 3.1 of a 1,000,000-task map's 12.4 us per task in the client (collecting nothing:
+    all of it is live). Paused from the first of concurrent builders (threads) to the last,
+    then enabled again as it was; reference counting frees memory meanwhile as always."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 def header_bytes(spec: dict) -> int:
     """An upper estimate of what a task spec takes in a message's msgpack header."""
-    return _SPEC_OVERHEAD + len(spec["key"]) + sum(len(d) + 8 for d in spec.get("deps") or ()) + \
-        sum(len(k) + 16 for k in spec.get("resources") or {})
+    # Twice per task of a submission: no generator for the (usually empty) deps and resources.
+    size = _SPEC_OVERHEAD + len(spec["key"])
+    deps, resources = spec.get("deps"), spec.get("resources")
+    if deps:
+        size += sum(map(len, deps)) + 8 * len(deps)
+    if resources:
+        size += sum(map(len, resources)) + 16 * len(resources)
+    return size
+
+
+def _opaque_bytes(payload) -> int:
+    return nbytes(payload.data) + (sum(map(nbytes, payload.buffers)) if payload.buffers else 0)
 
 
 def payload_bytes(spec: dict) -> int:
-    return sum(nbytes(p.data) + sum(nbytes(b) for b in p.buffers) for p in (spec["func"], spec["args"]))
+    return _opaque_bytes(spec["func"]) + _opaque_bytes(spec["args"])
 
 
 def check_fits(spec: dict, limits: Limits) -> None:
     """Refuse, before anything is sent, a task no message to the scheduler could carry."""
-    size = payload_bytes(spec)
-    if size + header_bytes(spec) > limits.max_message_bytes:
+    size, head = payload_bytes(spec), header_bytes(spec)
+    if size + head > limits.max_message_bytes:
         raise MessageTooLargeError(
             f"task {spec['key']!r} carries {format_memory(size)} of function and arguments, more than a "
             f"message to the scheduler may hold (max_message_bytes = {format_memory(limits.max_message_bytes)}). "
             "Do not pass large data as an argument: scatter it first (client.scatter(data)) and pass the "
             "future, or load it inside the task; or raise max_message_bytes (docs/configuration.md)")
-    head = header_bytes(spec)
     if head > limits.max_header_bytes // 2:
         raise MessageTooLargeError(
             f"task {spec['key']!r} has a key and {len(spec.get('deps') or ())} dependencies taking about "
@@ -81,8 +122,9 @@ def split_submission(specs: list[dict], wanted: list[str], limits: Limits | None
     max_tasks = max(1, min(chunk_tasks or CHUNK_TASKS, (limits.max_frames - 1) // 2))
     max_header = min(CHUNK_HEADER, limits.max_header_bytes // 2)
     max_bytes = min(CHUNK_BYTES, limits.max_message_bytes // 2)
-    chunks = _chunks(specs, max_tasks, max_header, max_bytes)
-    if len(chunks) <= 1:
+    # More tasks than a part holds need parts whatever their sizes: no trial cut (a 1,000,000
+    # task map measured every task twice).
+    if len(specs) <= max_tasks and len(_chunks(specs, max_tasks, max_header, max_bytes)) <= 1:
         return [{"op": "update-graph", "tasks": specs, "keys": list(wanted)}], []
     specs = _topological(specs)
     chunks = _chunks(specs, max_tasks, max_header, max_bytes)
@@ -114,8 +156,7 @@ def _chunks(specs: list[dict], max_tasks: int, max_header: int, max_bytes: int) 
     for spec in specs:
         h = header_bytes(spec)
         fid = id(spec["func"].data)
-        s = nbytes(spec["args"].data) + sum(nbytes(b) for b in spec["args"].buffers) + (
-            0 if fid in seen_funcs else nbytes(spec["func"].data))
+        s = _opaque_bytes(spec["args"]) + (0 if fid in seen_funcs else nbytes(spec["func"].data))
         if current and (len(current) >= max_tasks or head + h > max_header or size + s > max_bytes):
             chunks.append(current)
             current, head, size, seen_funcs = [], 0, 0, set()
