@@ -237,6 +237,35 @@ def test_a_flusher_spreads_writes_to_many_peers_over_turns_and_loses_none():
     assert got == [[{"op": "m", "i": i, "n": 0}, {"op": "m", "i": i, "n": 1}] for i in range(12)]
 
 
+def test_a_write_that_raises_in_a_flusher_strands_no_other_peer():
+    # Each peer's write had a callback of its own; sharing one, a write that raised left the
+    # peers after it unwritten until some other message came for one of them.
+    from tornado.iostream import IOStream
+
+    from hpc_cluster.protocol.comm import BatchedSend, Comm, Flusher
+
+    async def run():
+        pairs = [_comm_pair() for _ in range(3)]
+        flusher = Flusher(budget=1.0)
+
+        def broken(msgs):
+            raise RuntimeError("a write that failed")
+        pairs[0][0].write_nowait = broken
+        sends = [BatchedSend(comm, flusher) for comm, _ in pairs]
+        for i, bs in enumerate(sends):
+            bs.send({"op": "m", "i": i})
+        got = []
+        for comm, peer in pairs[1:]:
+            reader = Comm(IOStream(peer), "ours")
+            got.append(await asyncio.wait_for(reader.read(), 10))
+            reader.close()
+        for comm, _ in pairs:
+            comm.close()
+        return got
+
+    assert asyncio.run(run()) == [[{"op": "m", "i": 1}], [{"op": "m", "i": 2}]]
+
+
 def test_idle_connections_hold_no_read_buffer_and_a_cut_prefix_waits_for_its_rest():
     from hpc_cluster.protocol import reader
 

@@ -515,12 +515,15 @@ class Flusher:
     def _run(self, loop) -> None:
         self._scheduled = False
         due, deadline = self._due, time.perf_counter() + self.budget
-        while due:
-            due.popleft()._flush()
-            if due and time.perf_counter() > deadline:
+        try:
+            while due:
+                due.popleft()._flush()
+                if time.perf_counter() > deadline:
+                    break
+        finally:                                # a write that raised strands no other peer's
+            if due and not self._scheduled:
                 self._scheduled = True
                 loop.call_soon(self._run, loop)
-                return
 
 
 class BatchedSend:
