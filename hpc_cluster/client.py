@@ -321,7 +321,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         ArgsPickler, used inside local_modules_by_value() (a 1,000,000-task map took 23 s to
         submit, dask's 13)."""
         if not callable(func):
-            raise TypeError(f"submit() needs a callable first, got {type(func).__name__}")
+            raise TypeError(f"{'map' if many else 'submit'}() needs a callable first, got {type(func).__name__}")
         fblob = self._func_blob(func)
         payload, name, start = Opaque(fblob), _funcname(func), serialize.token_start(fblob)
         common = {"priority": int(priority), "retries": int(retries), "resources": resources or {}, **needs}

@@ -386,7 +386,7 @@ class ArgsPickler:
         except Exception:
             self._pickler = _RefPickler(self._buf, self._refs)      # the failed one's state is unknown
             return dumps_args(args, kwargs)
-        return buf.getvalue(), set(refs) if refs else set()
+        return buf.getvalue(), set(refs)
 
 
 def _which_argument(args: tuple, kwargs: dict, exc: Exception) -> str:
