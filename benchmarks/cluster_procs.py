@@ -171,7 +171,7 @@ class OurProcesses(_Processes):
         """`scheduler_path`: a directory holding another hpc_cluster package (e.g. `git archive`
         of an older commit) for the scheduler alone, to compare two schedulers on the same
         workers and client."""
-        from hpc_cluster.protocol.secret import new_secret
+        from hpc_cluster.protocol.clusterfile import new_secret
         self.secret = new_secret()
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-ours-")))
         self.env = dict(os.environ, HPC_CLUSTER_SECRET=self.secret.hex(),

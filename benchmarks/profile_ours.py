@@ -103,7 +103,7 @@ def run_maps(client, n: int, repeat: int, base: int) -> list[float]:
 
 def phase(args, out: Path | None, tag: str) -> dict:
     from hpc_cluster import Client
-    from hpc_cluster.protocol.secret import new_secret
+    from hpc_cluster.protocol.clusterfile import new_secret
     secret = new_secret()
     address, procs = start_processes(secret.hex(), args.workers, args.threads, out, tag)
     result = {}

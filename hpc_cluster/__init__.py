@@ -7,16 +7,16 @@ __version__ = "0.1.0"
 # client, cloudpickle, jinja2 and yaml into every one of them (slower starts, and the
 # scheduler would carry a pickler it must never use).
 _EXPORTS = {
-    "Client": "client",
-    "Future": "futures", "as_completed": "futures", "wait": "futures",
+    "Client": "client.client",
+    "Future": "client.futures", "as_completed": "client.futures", "wait": "client.futures",
     "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster", "SGECluster": "deploy.cluster",
     "LSFCluster": "deploy.batch_clusters", "HTCondorCluster": "deploy.batch_clusters",
-    "LocalCluster": "deploy.local",
+    "LocalCluster": "deploy.local.cluster",
     "Security": "protocol.tls",
-    "progress": "progress",
-    "futures_of": "dask_collections",
-    **{name: "subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},
-    **{name: "exceptions" for name in (
+    "progress": "client.progress",
+    "futures_of": "client.dask_collections",
+    **{name: "client.subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},
+    **{name: "client.exceptions" for name in (
         "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "NoPoolError", "TaskCrashedError",
         "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},
 }

@@ -5,7 +5,7 @@ owner's pid (`--owner-pid`). An owner killed with SIGKILL runs no cleanup, so ea
 looks for itself: a thread checks once a second, asks its process to shut down cleanly when
 the owner is gone, and ends it with os._exit should that take longer than a grace period
 (a blocked event loop, a task holding the GIL). Nothing we start lives on under PID 1.
-The batch daemon watches the Python process that started it the same way (deploy/daemon.py).
+The batch daemon watches the Python process that started it the same way (deploy/daemon/run.py).
 A leaf: any layer may use it.
 """
 

@@ -1,7 +1,7 @@
 """A process's memory over its whole life in bounded space: (time, rss bytes) points.
 
 A pure leaf (no clock, no I/O) that any layer may use: the scheduler keeps one per worker
-from its heartbeats (scheduler/timeline.py), the nanny one of its 10 Hz samples, and the CLI
+from its heartbeats (scheduler/state/timeline.py), the nanny one of its 10 Hz samples, and the CLI
 and the dashboard downsample what they show with `downsample`.
 
 Downsampling keeps the *largest* value of the points it merges, at that point's time: a

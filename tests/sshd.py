@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.deploy.runner import SSHRunner
+from hpc_cluster.runners.ssh import SSHRunner
 
 
 def wait_for(condition, timeout: float, what: str):

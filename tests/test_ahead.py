@@ -1,4 +1,4 @@
-"""A chain's next task, sent ahead to the worker running its input (scheduler/ahead.py).
+"""A chain's next task, sent ahead to the worker running its input (scheduler/state/ahead.py).
 
 The scheduler and the worker each apply one rule: the input finishes on the worker while the
 worker holds the task => the task runs there. These tests drive both sides directly (no
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.ahead import AHEAD_DEPTH
+from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
 
 from bare_worker import bare_worker

@@ -15,7 +15,7 @@ from hpc_cluster.adapters.base import BatchError, JobStatus
 from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.cluster import SLURMCluster
 from hpc_cluster.deploy.launch import job_spec
-from hpc_cluster.deploy.pools import PoolManager
+from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from hpc_cluster import LocalCluster
-from hpc_cluster.exceptions import HPCClusterError
+from hpc_cluster.client.exceptions import HPCClusterError
 from hpc_cluster.protocol import serialize
 from hpc_cluster.protocol.comm import connect
 from hpc_cluster.protocol.frames import Opaque

@@ -69,7 +69,7 @@ def small_cluster():
 
 
 def test_parts_run_right_when_later_parts_need_earlier_tasks(small_cluster, monkeypatch):
-    import hpc_cluster.submission as submission
+    import hpc_cluster.client.submission as submission
     monkeypatch.setattr(submission, "CHUNK_TASKS", 50)
     with Client(small_cluster) as client:
         assert client.gather(client.map(inc, range(333))) == list(range(1, 334))
@@ -123,7 +123,7 @@ def test_a_graphs_nodes_send_their_shared_function_once():
 
     from dask._task_spec import Task
 
-    from hpc_cluster.graph import GraphCall, graph_tasks, run_graph_node
+    from hpc_cluster.client.graph import GraphCall, graph_tasks, run_graph_node
     from hpc_cluster.protocol import serialize
     blob_of = _blob_cache()
     graph = {("leaf", i): Task(("leaf", i), inc, i) for i in range(2000)}

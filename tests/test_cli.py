@@ -23,7 +23,7 @@ from hpc_cluster.cli import cluster as cli_cluster
 from hpc_cluster.cli import build_parser, main
 from hpc_cluster.cli.lookup import plan_file
 from hpc_cluster.cli.views import job_event, jobs_table, print_deaths
-from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
+from hpc_cluster.protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
 
 SLURM_SITE = """\
 default: lab

@@ -14,7 +14,7 @@ import pytest
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.cli import cluster as cli_cluster
 from hpc_cluster.cli.chart import memory_chart
-from hpc_cluster.protocol.secret import cluster_file_for, write_cluster_file
+from hpc_cluster.protocol.clusterfile import cluster_file_for, write_cluster_file
 from test_cli import run          # main() with argv, its exit code and output
 from waiting import wait_until
 

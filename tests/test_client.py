@@ -285,7 +285,7 @@ def test_dask_graphs_are_submitted_in_dask_order():
     pytest.importorskip("dask")
     from operator import add
 
-    from hpc_cluster.graph import graph_tasks, wire_key
+    from hpc_cluster.client.graph import graph_tasks, wire_key
 
     # Listed level by level, all leaves first; dask.order runs such a tree depth-first.
     dsk = {f"leaf-{i}": (inc, i) for i in range(16)}
@@ -333,7 +333,7 @@ def test_local_cluster_context_leaves_no_process_behind():
 def test_a_large_release_goes_in_parts_the_scheduler_can_take_a_turn_at_a_time():
     # 20,000 keys in one release-keys message held every other client's answer for 15 ms at a
     # time at 500 workers; parts of CHUNK_TASKS let Comm.batches give the loop turns between.
-    from hpc_cluster.submission import CHUNK_TASKS, release_messages
+    from hpc_cluster.client.submission import CHUNK_TASKS, release_messages
     keys = [f"k{i}" for i in range(2 * CHUNK_TASKS + 1)]
     msgs = release_messages(keys)
     assert [len(m["keys"]) for m in msgs] == [CHUNK_TASKS, CHUNK_TASKS, 1]

@@ -16,7 +16,7 @@ from dashboard_helpers import (api, cluster_with_a_memory_death, fake_scheduler,
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.config.schema import parse_dashboard_address
 from hpc_cluster.dashboard.views import MAX_SAMPLES, Views, key_prefix
-from hpc_cluster.protocol.secret import dashboard_token, new_secret
+from hpc_cluster.protocol.clusterfile import dashboard_token, new_secret
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.scheduler.stream import TaskStream
 from waiting import wait_until
@@ -124,7 +124,7 @@ def test_the_states_death_memory_is_preferred_to_the_records_own():
 def test_a_finished_and_forgotten_map_still_shows_done_in_its_bar():
     """Tasks gathered and let go leave the scheduler; their bar counts them as released
     (dask's progress bars do the same) instead of vanishing."""
-    from hpc_cluster.scheduler.records import TaskState
+    from hpc_cluster.scheduler.state.records import TaskState
     st = SchedulerState()
     for i in range(5):
         st.tasks[f"inc-{i}"] = TaskState(f"inc-{i}", state="memory")
@@ -139,7 +139,7 @@ def test_a_finished_and_forgotten_map_still_shows_done_in_its_bar():
 
 
 def test_progress_per_prefix_counts_each_state_column_and_is_reused_for_a_second():
-    from hpc_cluster.scheduler.records import TaskState
+    from hpc_cluster.scheduler.state.records import TaskState
     st = SchedulerState()
     for i, state in enumerate(["memory", "memory", "processing", "queued", "waiting", "erred", "released", "held"]):
         st.tasks[f"inc-{i}"] = TaskState(f"inc-{i}", state=state)
@@ -161,7 +161,7 @@ def test_progress_per_prefix_counts_each_state_column_and_is_reused_for_a_second
 
 def test_slow_counts_are_reused_longer_so_they_take_a_bounded_share(monkeypatch):
     from hpc_cluster.dashboard import views as views_module
-    from hpc_cluster.scheduler.records import TaskState
+    from hpc_cluster.scheduler.state.records import TaskState
     st = SchedulerState()
     st.tasks["a-1"] = TaskState("a-1", state="memory")
     now = [100.0]
@@ -298,7 +298,7 @@ def test_api_deaths_and_the_memory_of_one(died):
     assert d["cause"] == "memory-nanny" and d["blame"] is True and d["final"] is True
     assert d["name"] == "worker-0" and d["executing"] and d["executing"][0].startswith("hog-")
     assert any("over its memory budget" in e for e in d["evidence"]) and d["advice"]
-    assert d["memory_samples"] >= 20                  # the record's timeline (scheduler/timeline.py)
+    assert d["memory_samples"] >= 20                  # the record's timeline (scheduler/state/timeline.py)
     m = api(cluster.dashboard_link, f"deaths/{d['id']}/memory")
     assert m["id"] == d["id"] and m["worker"] == "worker-0" and m["cause"] == "memory-nanny"
     memory = m["memory"]

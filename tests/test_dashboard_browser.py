@@ -20,7 +20,7 @@ import pytest
 from browser import colour_summary, dump_dom, ensure_chromium, screenshot
 from dashboard_helpers import (api, cluster_with_a_memory_death, fake_scheduler, request, serving, split_link,
                                timeline, with_deaths)
-from hpc_cluster.protocol.secret import new_secret
+from hpc_cluster.protocol.clusterfile import new_secret
 
 PAGES = ("workers", "tasks", "jobs", "deaths")
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LocalCluster, futures_of, get_client, progress, wait, worker_client  # noqa: E402
-from hpc_cluster.graph import UnsupportedGraph  # noqa: E402
+from hpc_cluster.client.graph import UnsupportedGraph  # noqa: E402
 
 dd = pytest.importorskip("dask.dataframe")
 
@@ -48,7 +48,7 @@ exec "$@"
 
 
 def _kept_under_tmp() -> str:
-    from hpc_cluster.deploy import local
+    from hpc_cluster.deploy.local import cluster as local
     keep = set()
     for p in (local._PACKAGE_PARENT, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))):
         rel = os.path.relpath(os.path.realpath(p), "/tmp")

@@ -8,7 +8,7 @@ import sys
 
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.ahead import AHEAD_DEPTH
+from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
 from waiting import wait_until
 
@@ -41,7 +41,7 @@ def test_closing_the_client_of_a_deep_chain_forgets_every_record():
     s.take_outbox()
     s.remove_client("c")
     assert s.tasks == {}
-    # t2.. were held on w until t1 finished there (scheduler/ahead.py): w drops them too
+    # t2.. were held on w until t1 finished there (scheduler/state/ahead.py): w drops them too
     held = [f"t{i}" for i in range(AHEAD_DEPTH + 1, 1, -1)]
     assert s.take_outbox()["w"] == [{"op": "free-keys", "keys": [k]} for k in held + ["t1", "t0"]]
     assert s.workers["w"].abandoned == {"t1"} and not s.workers["w"].processing
@@ -208,7 +208,7 @@ def test_a_lost_result_at_the_end_of_a_deep_chain_is_recomputed_from_its_whole_l
 
 
 def test_a_deep_dask_graph_converts_to_tasks_in_order():
-    from hpc_cluster.graph import graph_tasks
+    from hpc_cluster.client.graph import graph_tasks
     deep = 5000
     graph = {"x0": 0, **{f"x{i}": (_inc, f"x{i - 1}") for i in range(1, deep)}}
     specs, wire = graph_tasks(graph, lambda f: b"func")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpc_cluster import Client
-from hpc_cluster.protocol.secret import new_secret
+from hpc_cluster.protocol.clusterfile import new_secret
 from waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sets rlimits")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hpc_cluster import TimeoutError
-from hpc_cluster.futures import Future, FutureStates, wait
+from hpc_cluster.client.futures import Future, FutureStates, wait
 
 
 class Owner:

@@ -23,7 +23,7 @@ from hpc_cluster.adapters.slurm import SLURMAdapter  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
 from hpc_cluster.deploy.launch import REMOTE_DEFAULT_PYTHON, job_spec, worker_command  # noqa: E402
 from hpc_cluster.config import ConfigError, resolve  # noqa: E402
-from hpc_cluster.protocol.secret import write_cluster_file  # noqa: E402
+from hpc_cluster.protocol.clusterfile import write_cluster_file  # noqa: E402
 from hpc_cluster.worker.__main__ import build_parser  # noqa: E402
 
 CLUSTER_FILE = "/home/alice/.config/hpc-cluster/clusters/big.json"

@@ -26,7 +26,7 @@ from waiting import wait_until  # noqa: E402
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import (JobqueueConfigWarning, JobQueueCluster, PBSCluster,  # noqa: E402
                                         SLURMCluster, Status)
-from hpc_cluster.protocol.secret import clusters_dir  # noqa: E402
+from hpc_cluster.protocol.clusterfile import clusters_dir  # noqa: E402
 
 
 @pytest.fixture

@@ -272,7 +272,7 @@ def test_held_results_are_confirmed_by_their_worker_or_recomputed_without_it():
     assert new.holders_missing([holder["y"]]) == ["y"]
     out = new.take_outbox()
     assert "y" in [m["key"] for m in out["tcp://a2:1"] if m["op"] == "compute"]
-    # z was sent ahead with y (its other input, x, is there already: scheduler/ahead.py) and
+    # z was sent ahead with y (its other input, x, is there already: scheduler/state/ahead.py) and
     # runs there once y finishes
     z = [m for m in out["tcp://a2:1"] if m["op"] == "compute" and m["key"] == "z"]
     assert z and z[0]["after"] == "y" and z[0]["deps"] == {"x": ["tcp://a2:1"], "y": []}

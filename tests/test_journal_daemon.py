@@ -20,7 +20,7 @@ from waiting import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
-from hpc_cluster.protocol.secret import journal_for as journal_path  # noqa: E402
+from hpc_cluster.protocol.clusterfile import journal_for as journal_path  # noqa: E402
 from hpc_cluster.deploy.launch import control, launch  # noqa: E402
 from hpc_cluster.scheduler.journal import load  # noqa: E402
 from pbs_sim import pbssim  # noqa: E402
@@ -180,7 +180,7 @@ def test_a_name_resumes_its_stopped_cluster_and_two_live_ones_never_share_an_id(
     import subprocess as sp
     import sys as _sys
     from hpc_cluster.deploy.cluster import cluster_id
-    from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
+    from hpc_cluster.protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
     a, b = cluster_id("sc-x", explicit=True), cluster_id("sc-x", explicit=True)
     assert a != b and a.startswith("sc-x-") and b.startswith("sc-x-")
     dead = sp.Popen([_sys.executable, "-c", "pass"])

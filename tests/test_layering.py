@@ -37,17 +37,16 @@ FORBIDDEN = {
     "config": {"protocol", "scheduler", "worker", "client", "adapters", "deploy", "cli", "dashboard"},
     "dashboard": {"worker", "client", "adapters"} | ABOVE,
     "deploy": {"cli"},
+    "runners": {"protocol", "scheduler", "worker", "client", "adapters", "dashboard"} | ABOVE,
 }
-CLIENT_MODULES = {"client", "client_reattach", "client_tools", "futures", "exceptions", "graph", "progress", "dask_collections",
-                  "subtasks", "submission"}
 
 
 def layer_of(module: str) -> str | None:
-    """'hpc_cluster.scheduler.state' -> 'scheduler'; the client's modules are one layer."""
+    """'hpc_cluster.scheduler.state.machine' -> 'scheduler'; the client's modules are one layer."""
     parts = module.split(".")
     if parts[0] != "hpc_cluster" or len(parts) < 2:
         return None
-    return "client" if parts[1] in CLIENT_MODULES else parts[1]
+    return parts[1]
 
 
 def module_of(path: Path) -> str:
@@ -202,7 +201,7 @@ def test_the_scheduler_imports_no_pickler(path):
 def test_the_pickler_check_catches_direct_lazy_and_indirect_imports(tmp_path):
     for text in ("import cloudpickle\n", "def f():\n    import pickle\n",
                  "from ..protocol import serialize\n", "from ..protocol.serialize import loads\n",
-                 "from ..client import Client\n"):          # client.py imports serialize
+                 "from ..client import Client\n"):          # client/client.py imports serialize
         src = tmp_path / "m.py"
         src.write_text(text)
         assert pickling_imports(src, "hpc_cluster.scheduler.m"), text
@@ -212,10 +211,10 @@ def test_the_pickler_check_catches_direct_lazy_and_indirect_imports(tmp_path):
 # -- principle 1 (and 4): pure state machine and parsers -----------------------------------
 CLOCKS_AND_IO = {"time", "datetime", "socket", "asyncio", "tornado", "subprocess", "random"}
 IO_BUILTINS = {"open", "input", "print"}
-STATE_MACHINE = ["scheduler/state.py", "scheduler/placement.py", "scheduler/drain.py",
-                 "scheduler/replicas.py", "scheduler/blame.py", "scheduler/diagnosis.py",
-                 "scheduler/clients.py", "scheduler/records.py", "scheduler/pools.py",
-                 "scheduler/recovery.py", "scheduler/timeline.py"]
+STATE_MACHINE = ["scheduler/state/machine.py", "scheduler/state/placement.py", "scheduler/state/drain.py",
+                 "scheduler/state/replicas.py", "scheduler/state/blame.py", "scheduler/diagnosis.py",
+                 "scheduler/state/clients.py", "scheduler/state/records.py", "scheduler/state/pools.py",
+                 "scheduler/state/recovery.py", "scheduler/state/timeline.py"]
 
 
 def parser_modules() -> list[str]:
@@ -274,22 +273,22 @@ def test_a_scheduler_process_loads_no_pickler_of_ours():
     import sys
 
     code = ("import sys, hpc_cluster.scheduler.__main__; "
-            "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client', "
+            "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client.client', "
             "'hpc_cluster.protocol.serialize') or m.startswith('hpc_cluster.deploy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_a_local_clusters_scheduler_process_with_its_dashboard_loads_no_pickler_of_ours():
-    # LocalCluster's scheduler process (deploy/local_scheduler.py) adds the dashboard: still no
+    # LocalCluster's scheduler process (deploy/local/scheduler.py) adds the dashboard: still no
     # pickler, no client, and of deploy only that entry module itself.
     import subprocess
     import sys
 
-    code = ("import sys, hpc_cluster.deploy.local_scheduler; "
-            "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client', "
+    code = ("import sys, hpc_cluster.deploy.local.scheduler; "
+            "print(sorted(m for m in sys.modules if m in ('cloudpickle', 'dill', 'hpc_cluster.client.client', "
             "'hpc_cluster.protocol.serialize') or (m.startswith('hpc_cluster.deploy') and m not in "
-            "('hpc_cluster.deploy', 'hpc_cluster.deploy.local_scheduler'))))")
+            "('hpc_cluster.deploy', 'hpc_cluster.deploy.local', 'hpc_cluster.deploy.local.scheduler'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -333,8 +332,8 @@ def test_no_module_imports_one_that_imports_it_back():
 
 def test_the_circle_check_sees_a_type_checking_import(tmp_path, monkeypatch):
     graph = import_graph(lazy=False)
-    graph["hpc_cluster.futures"] = graph["hpc_cluster.futures"] | {"hpc_cluster.client"}
-    assert ["hpc_cluster.client", "hpc_cluster.futures", "hpc_cluster.client"] in cycles(graph)
+    graph["hpc_cluster.client.futures"] = graph["hpc_cluster.client.futures"] | {"hpc_cluster.client.client"}
+    assert ["hpc_cluster.client.client", "hpc_cluster.client.futures", "hpc_cluster.client.client"] in cycles(graph)
     src = tmp_path / "m.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .client import Client\n")
     assert "hpc_cluster.client" in [n for _, n in imports_of(src, "hpc_cluster.m", at_import_only=True)]

@@ -134,7 +134,7 @@ def test_clusters_directory_and_daemon_log_are_private(sim):
     """The daemon `SLURMCluster`/`PBSCluster`/`hpc-cluster up` start: its cluster files' directory
     0700 (even one an older version made 0755), its log 0600."""
     from hpc_cluster.deploy.cluster import PBSCluster
-    from hpc_cluster.protocol.secret import clusters_dir
+    from hpc_cluster.protocol.clusterfile import clusters_dir
     clusters = clusters_dir()
     clusters.mkdir(parents=True, mode=0o755)
     os.chmod(clusters, 0o755)

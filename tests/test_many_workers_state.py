@@ -5,10 +5,10 @@ benchmarks/many_workers.py, never asserted here)."""
 import random
 
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler import placement
-from hpc_cluster.scheduler.placement import pick_worker
-from hpc_cluster.scheduler.prefetch import has_base_slot, has_deep_room
-from hpc_cluster.scheduler.records import TaskState
+from hpc_cluster.scheduler.state import placement
+from hpc_cluster.scheduler.state.placement import pick_worker
+from hpc_cluster.scheduler.state.prefetch import has_base_slot, has_deep_room
+from hpc_cluster.scheduler.state.records import TaskState
 from hpc_cluster.scheduler.state import SchedulerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -26,7 +26,7 @@ class Counting:
     """Counts placement's looks at a worker (its memory room, its root slot) while in effect."""
 
     def __init__(self, monkeypatch):
-        import hpc_cluster.scheduler.free as free
+        import hpc_cluster.scheduler.state.free as free
         self.calls = 0
         for name in ("memory_room", "has_root_slot"):
             real = getattr(placement, name)
@@ -177,7 +177,7 @@ def test_draining_workers_sort_the_others_once_not_at_every_step(monkeypatch):
     # A job array's workers reach their walltime together and drain; each copies its unique
     # results to a worker staying on. Each drain step (every 0.5 s) used to sort every worker,
     # for each draining worker, until its copies landed: 500 x 500 at every step.
-    import hpc_cluster.scheduler.drain as drain
+    import hpc_cluster.scheduler.state.drain as drain
     s = SchedulerState()
     n = 40
     for i in range(n):
@@ -204,8 +204,8 @@ def test_a_worker_discarded_and_added_again_is_placed_by_its_order_now():
     """Entries of a worker from before it left the free set must stay stale when it comes
     back: with a version counted per worker (restarting at 1 after a discard), its old entry,
     made when it was idle, came back to life and it won over a less busy worker."""
-    from hpc_cluster.scheduler.free import FreeWorkers
-    from hpc_cluster.scheduler.records import WorkerState
+    from hpc_cluster.scheduler.state.free import FreeWorkers
+    from hpc_cluster.scheduler.state.records import WorkerState
     busy, calm = WorkerState("tcp://a", nthreads=4), WorkerState("tcp://b", nthreads=4)
     free = FreeWorkers()
     free.add(busy)                       # idle: the best entry
@@ -237,7 +237,7 @@ def test_a_task_too_long_for_every_deep_worker_waits_without_a_look_at_each(monk
     # prefetch.py). The next task is long: it waits. Before, every event asked each of the 500
     # whether it had room (`any(...)` over them): 30% of the scheduler's time in the 500-worker
     # benchmark. The deep workers' most room now comes from a heap.
-    import hpc_cluster.scheduler.prefetch as prefetch
+    import hpc_cluster.scheduler.state.prefetch as prefetch
     n = 500
     s = _one_thread_workers(n)
     tiny = [f"tiny-{i}" for i in range(4 * n)]         # 3 in the base slots and 1 beyond, each
@@ -264,7 +264,7 @@ def test_a_short_task_finds_the_one_deep_worker_with_room_without_asking_the_oth
     # A task expected to take 2 ms fits only there. Placement's order (fewest tasks, then
     # address) put that worker last, and pick asked all 500 in turn: 12% of the scheduler's
     # samples at 500 workers. The deep workers' room heap gives it at once.
-    import hpc_cluster.scheduler.prefetch as prefetch
+    import hpc_cluster.scheduler.state.prefetch as prefetch
     n = 500
     s = _one_thread_workers(n)
     tiny = [f"tiny-{i}" for i in range(4 * n)]

@@ -13,7 +13,7 @@ import time
 import psutil
 
 from hpc_cluster import Client, LocalCluster
-from hpc_cluster.deploy.local import _child_env
+from hpc_cluster.deploy.local.cluster import _child_env
 from hpc_cluster.worker.nanny import SAMPLE_INTERVAL, SAMPLE_SECONDS
 from waiting import wait_until
 

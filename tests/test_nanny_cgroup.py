@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_cluster import Client, KilledWorker, LocalCluster
-from hpc_cluster.deploy.local import _child_env
+from hpc_cluster.deploy.local.cluster import _child_env
 from hpc_cluster.worker.nanny import cgroup_memory_dir, oom_kills, parse_oom_kills
 from waiting import wait_until
 

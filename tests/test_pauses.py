@@ -12,7 +12,7 @@ import time
 import psutil
 
 from hpc_cluster import Client, LocalCluster
-from hpc_cluster.protocol.secret import SECRET_ENV, new_secret
+from hpc_cluster.protocol.clusterfile import SECRET_ENV, new_secret
 from waiting import wait_until
 
 

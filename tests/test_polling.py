@@ -15,9 +15,9 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError, CommandResult, JobStatus
 from hpc_cluster.config import ConfigError, resolve
-from hpc_cluster.deploy.polling import (Backoff, BudgetedRunner, CallBudget, Pacer, PollSettings,
+from hpc_cluster.deploy.daemon.polling import (Backoff, BudgetedRunner, CallBudget, Pacer, PollSettings,
                                         needs_fast, poll_forever, transient)
-from hpc_cluster.deploy.pools import PoolManager
+from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
 
 

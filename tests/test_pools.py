@@ -3,10 +3,10 @@ cause. Driven directly: no sockets, no clocks."""
 
 import pytest
 
-from hpc_cluster.exceptions import (KilledWorker, NoPoolError, TaskMemoryError, TaskTooLongError,
+from hpc_cluster.client.exceptions import (KilledWorker, NoPoolError, TaskMemoryError, TaskTooLongError,
                                     TaskWalltimeError, error_from_record, format_death)
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.placement import workload
+from hpc_cluster.scheduler.state.placement import workload
 from hpc_cluster.scheduler.state import SchedulerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -310,7 +310,7 @@ def test_the_wire_takes_memory_in_bytes_and_a_pool_by_name():
 def test_why_and_the_killed_worker_error_show_each_move():
     import pickle
 
-    from hpc_cluster.client_tools import ClusterToolsMixin
+    from hpc_cluster.client.tools import ClusterToolsMixin
 
     s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
     add(s, "d1")

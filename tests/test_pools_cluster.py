@@ -79,7 +79,7 @@ def test_a_task_no_worker_can_hold_waits_and_a_bad_value_is_refused_where_it_is_
 
 
 def test_dask_annotations_and_compute_keywords_carry_every_need_to_the_wire():
-    from hpc_cluster.graph import graph_tasks
+    from hpc_cluster.client.graph import graph_tasks
 
     with dask.annotate(memory="2GB", pool="bigmem", duration="5m"):
         annotated = dask.delayed(sum, pure=True)([1, 2])
@@ -129,7 +129,7 @@ class InProcessScheduler:
 
 
 def start_worker(address, secret, name, memory_limit, log_dir):
-    from hpc_cluster.deploy.local import _child_env
+    from hpc_cluster.deploy.local.cluster import _child_env
     with open(log_dir / f"{name}.log", "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", address, "--name", name,
                                  "--nthreads", "1", "--memory-limit", memory_limit, "--nanny",

@@ -24,7 +24,7 @@ from hpc_cluster.config import ConfigError, parse_config_text, resolve
 from hpc_cluster.config.pools import ESCALATE_DEFAULTS
 from hpc_cluster.deploy.cluster import PBSCluster, SLURMCluster
 from hpc_cluster.deploy.launch import make_plan, pool_table
-from hpc_cluster.deploy.pools import PoolManager, announce
+from hpc_cluster.deploy.daemon.pools import PoolManager, announce
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.worker.__main__ import build_parser, registration_info
 
@@ -367,7 +367,7 @@ def test_status_json_carries_the_pools(capsys, monkeypatch, tmp_path):
 
         def deaths(self):
             return []
-    monkeypatch.setattr("hpc_cluster.client.Client", FakeClient)
+    monkeypatch.setattr("hpc_cluster.client.client.Client", FakeClient)
     code, out, _ = run(capsys, "status", "--json")
     data = json.loads(out)
     assert code == 0 and data["pools"] == {"big": {"jobs": ["1"]}} and data["jobs"][0]["pool"] == "big"
@@ -386,7 +386,7 @@ def test_the_default_pool_is_sized_by_scale_and_adapt_not_by_demand():
 
 
 def test_adapt_per_pool_sizes_a_pool_to_its_own_work(monkeypatch):
-    from hpc_cluster.deploy import jobs
+    from hpc_cluster.deploy.daemon import jobs
     asked = []
 
     def workload(state, pool=None):
@@ -415,7 +415,7 @@ def test_escalate_may_go_in_settings_for_every_site():
 def test_cli_scale_of_a_pool_is_checked_against_the_clusters_plan(capsys):
     import os
     from hpc_cluster.cli.lookup import plan_file
-    from hpc_cluster.protocol.secret import cluster_file_for, new_secret, write_cluster_file
+    from hpc_cluster.protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
     write_cluster_file(cluster_file_for("c"), "tcp://127.0.0.1:1", new_secret(), name="c", pid=os.getpid(),
                        batch="slurm", site="lab", log_directory=None, daemon_log=None)
     plan_file("c").write_text(json.dumps({"job": {"processes": 1}, "pools": {

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from hpc_cluster import Client
-from hpc_cluster.protocol.secret import SECRET_ENV, new_secret
+from hpc_cluster.protocol.clusterfile import SECRET_ENV, new_secret
 from waiting import wait_until
 
 
@@ -158,7 +158,7 @@ def test_a_worker_whose_window_ends_exits_scheduler_lost_not_a_crash(processes, 
 
 def scheduler_with_cluster_file(processes, tmp_path):
     """A scheduler publishing its address in a cluster file, and a worker that follows the file."""
-    from hpc_cluster.protocol.secret import read_cluster_file, write_cluster_file
+    from hpc_cluster.protocol.clusterfile import read_cluster_file, write_cluster_file
     cluster_file = tmp_path / "cluster.json"
     write_cluster_file(cluster_file, "tcp://127.0.0.1:1", processes.secret)
     first, address = processes.scheduler(0, "--cluster-file", str(cluster_file))
@@ -195,7 +195,7 @@ def test_a_client_waits_through_a_cluster_file_with_no_address_yet(processes, tm
     an address, failed to parse it and cancelled every future at once (CI, test_restart.py)."""
     import logging
 
-    from hpc_cluster.protocol.secret import write_cluster_file
+    from hpc_cluster.protocol.clusterfile import write_cluster_file
     caplog.set_level(logging.INFO, logger="hpc_cluster.client")
     cluster_file, first, address = scheduler_with_cluster_file(processes, tmp_path)
     with Client(cluster_file=str(cluster_file), timeout=20) as c:
@@ -289,7 +289,7 @@ def test_the_client_keeps_a_spec_only_while_unfinished_work_needs_it():
     """SpecKeeper: a wanted spec goes with its result; an intermediate of a graph stays while a
     kept spec needs it and goes with the last of them; a finished input stays while an unfinished
     dependent needs it (it may have to be recomputed for it)."""
-    from hpc_cluster.client_reattach import SpecKeeper
+    from hpc_cluster.client.reattach import SpecKeeper
 
     def spec(key, deps=()):
         return {"key": key, "deps": list(deps)}

@@ -1,4 +1,4 @@
-"""The state machine's side of reattaching (scheduler/reattach.py), driven directly: workers that
+"""The state machine's side of reattaching (scheduler/state/reattach.py), driven directly: workers that
 come back with results and running threads, clients that want their keys again, the windows."""
 
 from hpc_cluster.scheduler.state import SchedulerState

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpc_cluster.adapters.base import BatchError
-from hpc_cluster.deploy.runner import LocalRunner, SSHRunner
+from hpc_cluster.runners.local import LocalRunner
+from hpc_cluster.runners.ssh import SSHRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sshd as private_sshd  # noqa: E402

@@ -22,8 +22,8 @@ from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.config import resolve  # noqa: E402
 from hpc_cluster.deploy.cluster import ClusterError, PBSCluster  # noqa: E402
 from hpc_cluster.deploy.launch import launch  # noqa: E402
-from hpc_cluster.protocol.secret import cluster_file_for  # noqa: E402
-from hpc_cluster.deploy.scheduler_job import OWNER_TIMEOUT, SchedulerJob, owner_path  # noqa: E402
+from hpc_cluster.protocol.clusterfile import cluster_file_for  # noqa: E402
+from hpc_cluster.deploy.daemon.scheduler_job import OWNER_TIMEOUT, SchedulerJob, owner_path  # noqa: E402
 
 
 def qstat_states(job_ids) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The scheduler as a batch job (issue 16, point 5): the pure parts of deploy/scheduler_job.py,
+"""The scheduler as a batch job (issue 16, point 5): the pure parts of deploy/daemon/scheduler_job.py,
 the configuration's checks, and the handle's and the handover file's logic. The real runs are
 tests/slurm/test_scheduler_job.py."""
 
@@ -18,9 +18,9 @@ from hpc_cluster.adapters.pbs import PBSAdapter
 from hpc_cluster.adapters.slurm import SLURMAdapter
 from hpc_cluster.cli import main
 from hpc_cluster.config import ConfigError, resolve
-from hpc_cluster.deploy import scheduler_job as sj
+from hpc_cluster.deploy.daemon import scheduler_job as sj
 from hpc_cluster.deploy.launch import job_spec
-from hpc_cluster.protocol.secret import cluster_file_for
+from hpc_cluster.protocol.clusterfile import cluster_file_for
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,7 @@ from hpc_cluster.adapters.base import BatchError  # noqa: E402
 from hpc_cluster.cli import main as cli_main  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
 from hpc_cluster.deploy.remote import LoginNode, job_log_names, parse_probe  # noqa: E402
-from hpc_cluster.protocol.secret import read_cluster_file  # noqa: E402
+from hpc_cluster.protocol.clusterfile import read_cluster_file  # noqa: E402
 
 BATCH_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "qsub", "qstat", "qdel")
 SQUEUE = shutil.which("squeue") or "squeue"        # ours, for checking; found before PATH changes

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.placement import ROOT_SATURATION
+from hpc_cluster.scheduler.state.placement import ROOT_SATURATION
 from hpc_cluster.scheduler.state import SchedulerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -99,7 +99,7 @@ def test_priority_then_submission_order():
 def test_priorities_at_the_ends_of_the_range_order_and_reach_workers_as_pairs():
     """A task's priority is one int (56 B less than a tuple per task); workers and journals
     still get [-priority, order], which must come out the same for every allowed priority."""
-    from hpc_cluster.scheduler.records import priority_from_pair, priority_of, priority_pair
+    from hpc_cluster.scheduler.state.records import priority_from_pair, priority_of, priority_pair
     top = 2**63 - 1
     s = SchedulerState(prefetch=0)
     s.update_graph("c", [task("low", priority=-top), task("mid"), task("high", priority=top),
@@ -442,7 +442,7 @@ def test_a_task_is_failed_only_on_final_verdicts_and_held_back_until_then():
 
 
 def test_a_task_that_meets_the_walltime_every_time_fails_with_the_walltime():
-    from hpc_cluster.exceptions import TaskWalltimeError, error_from_record
+    from hpc_cluster.client.exceptions import TaskWalltimeError, error_from_record
 
     s = SchedulerState(prefetch=0, walltime_failures=1)
     s.update_graph("c", [task("long")], ["long"])
@@ -465,7 +465,7 @@ def test_a_task_that_meets_the_walltime_every_time_fails_with_the_walltime():
 
 
 def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever():
-    from hpc_cluster.exceptions import TaskTooLongError, error_from_record
+    from hpc_cluster.client.exceptions import TaskTooLongError, error_from_record
 
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0, deadline=60, info={"job_walltime": 60})
@@ -486,7 +486,7 @@ def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever()
 
 def test_a_task_longer_than_every_workers_lifetime_fails_and_says_raise_lifetime():
     # --lifetime bounds a worker as a walltime does (here: in 1-hour jobs, or in no job at all).
-    from hpc_cluster.exceptions import error_from_record
+    from hpc_cluster.client.exceptions import error_from_record
 
     for info in ({"job_walltime": 3600, "lifetime": 120}, {"lifetime": 120}):
         s = SchedulerState(prefetch=0)
@@ -560,7 +560,7 @@ def test_short_tasks_are_prefetched_deeply():
     # Lever 1 of BENCHMARKS.md: tasks known to take ~100 us are sent beyond the base slots, up to
     # PREFETCH_SECONDS of expected work per thread waiting (bounded by MAX_PREFETCH_PER_THREAD);
     # tasks of a second stay at nthreads + prefetch, so a death touches few of them.
-    from hpc_cluster.scheduler.prefetch import MAX_PREFETCH_PER_THREAD, PREFETCH_SECONDS
+    from hpc_cluster.scheduler.state.prefetch import MAX_PREFETCH_PER_THREAD, PREFETCH_SECONDS
     s = SchedulerState(prefetch=2)
     s.add_worker("w1", nthreads=1, now=0)
     keys = _short_map(s, 100, 0.0001)
@@ -584,7 +584,7 @@ def test_short_tasks_are_prefetched_deeply():
 
 
 def test_deep_prefetch_is_bounded_and_holds_nothing_back_from_a_new_worker():
-    from hpc_cluster.scheduler.prefetch import MAX_PREFETCH_PER_THREAD
+    from hpc_cluster.scheduler.state.prefetch import MAX_PREFETCH_PER_THREAD
     s = SchedulerState(prefetch=2)
     s.add_worker("w1", nthreads=2, now=0)
     keys = _short_map(s, 1000, 0.000001)                     # 1 us tasks: the count bound applies
@@ -641,7 +641,7 @@ def test_a_waiting_task_costs_the_scheduler_under_1_kb():
     assert all(type(ts.priority) is int for ts in st.tasks.values())
     # The shared empty value stays empty. The tasks one client wants share one frozenset of
     # wanting clients (a 216-byte set each before), and a release changes only its task's.
-    from hpc_cluster.scheduler.records import EMPTY
+    from hpc_cluster.scheduler.state.records import EMPTY
     assert len(EMPTY) == 0 and all(ts.who_wants == {"c"} for ts in st.tasks.values())
     assert len({id(ts.who_wants) for ts in st.tasks.values()}) == 1
     st.add_client("d")
@@ -657,7 +657,7 @@ def test_a_graphs_leaves_share_their_small_edge_sets():
     """Issue 19: each leaf of a 1,000,000-task graph had a one-element set of dependents and
     one of waiters (432 B of its 1,976). Leaves under one sum now share one frozenset."""
     import tracemalloc
-    from hpc_cluster.scheduler.records import SHARED_EDGES
+    from hpc_cluster.scheduler.state.records import SHARED_EDGES
     st = SchedulerState()
     st.add_client("c")
     leaves, sums = 4_000, 4
@@ -687,7 +687,7 @@ def test_a_graphs_leaves_share_their_small_edge_sets():
 
 
 def test_edge_sets_past_the_shared_size_are_the_tasks_own():
-    from hpc_cluster.scheduler.records import EMPTY, SHARED_EDGES, TaskState, add_edge, drop_edge
+    from hpc_cluster.scheduler.state.records import EMPTY, SHARED_EDGES, TaskState, add_edge, drop_edge
     a, b = TaskState("a"), TaskState("b")
     others = [TaskState(f"o{i}") for i in range(SHARED_EDGES + 1)]
     for o in others[:SHARED_EDGES]:

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.placement import workload
-from hpc_cluster.scheduler.prefetch import budget_us
+from hpc_cluster.scheduler.state.placement import workload
+from hpc_cluster.scheduler.state.prefetch import budget_us
 from hpc_cluster.scheduler.state import SchedulerState, TaskState, WorkerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -52,7 +52,7 @@ def check(s: SchedulerState) -> None:
             assert not ts.executing or ts.queued_us == 0, ts          # started: no longer queued work
         else:
             assert ts.processing_on is None and not ts.executing and ts.queued_us == 0, ts
-        # held ahead on a worker (scheduler/ahead.py) only while it waits for its input
+        # held ahead on a worker (scheduler/state/ahead.py) only while it waits for its input
         assert ts.ahead_on is None or ts.state == "waiting", (ts, ts.ahead_on)
         if ts.state == "waiting":
             assert ts.waiting_on and ts.waiting_on <= ts.dependencies, (ts, ts.waiting_on)
@@ -391,7 +391,7 @@ def test_random_event_sequences_with_pools_keep_the_state_machine_consistent(dat
 class ReattachRun(Run):
     """The same world with workers that come back holding results and running threads, known to
     the scheduler or not, clients wanting keys again, and placement held (issue 16,
-    scheduler/reattach.py); the windows end with the ticks."""
+    scheduler/state/reattach.py); the windows end with the ticks."""
 
     def start(self):
         self.s.claim_window = 5.0

@@ -12,7 +12,7 @@ from hpc_cluster.memseries import MemoryTimeline, downsample, merge
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.journal import Recorder, snapshot
 from hpc_cluster.scheduler.state import SchedulerState
-from hpc_cluster.scheduler.timeline import (CAP, JOURNAL_SAMPLES, KEEP_FULL, MAX_SAMPLES, MAX_STARTS, OLD_SAMPLES,
+from hpc_cluster.scheduler.state.timeline import (CAP, JOURNAL_SAMPLES, KEEP_FULL, MAX_SAMPLES, MAX_STARTS, OLD_SAMPLES,
                                             journal_death)
 
 MiB = 2**20

@@ -174,7 +174,7 @@ def test_batch_cluster_with_security_true_runs_over_tls(sim, tmp_path):
     protocol='tls', against the command-level PBS simulator: the job's worker reads the
     certificate's paths from the cluster file and joins over TLS; the files go with the cluster."""
     from hpc_cluster.deploy.cluster import PBSCluster
-    from hpc_cluster.protocol.secret import read_cluster_file
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=True, protocol="tls",
                          log_directory=str(tmp_path / "logs"))
     try:

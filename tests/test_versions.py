@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from hpc_cluster import Client, LocalCluster
-from hpc_cluster.deploy.local import _child_env
+from hpc_cluster.deploy.local.cluster import _child_env
 from hpc_cluster.protocol.comm import AuthenticationError
 from hpc_cluster.protocol.versions import (VersionMismatchWarning, format_grouped, get_versions,
                                            grouped_mismatches)
@@ -31,7 +31,7 @@ OLD_TORNADO_WORKER = textwrap.dedent("""
 
 def _fake_client_versions(monkeypatch, **changes) -> dict:
     fake = dict(get_versions(), **changes)
-    monkeypatch.setattr("hpc_cluster.client.get_versions", lambda: fake)
+    monkeypatch.setattr("hpc_cluster.client.client.get_versions", lambda: fake)
     return fake
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import types
 
 from hpc_cluster.adapters.base import JobSpec
-from hpc_cluster.deploy.jobs import AdaptPolicy, Job, JobManager
+from hpc_cluster.deploy.daemon.jobs import AdaptPolicy, Job, JobManager
 from hpc_cluster.protocol.frames import Opaque
-from hpc_cluster.scheduler.placement import key_prefix
+from hpc_cluster.scheduler.state.placement import key_prefix
 from hpc_cluster.scheduler.state import SchedulerState
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -296,7 +296,7 @@ def test_job_logs_are_found_without_a_log_directory(tmp_path):
     # No log_directory: SLURM writes slurm-<id>.out where sbatch ran (or in --chdir).
     import asyncio
 
-    from hpc_cluster.adapters.local_runner import LocalRunner
+    from hpc_cluster.runners.local import LocalRunner
 
     adapter = _CountingAdapter()
     adapter.runner = LocalRunner()

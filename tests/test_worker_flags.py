@@ -15,7 +15,7 @@ import time
 import pytest
 
 from hpc_cluster import Client, LocalCluster
-from hpc_cluster.deploy.local import _child_env
+from hpc_cluster.deploy.local.cluster import _child_env
 from hpc_cluster.worker.__main__ import build_parser, cpu_count, system_memory
 from hpc_cluster.worker.flags import (BY_NAME, FLAGS, REFUSED, SUPPORTED, check_worker_args,
                                       draw_lifetime, drop_flags, ignored_worker_args, memory_limit_bytes,
@@ -347,7 +347,7 @@ def test_a_short_lifetime_is_not_drained_from_its_start(tmp_path):
             stop(nanny)
         lived = gone["time"] - (info["lifetime_end"] - info["lifetime"])
         assert 5 < lived < 10, (f"a 10 s lifetime was retired after {lived:.1f} s: the drain margin "
-                                "(scheduler/drain.py drain_margin) must be capped by the lifetime as by the walltime")
+                                "(scheduler/state/drain.py drain_margin) must be capped by the lifetime as by the walltime")
 
 
 def test_each_worker_of_a_job_draws_its_own_lifetime(tmp_path):

@@ -1,7 +1,7 @@
 """What every batch system adapter provides, and the records they return.
 
 An adapter is a few commands plus pure parsers of their outputs. Commands run through a
-`Runner` (local subprocess or SSH, see `deploy/runner.py`) so one adapter serves both.
+`Runner` (local subprocess or SSH, see `runners/`) so one adapter serves both.
 The records here are what the scheduler's diagnosis reads: keep them plain data.
 """
 
@@ -17,31 +17,14 @@ from typing import Protocol, Sequence
 
 import jinja2
 
+from ..runners.base import BatchError, CommandResult, Runner
+
 # The closed set of job states every adapter maps its batch system's states onto.
 JOB_STATES = (
     "pending", "running", "completed", "failed", "timeout", "out-of-memory",
     "cancelled", "preempted", "node-fail", "boot-fail", "deadline", "unknown",
 )
 FINAL_STATES = frozenset(JOB_STATES) - {"pending", "running", "unknown"}
-
-
-class BatchError(RuntimeError):
-    """A batch command failed or answered something we cannot read."""
-
-
-@dataclass
-class CommandResult:
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class Runner(Protocol):
-    """Runs one command somewhere (here, or on a login node over SSH)."""
-
-    def run(self, argv: Sequence[str], input: str | None = None,
-            timeout: float | None = None, check: bool = True) -> CommandResult: ...
 
 
 @dataclass
@@ -72,7 +55,7 @@ class JobSpec:
     job_mem: str | None = None              # SLURM: --mem as written, instead of memory
     worker_index: int = 0                   # the job's number in its cluster: workers are NAME-<index>
     worker_name: str = ""                   # that NAME (the cluster's name=); "" where none is known
-    job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/arrays.py)
+    job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/daemon/arrays.py)
     array_size: int = 0                     # this submission is an array of so many elements (0: one job);
                                             # element i's workers are NAME-<worker_index + i>
     # One batch system's own keywords (config/jobqueue.py's BATCH_OPTIONS: LSF's ncpus, mem,
@@ -196,7 +179,7 @@ class BatchAdapter:
     name = "base"
     template_name = ""
     # How the batch system writes "running" (a job's raw_state): a job whose worker registered
-    # is shown running before the next poll confirms it (deploy/polling.py), in the system's word.
+    # is shown running before the next poll confirms it (deploy/daemon/polling.py), in the system's word.
     running_state = "RUNNING"
     submit_command = ""
     cancel_command = ""           # named to users who must cancel jobs by hand (`hpc-cluster down`)
@@ -212,7 +195,7 @@ class BatchAdapter:
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
-            from .local_runner import LocalRunner      # it imports base: hence here, not on top
+            from ..runners.local import LocalRunner      # loads subprocess: only when none is given
             runner = LocalRunner()
         self.runner = runner
         self.options: dict = {}

@@ -1,6 +1,6 @@
 """A worker's memory over its life as a small text chart, for `hpc-cluster why WORKER`.
 
-Pure: a death record's `memory` entry (scheduler/timeline.py's schema) in, lines of plain
+Pure: a death record's `memory` entry (scheduler/state/timeline.py's schema) in, lines of plain
 ASCII out, so it reads the same over ssh, in a log file and in a test. The y axis is bytes
 from 0 to the highest of the samples and the limits; the x axis is the worker's life up to
 its death, which is marked at the right end.

@@ -1,6 +1,6 @@
 """`hpc-cluster up | status | scale | list | logs | why | job-script | down`.
 
-Each command talks to a cluster daemon (deploy/daemon.py) found by name through its
+Each command talks to a cluster daemon (deploy/daemon/run.py) found by name through its
 cluster file, via `deploy/cluster.py: launch` and `control`. Kept out of cli/__init__.py so that
 file stays a list of commands; it calls `add_cluster_commands(subparsers)` and runs
 `args.handler` through `run_cluster_command`.
@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..protocol.secret import cluster_file_for, read_cluster_file
+from ..protocol.clusterfile import cluster_file_for, read_cluster_file
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
                          CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
                          _remove_leftovers, cluster_names, find_cluster, journal_jobs, plan_file)
@@ -31,7 +31,7 @@ from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, control
 from ..config import ConfigError
 from ..deploy.remote import job_log_names, job_logs
-from ..deploy.runner import SSHRunner
+from ..runners.ssh import SSHRunner
 
 
 def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
@@ -152,7 +152,7 @@ def _require_job_size(cfg) -> None:
 
 
 def cmd_status(args, out, err) -> int:
-    from ..client import Client
+    from ..client.client import Client
     name, path, info = find_cluster(args.name)
     table = _jobs(path, name, info)
     rows = table["jobs"]
@@ -328,7 +328,7 @@ def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
 
 
 def _worker_logs(path: Path, target: str, tail: int, out) -> int:
-    from ..client import Client
+    from ..client.client import Client
     with Client(cluster_file=str(path), timeout=30) as client:
         names = {a: w.get("name") for a, w in client.scheduler_info()["workers"].items()}
         names.update({d["worker"]: d.get("name") for d in client.deaths() if d.get("worker")})
@@ -349,7 +349,7 @@ def _worker_logs(path: Path, target: str, tail: int, out) -> int:
 
 
 def cmd_why(args, out, err) -> int:
-    from ..client import Client
+    from ..client.client import Client
     target, name = args.target, args.name
     # `why NAME` alone: the one positional is the cluster when a cluster has that name.
     if name is None and target is not None and _NAME_RE.match(target) and cluster_file_for(target).exists():

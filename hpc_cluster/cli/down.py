@@ -9,8 +9,8 @@ import signal
 import time
 
 from ..deploy.launch import _alive, control, daemon_running
-from ..deploy.scheduler_job import job_ids
-from ..protocol.secret import cluster_file_for
+from ..deploy.daemon.scheduler_job import job_ids
+from ..protocol.clusterfile import cluster_file_for
 from .lookup import (FAILED, OK, _check_name, _liveness, _not_found, _remove_leftovers, cluster_names,
                      find_cluster, journal_jobs)
 from .views import job_event

@@ -10,9 +10,9 @@ import re
 import time
 from pathlib import Path
 
-from ..protocol.secret import cluster_file_for, clusters_dir, journal_for, read_cluster_file
+from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..deploy.launch import _alive
-from ..deploy.scheduler_job import handover_path, job_alive, owner_path
+from ..deploy.daemon.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 EXIT_CODES = """exit codes:

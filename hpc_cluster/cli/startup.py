@@ -77,7 +77,7 @@ def watch_startup(name, path, info, proc, want: int, timeout: float, out) -> Non
 
 def _last_startup_log(path: Path) -> str:
     """The newest death's log tail: usually the one line that says what broke."""
-    from ..client import Client
+    from ..client.client import Client
     try:
         with Client(cluster_file=str(path), timeout=30) as client:
             deaths = [d for d in client.deaths() if d.get("log_tail")]

@@ -133,7 +133,7 @@ def pool_line(name: str, pool: dict, rows: list[dict]) -> str:
 
 
 def pools_tables(table: dict, max_finished: int = 10) -> str:
-    """The jobs grouped by pool, each under its pool's line (the daemon's table, deploy/pools.py)."""
+    """The jobs grouped by pool, each under its pool's line (the daemon's table, deploy/daemon/pools.py)."""
     pools = table.get("pools") or {}
     rows = table.get("jobs") or []
     parts = []

@@ -446,7 +446,7 @@ OPTIONS: tuple[Option, ...] = (
            aliases=("drain_margin",)),
     Option("startup_failures", "int >= 0", _int(0), 3,
            "jobs ending before their worker registers, in a row, before resubmission stops", "both"),
-    # How often the cluster daemon asks the batch system (deploy/polling.py, docs/admin-guide.md).
+    # How often the cluster daemon asks the batch system (deploy/daemon/polling.py, docs/admin-guide.md).
     Option("poll_interval", "seconds", _seconds(False), 30,
            "seconds between job-state polls when every job runs with its workers registered (the workers "
            "report their own start and death; polls are fast only while jobs start or end)", "both"),

@@ -2,7 +2,7 @@
 
 It runs on the scheduler's own event loop, in the scheduler's process (the cluster daemon, or
 LocalCluster's scheduler process: deploy/ starts it beside the Scheduler), on a port of its
-own. Every request needs the cluster's dashboard token (protocol/secret.py dashboard_token):
+own. Every request needs the cluster's dashboard token (protocol/clusterfile.py dashboard_token):
 `?token=` in the URL (the link the cluster prints; the page then keeps it in a cookie and
 drops it from the address bar), that cookie, or an `Authorization: Bearer` header. Anything
 else gets 403. Everything it serves comes from this package: no CDN, nothing fetched.
@@ -21,7 +21,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from tornado.web import Application, HTTPError, RequestHandler
 
-from ..protocol.secret import dashboard_link, dashboard_token
+from ..protocol.clusterfile import dashboard_link, dashboard_token
 from .views import Views
 
 logger = logging.getLogger("hpc_cluster.dashboard")

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from operator import attrgetter
 
-from ..scheduler.placement import worker_pool
+from ..scheduler.state.placement import worker_pool
 
 MAX_WORKERS = 1000          # rows of the workers page
 MAX_PREFIXES = 60           # progress bars
@@ -29,7 +29,7 @@ COUNT_SHARE = 0.02          # ... and at most this share of the scheduler's time
 
 # Task states -> the progress bar's columns (dask's: waiting, processing, memory, erred,
 # released). "queued" waits for a thread; "held" is a result a worker keeps that a restarted
-# scheduler waits to hear about again (scheduler/recovery.py).
+# scheduler waits to hear about again (scheduler/state/recovery.py).
 COLUMN = {"waiting": "waiting", "queued": "waiting", "processing": "processing", "memory": "memory",
           "held": "memory", "erred": "erred", "released": "released"}
 COLUMNS = ("waiting", "processing", "memory", "erred", "released")
@@ -85,7 +85,7 @@ def workers(state, now: float) -> dict:
 
 class Views:
     """The endpoints' answers for one scheduler. `jobs` (the daemon's): a callable returning
-    the job manager's table (deploy/pools.py PoolManager.table()); None for a LocalCluster."""
+    the job manager's table (deploy/daemon/pools.py PoolManager.table()); None for a LocalCluster."""
 
     def __init__(self, scheduler, jobs=None, clock=time.time):
         self.scheduler, self.jobs_table, self.clock = scheduler, jobs, clock

@@ -8,7 +8,7 @@ Every keyword of dask-jobqueue 0.9's JobQueueCluster, SLURMCluster, PBSCluster a
 accepted with its meaning; values also come from the site config files and from dask's
 `jobqueue.<name>` configuration, as dask-jobqueue reads it (config/jobqueue.py). What has
 no meaning here is said, never dropped in silence. A cluster is a cluster daemon (scheduler
-+ job manager, deploy/daemon.py) run as a child process; `launch.py` starts it.
++ job manager, deploy/daemon/run.py) run as a child process; `launch.py` starts it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..adapters.base import JobSpec
 from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
 from ..config.jobqueue import DEPRECATED
 from ..config.pools import DEFAULT_POOL
-from ..protocol.secret import cluster_file_for, read_cluster_file
+from ..protocol.clusterfile import cluster_file_for, read_cluster_file
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
@@ -446,7 +446,7 @@ class JobQueueCluster:
         if (cluster or scheduler) and log and Path(log).exists():
             out["Cluster"] = Path(log).read_text(errors="replace")
         if workers and self.status is Status.running:
-            from ..client import Client
+            from ..client.client import Client
             with Client(self, timeout=30) as client:
                 for key, lines in client.get_worker_logs().items():
                     out[key] = "\n".join(lines)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 
-from .scheduler_job import OWNER_BEAT, touch_owner
+from .daemon.scheduler_job import OWNER_BEAT, touch_owner
 
 logger = logging.getLogger("hpc_cluster.cluster")
 

@@ -2,7 +2,7 @@
 classes (cluster.py): the worker command and job spec a configuration makes, the plan the
 daemon reads, `launch()` and `control()`.
 
-The cluster daemon (scheduler + job manager, `deploy/daemon.py`) runs as a child process of
+The cluster daemon (scheduler + job manager, `deploy/daemon/run.py`) runs as a child process of
 SLURMCluster(...), or detached under `hpc-cluster up`: the very same process either way.
 """
 
@@ -26,7 +26,7 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..protocol.secret import (cluster_file_for, clusters_dir, journal_for, new_secret, open_private, private_directory,
+from ..protocol.clusterfile import (cluster_file_for, clusters_dir, journal_for, new_secret, open_private, private_directory,
                                read_cluster_file, write_cluster_file)
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
@@ -35,7 +35,7 @@ from ..config.pools import DEFAULT_POOL
 from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 from .batch_options import batch_options
-from .scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
+from .daemon.scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
 
 
@@ -242,7 +242,7 @@ def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
                       "job_script_prologue); set `python` to the cluster's interpreter that has hpc_cluster "
                       "installed, e.g. python: ~/venv/bin/python", UserWarning, stacklevel=3)
     from .remote import make_directories, on_login_node, probe
-    from .runner import SSHRunner
+    from ..runners.ssh import SSHRunner
     try:
         with SSHRunner(**v["ssh"]) as runner:
             login = probe(runner)
@@ -517,7 +517,7 @@ def _job_output(spec: JobSpec, job_id: str, lines: int = 20) -> str:
     """The end of a job's own stdout/stderr (a failing prologue writes there, not in the daemon
     log), from its log_directory or the directory it was submitted from."""
     from .remote import job_logs
-    from .runner import LocalRunner
+    from ..runners.local import LocalRunner
     directory = os.path.expanduser(spec.log_directory or os.getcwd())
     found = [(path, text) for path, text in job_logs(LocalRunner(), directory, job_id, lines) if text]
     if not found:
@@ -591,7 +591,7 @@ def _alive(pid: int) -> bool:
 
 def control(cluster_file: Path | str, op: str, timeout: float = 120.0, **fields):
     """One request to a running cluster daemon (scale, jobs, adapt, shutdown)."""
-    from ..client import Client
+    from ..client.client import Client
     with Client(cluster_file=str(cluster_file), timeout=10) as c:
         reply = c._lt.run(c._request({"op": op, **fields}, timeout), timeout + 5)
     if not reply.get("ok"):

@@ -16,7 +16,7 @@ import sys
 from ..lifeline import watch_owner
 from ..protocol.frames import Limits
 from ..protocol.admission import raise_open_file_limit
-from ..protocol.secret import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
+from ..protocol.clusterfile import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
 from ..protocol.tls import Security
 from .journal import Journal, resume_from
 from .server import Scheduler

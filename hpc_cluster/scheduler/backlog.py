@@ -5,7 +5,7 @@ A scheduler restarted without knowing its tasks learns them again from its peers
 order they return. A reattached client sends the keys of its finished futures (`want-keys`)
 and then the specs of unfinished work, some of which take those futures as inputs. If the
 worker holding such an input has not reattached yet, the key is only *awaited*
-(scheduler/reattach.py) and the submission would fail as "input ... was released". So an
+(scheduler/state/reattach.py) and the submission would fail as "input ... was released". So an
 `update-graph` naming an awaited input waits here, and every later message of the same client
 with it (their order is kept), until a worker brings the input or its claim window ends.
 """

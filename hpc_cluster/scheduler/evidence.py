@@ -14,7 +14,7 @@ import logging
 from typing import Callable, Protocol
 
 from .diagnosis import Evidence, diagnose, needs_accounting, peak_memory
-from .state import SchedulerState
+from .state.machine import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.evidence")
 

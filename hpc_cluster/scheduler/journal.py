@@ -50,9 +50,9 @@ from pathlib import Path
 import msgpack
 
 from ..protocol.frames import Opaque
-from .records import priority_pair
-from .recovery import opaque_in
-from .timeline import journal_death
+from .state.records import priority_pair
+from .state.recovery import opaque_in
+from .state.timeline import journal_death
 
 logger = logging.getLogger("hpc_cluster.journal")
 

@@ -50,7 +50,7 @@ class WorkerLinksMixin:
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
         name = str(first.get("name") or addr)
-        # A worker that comes back with what it kept (scheduler/reattach.py) joins in one event;
+        # A worker that comes back with what it kept (scheduler/state/reattach.py) joins in one event;
         # results a journal's rebuilt state holds for it by name are confirmed or lost there.
         join = functools.partial(self.state.add_reattached_worker, held=held, running=running) \
             if held or running or name in self.state.awaited_workers else self.state.add_worker

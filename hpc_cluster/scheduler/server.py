@@ -23,7 +23,7 @@ from .collector import Collector
 from .checks import Refused, _check_task, _keys, _restart_timeout, compact_payloads
 from .evidence import EvidenceCollector
 from .links import WorkerLinksMixin
-from .state import SchedulerState
+from .state.machine import SchedulerState
 from .stream import TaskStream
 from .workers import heartbeat_interval, worker_table
 
@@ -59,7 +59,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self.journal, self.recovery_window = journal, recovery_window
         self._journal_task: asyncio.Task | None = None
         self._recovery_task: asyncio.Task | None = None
-        # Reattaching workers and clients (issue 16; scheduler/reattach.py): unknown results are
+        # Reattaching workers and clients (issue 16; scheduler/state/reattach.py): unknown results are
         # kept claim_window s; a restarted scheduler places nothing for reattach_grace s.
         self.state.claim_window = claim_window
         self.reattach_grace = reattach_grace

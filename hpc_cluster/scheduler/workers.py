@@ -3,7 +3,7 @@ workers should beat for the cluster's size. Split from server.py, which serves t
 
 from __future__ import annotations
 
-from .placement import worker_pool
+from .state.placement import worker_pool
 
 
 def heartbeat_interval(workers: int) -> float:

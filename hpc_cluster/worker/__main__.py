@@ -15,7 +15,7 @@ import sys
 
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.frames import Limits
-from ..protocol.secret import SECRET_ENV, read_cluster_file, take_secret_from_env
+from ..protocol.clusterfile import SECRET_ENV, read_cluster_file, take_secret_from_env
 from ..protocol.tls import Security
 from .memory import tune_malloc
 from .store import MemoryFractions

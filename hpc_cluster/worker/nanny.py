@@ -131,7 +131,7 @@ class Nanny:
         self.log_tail: collections.deque = collections.deque(maxlen=LOG_LINES)
         self.samples: collections.deque = collections.deque(maxlen=int(SAMPLE_SECONDS / SAMPLE_INTERVAL))
         # The whole life at 10 Hz, downsampled in bounded space (the scheduler's heartbeats see
-        # ~1 Hz): the report carries it for the death's memory record (scheduler/timeline.py).
+        # ~1 Hz): the report carries it for the death's memory record (scheduler/state/timeline.py).
         self.timeline = MemoryTimeline()
         self.reports: list[dict] = []
         self.stopping = False
@@ -352,7 +352,7 @@ class SchedulerLink:
 
     async def start(self, quiet: bool = False) -> None:
         from ..protocol.comm import connect
-        from ..protocol.secret import read_cluster_file
+        from ..protocol.clusterfile import read_cluster_file
         from ..protocol.versions import get_versions
         if self.cluster_file:
             try:

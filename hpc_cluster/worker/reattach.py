@@ -8,7 +8,7 @@ comes back places them again if it still wants them), tries for its reconnect wi
 the larger of 10 minutes and --death-timeout, never past its job's walltime or its lifetime),
 re-reading its cluster file each time for a new address, and registers again saying what it
 holds (key -> nbytes) and what it runs. The scheduler keeps the results it can use and tells
-the worker to drop the rest (scheduler/reattach.py). After the window it exits with
+the worker to drop the rest (scheduler/state/reattach.py). After the window it exits with
 EXIT_LOST_SCHEDULER, which the diagnosis calls 'scheduler-lost' and the nanny does not restart.
 
 While there is no scheduler, what the worker would tell it goes to `Offline`: dropped, since
@@ -25,7 +25,7 @@ import time
 
 from ..protocol import context
 from ..protocol.frames import ProtocolError
-from ..protocol.secret import read_cluster_file
+from ..protocol.clusterfile import read_cluster_file
 
 logger = logging.getLogger("hpc_cluster.worker")
 
@@ -98,7 +98,7 @@ async def reattach(worker) -> bool:
     worker.scheduler_comm.close()
     offline = worker.scheduler = Offline()
     worker._free([k for k, ts in worker.tasks.items() if ts.state not in ("executing", "cancelled")])
-    worker.drop_held_ahead()             # held for a scheduler that may not know them now (scheduler/ahead.py)
+    worker.drop_held_ahead()             # held for a scheduler that may not know them now (scheduler/state/ahead.py)
     lost = time.monotonic()
     end, delay = deadline(worker, lost, time.time()), 0.1
     while not worker.closed.is_set() and time.monotonic() < end:

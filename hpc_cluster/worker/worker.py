@@ -82,7 +82,7 @@ class Worker(FetchMixin, InlineMixin):
         self.ready: list = []
         self.waiting: list = []                  # heap of (priority, key): fetches not started yet
         self.executing: set[str] = set()
-        # Computes the scheduler sent ahead (scheduler/ahead.py): held, by key, until the input
+        # Computes the scheduler sent ahead (scheduler/state/ahead.py): held, by key, until the input
         # named by "after" finishes here; the keys held on each such input, in arrival order.
         self.held_ahead: dict[str, dict] = {}
         self.ahead_of: dict[str, list[str]] = {}
@@ -292,7 +292,7 @@ class Worker(FetchMixin, InlineMixin):
         after = msg.get("after")
         if after is not None and after not in self.nbytes:
             # Held until `after` finishes here; only the scheduler's free-keys drops it: it
-            # counts on this worker starting it then (scheduler/ahead.py).
+            # counts on this worker starting it then (scheduler/state/ahead.py).
             if key not in self.held_ahead:
                 self.ahead_of.setdefault(after, []).append(key)
             self.held_ahead[key] = msg

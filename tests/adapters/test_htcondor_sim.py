@@ -13,7 +13,7 @@ import pytest
 
 from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.htcondor import HTCondorAdapter
-from hpc_cluster.deploy.runner import LocalRunner
+from hpc_cluster.runners.local import LocalRunner
 
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))

@@ -16,7 +16,7 @@ import pytest
 from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.pbs import PBSAdapter
 
-from hpc_cluster.deploy.runner import LocalRunner
+from hpc_cluster.runners.local import LocalRunner
 
 MiB = 1024**2
 

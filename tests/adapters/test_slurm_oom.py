@@ -15,7 +15,7 @@ STDERRS = sorted(p.name for p in OOM.glob("job_stderr_*.txt"))
 
 
 def accounting(record) -> dict:
-    """The record as the job manager hands it to the diagnosis (deploy/jobs.py)."""
+    """The record as the job manager hands it to the diagnosis (deploy/daemon/jobs.py)."""
     return dict(dataclasses.asdict(record), final=record.final)
 
 

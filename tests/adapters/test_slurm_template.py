@@ -11,7 +11,7 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError, JobSpec
 from hpc_cluster.adapters.slurm import SLURMAdapter
-from hpc_cluster.deploy.runner import LocalRunner
+from hpc_cluster.runners.local import LocalRunner
 
 
 @pytest.fixture(scope="module")

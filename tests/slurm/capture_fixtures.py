@@ -27,7 +27,7 @@ from slurm_jobs import (fail_node, restore_node, scenarios, wait_final,  # noqa:
 
 from hpc_cluster.adapters.slurm import (SACCT_FIELDS, SQUEUE_FORMAT,  # noqa: E402
                                         SLURMAdapter)
-from hpc_cluster.deploy.runner import LocalRunner  # noqa: E402
+from hpc_cluster.runners.local import LocalRunner  # noqa: E402
 
 OUT = HERE.parent / "adapters" / "fixtures" / "slurm"
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_jobs import CLUSTER_SH, cluster_is_up  # noqa: E402
 
 from hpc_cluster.adapters.slurm import SLURMAdapter  # noqa: E402
-from hpc_cluster.deploy.runner import LocalRunner  # noqa: E402
+from hpc_cluster.runners.local import LocalRunner  # noqa: E402
 
 
 def pytest_configure(config):

@@ -213,7 +213,7 @@ def test_slurm_cluster_with_security_true_runs_over_tls(slurm_cluster, own_home,
     """Issue 14, point 9 on the real SLURM: security=True, protocol='tls' (dask's keywords); the
     job's worker reads the certificate's paths from the cluster file and joins over TLS; a
     cleartext client is refused; the certificate files go with the cluster."""
-    from hpc_cluster.protocol.secret import read_cluster_file
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
     cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", security=True, protocol="tls",
                            log_directory=str(tmp_path / "logs"))
     job_ids: list[str] = []

@@ -148,7 +148,7 @@ def test_accounting_falls_back_to_scontrol_when_accounting_is_off(adapter, submi
     from pathlib import Path
 
     from hpc_cluster.adapters.slurm import SLURMAdapter
-    from hpc_cluster.deploy.runner import LocalRunner
+    from hpc_cluster.runners.local import LocalRunner
 
     conf = tmp_path / "slurm.conf"
     conf.write_text(Path("/etc/slurm/slurm.conf").read_text().replace(
@@ -167,7 +167,7 @@ def test_accounting_falls_back_to_scontrol_when_accounting_is_off(adapter, submi
 
 def test_many_jobs_take_one_command_each_for_status_and_accounting(outcomes):
     # Real commands, counted: a poll of N jobs must not become N squeue or sacct calls.
-    from hpc_cluster.adapters.local_runner import LocalRunner
+    from hpc_cluster.runners.local import LocalRunner
     from hpc_cluster.adapters.slurm import SLURMAdapter
 
     class Counting(LocalRunner):

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_cluster.adapters import get_adapter
 from hpc_cluster.adapters.base import BatchError, JobSpec
-from hpc_cluster.adapters.local_runner import LocalRunner
+from hpc_cluster.runners.local import LocalRunner
 from hpc_cluster.config import resolve
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending
 

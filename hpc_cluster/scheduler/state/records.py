@@ -7,7 +7,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..memseries import MemoryTimeline
+from ...memseries import MemoryTimeline
 
 MAX_STARTS = 500                # task starts kept per worker for its death record (timeline.py)
 

@@ -7,7 +7,7 @@ through a local disk that other nodes cannot see. Closing it (or leaving `as_cur
 gives back whatever was the default before. An explicit `scheduler="threads"` still runs
 on threads.
 
-Mixed into Client (client.py), like client_tools.py: it uses the client's submission path.
+Mixed into Client (client/client.py), like client/tools.py: it uses the client's submission path.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import weakref
 
 from .futures import Future, flatten_futures
 from .graph import graph_tasks, wire_key
-from .protocol.frames import Opaque
+from ..protocol.frames import Opaque
 from .submission import gc_paused
 
 # Keywords of dask's compute()/get() that only mean something to dask's local schedulers.

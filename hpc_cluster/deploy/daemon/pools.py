@@ -14,8 +14,8 @@ import asyncio
 import logging
 import time
 
-from ..adapters.base import BatchAdapter, BatchError, JobSpec
-from ..config.pools import DEFAULT_POOL
+from ...adapters.base import BatchAdapter, BatchError, JobSpec
+from ...config.pools import DEFAULT_POOL
 from .jobs import UNHEARD, JobManager, read_statuses
 from .polling import Pacer, PollSettings, budget_adapter, poll_forever
 
@@ -42,7 +42,7 @@ class PoolManager:
         self.scheduler, self.adapter, self.clock = scheduler, adapter, clock
         poll = poll or PollSettings()
         # Every batch command of the cluster (status, accounting, submit, cancel) under one
-        # budget per minute; one pacer and one wake-up for every pool (deploy/polling.py).
+        # budget per minute; one pacer and one wake-up for every pool (deploy/daemon/polling.py).
         self.runner = budget_adapter(adapter, poll.calls_per_minute)
         self.pacer = Pacer(poll, clock)
         self.wakeup = asyncio.Event()
@@ -103,7 +103,7 @@ class PoolManager:
         out["halted"] = next((t["halted"] if name == DEFAULT_POOL else f"pool {name}: {t['halted']}"
                               for name, t in tables.items() if t["halted"]), None)
         out["errors"] = sorted((e for t in tables.values() for e in t["errors"]), key=lambda e: e["time"])[-5:]
-        # The batch commands this cluster ran, by name (the budget: deploy/polling.py).
+        # The batch commands this cluster ran, by name (the budget: deploy/daemon/polling.py).
         out["batch_calls"] = dict(self.runner.counts)
         out["pools"] = {}
         for name, m in self.managers.items():
@@ -161,7 +161,7 @@ class PoolManager:
 
     def poke(self, event: bool = False) -> None:
         """Something the batch system will show soon: poll now; `event` (a death): and fast
-        for a while (deploy/polling.py)."""
+        for a while (deploy/daemon/polling.py)."""
         self.pacer.event() if event else self.pacer.wake()
         self.wakeup.set()
 
@@ -220,7 +220,7 @@ class PoolManager:
 
     def stop_watching(self) -> None:
         """Leave the jobs as they are (no poll, no adapt, no cancel): another daemon takes them
-        over from the journal's jobs record (a scheduler job's handover, deploy/scheduler_job.py)."""
+        over from the journal's jobs record (a scheduler job's handover, deploy/daemon/scheduler_job.py)."""
         if self._poller:
             self._poller.cancel()
         for m in self.managers.values():

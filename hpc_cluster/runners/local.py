@@ -1,8 +1,4 @@
-"""Runs batch commands on this machine: the adapters' default runner.
-
-It lives here, not in `deploy/runner.py` beside the SSH runner, because adapters must not
-import `deploy` (DESIGN.md's layering); `deploy/runner.py` re-exports it.
-"""
+"""Runs batch commands on this machine: the adapters' default runner."""
 
 from __future__ import annotations
 

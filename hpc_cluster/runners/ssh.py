@@ -1,8 +1,7 @@
-"""Where batch commands run: here (subprocess) or on a login node (SSH, paramiko).
+"""Runs batch commands on a login node over one SSH connection (paramiko).
 
-Both runners return the same `CommandResult` and raise the same `BatchError`, so an
-adapter never knows which one it has. `LocalRunner` is defined in `adapters/local_runner.py`
-(the adapters' default, and adapters never import `deploy`) and re-exported here.
+It returns the same `CommandResult` and raises the same `BatchError` as `local.py`'s
+LocalRunner, so an adapter never knows which one it has.
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ import threading
 import time
 from typing import Sequence
 
-from ..adapters.base import BatchError, CommandResult
-from ..adapters.local_runner import DEFAULT_TIMEOUT, LocalRunner, _describe_failure
+from .base import BatchError, CommandResult
+from .local import DEFAULT_TIMEOUT, _describe_failure
 
-__all__ = ["LocalRunner", "SSHRunner", "DEFAULT_TIMEOUT", "HOST_KEY_POLICIES"]
+__all__ = ["SSHRunner", "DEFAULT_TIMEOUT", "HOST_KEY_POLICIES"]
 HOST_KEY_POLICIES = ("reject", "auto-add", "warn")
 
 

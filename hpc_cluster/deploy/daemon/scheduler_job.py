@@ -1,7 +1,7 @@
 """The scheduler as a batch job (issue 16, point 5; dask-jobqueue#186).
 
 Some sites forbid long processes on login nodes. With `scheduler_in_job: true` the cluster
-daemon (scheduler + job manager, deploy/daemon.py) is itself submitted as a small job (1 core,
+daemon (scheduler + job manager, deploy/daemon/run.py) is itself submitted as a small job (1 core,
 `scheduler_job_memory`), through the workers' adapter and template: its "worker command" is
 `python -m hpc_cluster.deploy.daemon PLAN`. The login-node side (launch.py) only waits for the
 address in the cluster file, which the job writes on the shared filesystem.
@@ -15,7 +15,7 @@ This module holds:
   successor; the successor says it is ready in NAME.handover; the old daemon hands over
   (journal flushed, scheduler closed with restarting=True, worker jobs left running), writes
   "done" and exits; the successor resumes from the journal and adopts the worker jobs;
-  workers and clients reattach (worker/reattach.py, client_reattach.py).
+  workers and clients reattach (worker/reattach.py, client/reattach.py).
 
 The handover file's states: "submitted" (by the old daemon, naming the successor's job),
 "ready" (by the successor, once it runs), "done" (by the old daemon, once it let go).
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+from ...adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 
 logger = logging.getLogger("hpc_cluster.daemon")
 
@@ -175,7 +175,7 @@ def job_alive(info: dict, cluster_file, adapter: BatchAdapter | None = None) -> 
     if not ids:
         return None
     if adapter is None:
-        from ..adapters import get_adapter
+        from ...adapters import get_adapter
         adapter = get_adapter(info.get("batch") or "slurm")
     try:
         statuses = adapter.status(ids)

@@ -235,7 +235,7 @@ def budget_adapter(adapter, per_minute: int) -> BudgetedRunner:
 
 # -- the loop -------------------------------------------------------------------------------
 async def poll_forever(owner) -> None:
-    """The job manager's loop (a JobManager's, or deploy/pools.py's PoolManager's for every
+    """The job manager's loop (a JobManager's, or deploy/daemon/pools.py's PoolManager's for every
     pool at once). `owner` has: pacer, wakeup (an asyncio.Event its events set), jobs_watched(),
     poll_once() -> bool (False: the batch system failed; owner.poll_error says how), reconcile().
 

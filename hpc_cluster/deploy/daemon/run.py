@@ -21,18 +21,19 @@ import sys
 import time
 from pathlib import Path
 
-from ..adapters import get_adapter
-from ..dashboard.server import Dashboard
-from ..protocol.admission import raise_open_file_limit
-from ..protocol.comm import port_of
-from ..protocol.frames import Limits
-from ..protocol.secret import journal_for, read_cluster_file, write_cluster_file
-from ..protocol.tls import Security
-from ..scheduler.journal import Journal, resume_from
-from ..scheduler.server import Scheduler
+from ...adapters import get_adapter
+from ...dashboard.server import Dashboard
+from ...protocol.admission import raise_open_file_limit
+from ...protocol.comm import port_of
+from ...protocol.frames import Limits
+from ...protocol.clusterfile import journal_for, read_cluster_file, write_cluster_file
+from ...protocol.tls import Security
+from ...scheduler.journal import Journal, resume_from
+from ...scheduler.server import Scheduler
 from .polling import PollSettings
 from .pools import PoolManager, announce
-from .runner import LocalRunner, SSHRunner
+from ...runners.local import LocalRunner
+from ...runners.ssh import SSHRunner
 from .scheduler_job import (Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job, owner_path,
                             watch_owner_file)
 
@@ -60,14 +61,14 @@ async def run(plan: dict) -> int:
     # setting, not the script's: the default pool's (pools share the batch system's commands).
     default_job = ((plan.get("pools") or {}).get("default") or {}).get("job") or plan.get("job") or {}
     adapter.configure(default_job.get("batch_options") or {})
-    # Run as a scheduler job (scheduler_in_job, deploy/scheduler_job.py): this job's id and times.
+    # Run as a scheduler job (scheduler_in_job, deploy/daemon/scheduler_job.py): this job's id and times.
     in_job = own_job() if plan.get("scheduler_job") else None
     if in_job and plan.get("successor_of"):
         # A successor: the old daemon lets go of the journal and the port before we read and bind them.
         how = await await_predecessor(adapter, cluster_file, in_job["id"], str(plan["successor_of"]))
         logger.info("taking over from scheduler job %s (%s)", plan["successor_of"], how)
     if in_job and sc.get("interface"):
-        from ..worker.__main__ import interface_address    # this node's address on it, not the login node's
+        from ...worker.__main__ import interface_address    # this node's address on it, not the login node's
         sc = {**sc, "host": interface_address(sc["interface"])}
     # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
@@ -86,7 +87,7 @@ async def run(plan: dict) -> int:
                                        max_message_bytes=sc["max_message_bytes"]),
                          security=security, journal=journal, recovered=recovered,
                          # Resumed: nothing is placed until the workers that kept running have
-                         # said what they hold and run (scheduler/reattach.py).
+                         # said what they hold and run (scheduler/state/reattach.py).
                          reattach_grace=float(plan.get("reattach_grace", RESUME_GRACE)) if plan.get("resume") else 0.0)
     sched = scheduler(sc.get("prefer_port") or sc.get("port", 0))
     try:

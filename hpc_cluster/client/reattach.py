@@ -21,9 +21,9 @@ import asyncio
 import logging
 import time
 
-from .protocol.comm import BatchedSend, connect
-from .protocol.frames import ProtocolError
-from .protocol.secret import read_cluster_file
+from ..protocol.comm import BatchedSend, connect
+from ..protocol.frames import ProtocolError
+from ..protocol.clusterfile import read_cluster_file
 from .submission import CHUNK_TASKS, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")

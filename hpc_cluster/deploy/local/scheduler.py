@@ -14,9 +14,9 @@ import json
 import os
 import sys
 
-from ..dashboard.server import Dashboard
-from ..protocol.secret import open_private
-from ..scheduler.__main__ import main as scheduler_main
+from ...dashboard.server import Dashboard
+from ...protocol.clusterfile import open_private
+from ...scheduler.__main__ import main as scheduler_main
 
 
 def add_arguments(p) -> None:
@@ -40,7 +40,7 @@ def start_dashboard(sched, args, secret: bytes):
 
 
 def main(argv=None) -> int:
-    return scheduler_main(argv, prog="python -m hpc_cluster.deploy.local_scheduler",
+    return scheduler_main(argv, prog="python -m hpc_cluster.deploy.local.scheduler",
                           add_arguments=add_arguments, beside=start_dashboard)
 
 

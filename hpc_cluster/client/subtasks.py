@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from .protocol import context
+from ..protocol import context
 
 _lock = threading.Lock()
 _worker_clients: dict[str, object] = {}

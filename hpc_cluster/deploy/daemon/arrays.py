@@ -6,7 +6,7 @@ id as the batch system prints it (`2013_4`, `123[4].server`, `123.4`), its own i
 its own worker names (NAME-<first index + element index>, computed inside the job from the
 batch system's array variable), and it is polled, cancelled, accounted and diagnosed alone.
 So nothing in the job manager but `_submit` knows arrays exist. This lives apart from
-deploy/jobs.py because that module is near its size limit and its polling changes on its own.
+deploy/daemon/jobs.py because that module is near its size limit and its polling changes on its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..adapters.base import BatchError
+from ...adapters.base import BatchError
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -72,4 +72,4 @@ async def submit_array(manager, n: int, job_class) -> None:
         manager.jobs[job_id] = job_class(job_id, now, index=index)
     logger.info("submitted array %s of pool %s: %d jobs %s .. %s (workers' index %d-%d)",
                 array_id, manager.pool, n, ids[0], ids[-1], indices[0], indices[-1])
-    manager.poke()                       # the queue shows them soon: poll fast (deploy/polling.py)
+    manager.poke()                       # the queue shows them soon: poll fast (deploy/daemon/polling.py)

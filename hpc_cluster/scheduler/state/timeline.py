@@ -18,7 +18,7 @@ started a worker have no `memory`.
 
 from __future__ import annotations
 
-from ..memseries import CAP, MemoryTimeline, downsample, merge
+from ...memseries import CAP, MemoryTimeline, downsample, merge
 from .records import MAX_STARTS          # task starts kept per worker, the latest
 
 # What the dashboard and the CLI may use (the timeline class and downsample re-exported).

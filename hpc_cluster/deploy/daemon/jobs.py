@@ -15,12 +15,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
-from ..config.pools import DEFAULT_POOL
-from ..scheduler.placement import workload
+from ...adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+from ...config.pools import DEFAULT_POOL
+from ...scheduler.state.placement import workload
 from .arrays import submit_array, use_array
 from .polling import Pacer, PollSettings, poll_forever
-from .remote import job_logs
+from ..remote import job_logs
 
 UNHEARD = "SUBMITTED"          # a job's raw_state until the batch system's first word on it
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
@@ -93,12 +93,12 @@ class JobManager:
                  submit_directory: str | None = None, lifetime: float | None = None,
                  pool: str = DEFAULT_POOL, max_jobs: int | None = None, pools=None):
         self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
-        # One pool's jobs. `pools` (deploy/pools.py) is the cluster's set of them when there are
+        # One pool's jobs. `pools` (deploy/daemon/pools.py) is the cluster's set of them when there are
         # several: it hands out job indices, counts the queue and merges halts across pools.
         self.pool, self.max_jobs, self.pools = pool, max_jobs, pools
         # A job's span: its walltime, or sooner its workers' --lifetime (without restart).
         self.job_span = min(spec.walltime, lifetime) if lifetime else spec.walltime
-        # When to ask the batch system (deploy/polling.py); with pools, the PoolManager's pacer.
+        # When to ask the batch system (deploy/daemon/polling.py); with pools, the PoolManager's pacer.
         self.pacer = Pacer(poll or PollSettings(), clock)
         self.wakeup = asyncio.Event()
         self.poll_error: str | None = None
@@ -311,7 +311,7 @@ class JobManager:
             n = min(n, max(0, self.max_jobs_in_queue - in_queue))
         if self.max_jobs is not None:
             n = min(n, max(0, self.max_jobs - len(self.active())))
-        if use_array(self, n):                # job_array: one submission, n jobs (deploy/arrays.py)
+        if use_array(self, n):                # job_array: one submission, n jobs (deploy/daemon/arrays.py)
             await submit_array(self, n, Job)
             return
         for _ in range(n):
@@ -413,7 +413,7 @@ class JobManager:
 
     def poke(self, event: bool = False) -> None:
         """Something happened that the batch system will show soon (a submit, a cancel, a
-        resize): poll now; `event` (a death): and fast for a while (deploy/polling.py)."""
+        resize): poll now; `event` (a death): and fast for a while (deploy/daemon/polling.py)."""
         if self.pools is not None:
             self.pools.poke(event)
             return
@@ -485,7 +485,7 @@ class JobManager:
 
     def _ended(self, job: Job) -> None:
         # An adopted job's workers will not reattach: results the journal held on them are
-        # recomputed now, not after the recovery window (scheduler/recovery.py).
+        # recomputed now, not after the recovery window (scheduler/state/recovery.py).
         state = self.scheduler.state
         gone = [n for n in job.worker_names if n in state.awaited_workers]
         if gone:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import psutil
 
-from ..units import parse_memory
-from ..worker.flags import memory_fraction_args
-from ..protocol.secret import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
-from ..protocol.tls import resolve_security
+from ...units import parse_memory
+from ...worker.flags import memory_fraction_args
+from ...protocol.clusterfile import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
+from ...protocol.tls import resolve_security
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 _live: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 
 
@@ -118,7 +118,7 @@ KNOBS = ("allowed_failures", "heartbeat_ttl", "heartbeat_interval", "memory_targ
 
 def cluster_settings(config=None, **given) -> dict:
     """The scheduler/nanny knobs: keywords > $HPC_CLUSTER_* > config files' settings > defaults."""
-    from ..config import check_keywords, env_overrides, find_config_files, load_config_files, merge
+    from ...config import check_keywords, env_overrides, find_config_files, load_config_files, merge
     keywords = check_keywords({k: v for k, v in given.items() if v is not None})
     files = load_config_files(find_config_files(config))
     merged = merge(files, None, env_overrides(), keywords)
@@ -156,7 +156,7 @@ class LocalCluster:
         if unknown:
             import inspect
 
-            from ..config import did_you_mean
+            from ...config import did_you_mean
             name = next(iter(unknown))
             known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
             raise TypeError(f"LocalCluster got an unknown keyword {name!r}{did_you_mean(name, known)}")
@@ -176,7 +176,7 @@ class LocalCluster:
         else:
             self.memory_limit = parse_memory(memory_limit, "memory_limit")
         self.nanny, self.host, self.timeout = nanny, host, timeout
-        from ..config.schema import parse_dashboard_address     # config loads at use, not at import
+        from ...config.schema import parse_dashboard_address     # config loads at use, not at import
         # (host, port) of the dashboard, '' host: the scheduler's; None: no dashboard.
         self._dashboard_bind = parse_dashboard_address(dashboard_address, "LocalCluster(dashboard_address=...)")
         self.dashboard_address: str | None = None          # http://host:port/ once it listens
@@ -232,9 +232,9 @@ class LocalCluster:
             host, port = self._dashboard_bind
             dashboard = ["--dashboard-port", str(port), "--dashboard-file", str(dashboard_file),
                          *(["--dashboard-host", host] if host else [])]
-        # The scheduler with the dashboard beside it (deploy/local_scheduler.py).
+        # The scheduler with the dashboard beside it (deploy/local/scheduler.py).
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hpc_cluster.deploy.local_scheduler", "--host", self.host, *dashboard,
+            [sys.executable, "-m", "hpc_cluster.deploy.local.scheduler", "--host", self.host, *dashboard,
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
              *self._limit_args(), *self._owner_args(),
@@ -313,7 +313,7 @@ class LocalCluster:
         return {name: p.pid for name, p in self.workers.items() if p.poll() is None}
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
-        from ..client import Client
+        from ...client.client import Client
         with Client(self, timeout=self.timeout) as c:
             c.wait_for_workers(n, timeout or self.timeout)
 

@@ -16,8 +16,8 @@ import random
 import uuid
 
 from .futures import Future
-from .protocol import serialize
-from .protocol.frames import Limits
+from ..protocol import serialize
+from ..protocol.frames import Limits
 
 KEYS_PER_REQUEST = 10_000
 

@@ -16,7 +16,7 @@ import copy
 import functools
 import warnings
 
-from .protocol import serialize
+from ..protocol import serialize
 
 # dask's annotations that mean something to a scheduler, and ours: a task's needs.
 HONOURED = ("retries", "priority", "resources", "memory", "pool", "duration")
@@ -32,7 +32,7 @@ class UnsupportedGraph(ValueError):
 def task_needs(duration=None, memory=None, pool=None) -> dict:
     """A task's needs as the wire carries them: duration in seconds ('5m'), memory in bytes
     ('20GB'), pool by name. Checked here, so a bad value is refused where the user wrote it."""
-    from .units import parse_memory, parse_walltime
+    from ..units import parse_memory, parse_walltime
     out: dict = {}
     if duration is not None:
         out["duration"] = float(parse_walltime(duration, "duration"))

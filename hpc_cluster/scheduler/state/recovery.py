@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..protocol.frames import Opaque
+from ...protocol.frames import Opaque
 from .records import add_edge, own, priority_from_pair, SEQ_SPAN, shared, TaskState
 
 def opaque_in(value) -> Opaque | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from .diagnosis import MEMORY_CAUSES, ask_for, fmt_seconds
+from ..diagnosis import MEMORY_CAUSES, ask_for, fmt_seconds
 from .placement import FIT_FACTOR, FIT_SLACK, expected_duration, has_time, worker_pool
 
 INF = float("inf")

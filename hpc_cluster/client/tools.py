@@ -11,9 +11,9 @@ import warnings
 
 from .exceptions import TimeoutError, format_death
 from .futures import Future, flatten_futures, wait
-from .protocol import serialize
-from .protocol.secret import dashboard_link
-from .protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
+from ..protocol import serialize
+from ..protocol.clusterfile import dashboard_link
+from ..protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
 
 
 class ClusterToolsMixin:

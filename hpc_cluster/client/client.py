@@ -20,18 +20,18 @@ import uuid
 from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
-from .client_loop import LoopThread
-from .client_reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
-from .client_data import WorkerDataMixin
-from .client_tools import ClusterToolsMixin
+from .loop import LoopThread
+from .reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
+from .data import WorkerDataMixin
+from .tools import ClusterToolsMixin
 from .dask_collections import CollectionsMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import task_needs
-from .protocol import context, serialize
-from .protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
-from .protocol.frames import Limits, Opaque
-from .protocol.secret import read_cluster_file, secret_from_env
-from .protocol.versions import get_versions
+from ..protocol import context, serialize
+from ..protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
+from ..protocol.frames import Limits, Opaque
+from ..protocol.clusterfile import read_cluster_file, secret_from_env
+from ..protocol.versions import get_versions
 from .submission import CHUNK_TASKS, check_fits, gc_paused, release_messages, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
@@ -54,13 +54,13 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
 
     A client that loses its scheduler reconnects in the background for `reconnect` seconds
     (default 10 minutes; 0: cancel its futures at once, as before), to the same address or to
-    the one its cluster file names then, and its futures resume (client_reattach.py).
+    the one its cluster file names then, and its futures resume (client/reattach.py).
     """
 
     def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
                  timeout: float = 30.0, set_as_default: bool = True, security=None,
                  reconnect: float = DEFAULT_RECONNECT):
-        from .protocol.tls import Security, resolve_security
+        from ..protocol.tls import Security, resolve_security
         context.refuse_on_loop("Client()")               # worker/inline.py
         self.cluster = None
         self._cluster_file = None                         # re-read when reconnecting: a new address
@@ -70,7 +70,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
             security = security or getattr(self.cluster, "security", None)
         elif cluster_file is not None or (isinstance(address, str) and "://" not in address
                                           and ":" not in address):
-            from .protocol.secret import cluster_file_for
+            from ..protocol.clusterfile import cluster_file_for
             self._cluster_file = cluster_file or cluster_file_for(address)
             info = read_cluster_file(self._cluster_file)
             address, secret = info["address"], info["secret"]
@@ -157,7 +157,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
                 if not fut.done():
                     fut.set_exception(ConnectionError("the connection to the scheduler was lost"))
             if self.status == "running" and self.reconnect > 0 and not self._closed_by_scheduler:
-                self.status = "reconnecting"             # futures stay pending (client_reattach.py)
+                self.status = "reconnecting"             # futures stay pending (client/reattach.py)
                 self._connected.clear()
                 asyncio.ensure_future(reattach_or_give_up(self))
             else:
@@ -218,7 +218,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         return await asyncio.wait_for(ask(), timeout or self.timeout)
 
     def _submit(self, specs: list[dict], wanted: list[str]) -> None:
-        """Send a submission in messages the scheduler accepts (see submission.py)."""
+        """Send a submission in messages the scheduler accepts (see client/submission.py)."""
         limits = self._limits
         for spec in specs:
             check_fits(spec, limits)
@@ -254,7 +254,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         with self._lock:
             self._flush_scheduled = False
             if self.status == "reconnecting":
-                return                       # kept for the scheduler that comes back (client_reattach.py)
+                return                       # kept for the scheduler that comes back (client/reattach.py)
             items, self._outq = self._outq, []
             msgs, release = [], []
             for item in items:

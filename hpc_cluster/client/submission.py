@@ -26,8 +26,8 @@ import gc
 import heapq
 import threading
 
-from .protocol.frames import Limits, MessageTooLargeError, nbytes
-from .units import format_memory
+from ..protocol.frames import Limits, MessageTooLargeError, nbytes
+from ..units import format_memory
 
 # Tasks per message. The frame limit alone would allow ~50,000 (2 frames a task, 100,000 a
 # receiver takes), but the scheduler applies a message in one go: 10,000 tasks held its loop

@@ -1,0 +1,8 @@
+"""Everything a user's process runs: the Client and its futures, submissions, dask graphs and
+collections, results to and from workers, reattaching, secede/rejoin, progress, and the
+exceptions users see. `hpc_cluster`'s own names are the public API; this package's face hands
+on the Client for `from hpc_cluster.client import Client`."""
+
+from .client import Client
+
+__all__ = ["Client"]
