@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def end_all(procs: list, timeout: float = 20) -> None:
     """SIGTERM every process, then wait for all (killing what is left at the deadline): 500
-    workers ended one by one would take minutes. (tests/dask_suite has the same few lines;
+    workers ended one by one would take minutes. (tests/peers/dask_suite has the same few lines;
     benchmarks do not import the tests' helpers.)"""
     for p in procs:
         if p.poll() is None:

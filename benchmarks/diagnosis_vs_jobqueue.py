@@ -14,7 +14,7 @@ its spec), so it gets adapt(minimum=2, maximum=2), which does; hpc-cluster keeps
 
     python benchmarks/diagnosis_vs_jobqueue.py [--only memory|walltime] [--tool jq|ours] [--json out.json]
 
-Needs the SLURM test cluster (tests/slurm/cluster.sh up) and `pip install dask-jobqueue`.
+Needs the SLURM test cluster (tests/batch/slurm/cluster.sh up) and `pip install dask-jobqueue`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Retry by cause into a bigger pool (issue 15): hpc-cluster next to dask-jobqueue, same SLURM.
 
-Two scenarios, each run through three setups on the real one-host SLURM (tests/slurm/cluster.sh):
+Two scenarios, each run through three setups on the real one-host SLURM (tests/batch/slurm/cluster.sh):
 
   memory    200 tasks; 10 of them allocate 700 MB, the others a few MB.
               hpc-cluster    a 300 MB default pool (4 jobs) and a 1.5 GB pool "big" that starts
@@ -20,7 +20,7 @@ elapsed, summed over the run's jobs).
 
     python benchmarks/escalation.py [--only memory|walltime] [--setup ours|jq-small|jq-big] [--json out.json]
 
-Needs the SLURM test cluster up (root: tests/slurm/cluster.sh up) and dask-jobqueue installed.
+Needs the SLURM test cluster up (root: tests/batch/slurm/cluster.sh up) and dask-jobqueue installed.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ and after (the same ids = nothing resubmitted), and the time from the kill to th
 
     python benchmarks/restart.py [--setup ours-sigkill|ours-reboot|distributed] [--tasks 2000] [--json out.json]
 
-Needs the SLURM test cluster up (root: tests/slurm/cluster.sh up).
+Needs the SLURM test cluster up (root: tests/batch/slurm/cluster.sh up).
 """
 
 from __future__ import annotations

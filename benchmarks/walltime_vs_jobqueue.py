@@ -2,7 +2,7 @@
 
     python benchmarks/walltime_vs_jobqueue.py [--tasks 240] [--cap 600]
 
-Needs the SLURM test cluster (tests/slurm/cluster.sh up) and dask-jobqueue. Three runs on
+Needs the SLURM test cluster (tests/batch/slurm/cluster.sh up) and dask-jobqueue. Three runs on
 the same SLURM, one after the other:
   hpc-cluster             SLURMCluster(walltime="00:01:00").scale(2): deadlines, drain, renewal
   dask-jobqueue, plain    the same keywords, scale(2): what a user writes first

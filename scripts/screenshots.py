@@ -1,9 +1,9 @@
 """Real screenshots of the dashboard for the README and docs/dashboard.md (scripts/screenshots).
 
-A PBSCluster on the test suite's command-level PBS simulator (tests/pbs_sim: qsub/qstat/qdel
+A PBSCluster on the test suite's command-level PBS simulator (tests/helpers/pbs_sim: qsub/qstat/qdel
 with real worker processes in the simulated jobs), so the jobs page has batch jobs, one of
 them held; a workload with two task prefixes and an erring one; one worker that the nanny
-stops over its memory budget. Then headless Chromium (tests/browser.py) takes a picture of
+stops over its memory budget. Then headless Chromium (tests/helpers/browser.py) takes a picture of
 each page. Everything runs on this machine, in a temporary directory.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from browser import colour_summary, ensure_chromium, screenshot  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from helpers.browser import colour_summary, ensure_chromium, screenshot  # noqa: E402
+from helpers.wait import wait_until  # noqa: E402
 
 
 def slowinc(x, delay=0.4):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hpc-cluster-screenshots-") as tmp:
         isolate(Path(tmp))                  # before dask and our package load: they read the environment
-        from dashboard_helpers import MB
+        from helpers.dashboard import MB
         from hpc_cluster import Client
         from hpc_cluster.deploy.cluster import PBSCluster
         from pbs_sim import pbssim

@@ -26,6 +26,11 @@ atexit.register(shutil.rmtree, os.environ["DASK_CONFIG"], True)
 
 from hpc_cluster import Client, LocalCluster
 
+# helpers/ (from helpers.wait import ...) and the simulators' modules (import pbssim, lsfsim, condorsim)
+TESTS = Path(__file__).resolve().parent
+for _p in (TESTS / "helpers" / "htcondor_sim", TESTS / "helpers" / "lsf_sim", TESTS / "helpers" / "pbs_sim", TESTS):
+    sys.path.insert(0, str(_p))
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -52,8 +57,8 @@ def _no_leaked_settings():
     assert after == before, f"the test leaked environment settings: {sorted(set(after.items()) ^ set(before.items()))}"
 
 
-# -- the command-level PBS simulator (tests/pbs_sim): qsub, qstat, qdel on PATH ---------------
-SIM = Path(__file__).resolve().parent / "pbs_sim"
+# -- the command-level PBS simulator (tests/helpers/pbs_sim): qsub, qstat, qdel on PATH ---------------
+SIM = Path(__file__).resolve().parent / "helpers" / "pbs_sim"
 
 
 @pytest.fixture
@@ -74,8 +79,8 @@ def isolated_home(tmp_path, monkeypatch):
 def sim(isolated_home, monkeypatch):
     """The simulator on PATH for this process and the daemon it starts (which inherits
     os.environ); our cluster files under tmp. Yields the simulator's state directory."""
-    from pbs_sim import pbssim
-    from waiting import wait_until
+    import pbssim
+    from helpers.wait import wait_until
     home = isolated_home / "pbs_sim_home"
     home.mkdir()
     monkeypatch.setenv("PBS_SIM_HOME", str(home))
@@ -87,4 +92,3 @@ def sim(isolated_home, monkeypatch):
     wait_until(lambda: not pbssim.live_pids(str(home)), 15, "simulator processes to exit")
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))       # waiting.py, pbs_sim/ for the fixtures

@@ -9,7 +9,7 @@ never runs again by itself, so we report it out-of-memory (or failed, for other 
 remove it, keeping the hold's reason. Finished jobs leave condor_q for condor_history.
 
 No HTCondor was installable here: the parsers are tested on outputs captured from public
-sources (tests/adapters/fixtures/htcondor/SOURCES.md). Pure parsers; commands go through the runner.
+sources (tests/unit/adapters/fixtures/htcondor/SOURCES.md). Pure parsers; commands go through the runner.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ command, `bjobs -a -o "<fields>" -json ID ...`, answers both status and accounti
 CLEAN_PERIOD only bhist/bacct know the job; we do not read them yet (docs/lsf.md).
 
 No LSF was installable here: the parsers are tested on outputs captured from public
-documentation and other projects' tests (tests/adapters/fixtures/lsf/SOURCES.md), and the
-command cycle on a simulator (tests/lsf_sim/). Pure parsers; commands go through the runner.
+documentation and other projects' tests (tests/unit/adapters/fixtures/lsf/SOURCES.md), and the
+command cycle on a simulator (tests/helpers/lsf_sim/). Pure parsers; commands go through the runner.
 """
 
 from __future__ import annotations

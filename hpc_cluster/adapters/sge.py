@@ -6,7 +6,7 @@ end it), `exit_status` (128 + n for a signal), `ru_wallclock`, `maxvmem`, and `c
 -l requests (h_rt, h_vmem) the job ran under. Which limit ended a job is not written down
 (failed 37 is "h_rt, h_cpu, or h_vmem"), so it is read off the numbers: see classify_qacct and
 docs/sge.md. The parsers are pure and tested on outputs captured from a real gridengine 8.1.9
-(tests/adapters/fixtures/sge/, tests/sge/capture_fixtures.py).
+(tests/unit/adapters/fixtures/sge/, tests/batch/sge/capture_fixtures.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SLURM: sbatch, scancel, squeue, sacct (scontrol when accounting is off).
 
 The parsers at module level are pure (text in, records out) and are tested on outputs
-captured from a real SLURM (tests/adapters/fixtures/slurm/). The adapter batches: one
+captured from a real SLURM (tests/unit/adapters/fixtures/slurm/). The adapter batches: one
 command per call whatever the number of jobs, because schedulers rate-limit RPCs and
 admins notice clients that poll per job.
 """

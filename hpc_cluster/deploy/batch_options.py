@@ -1,7 +1,7 @@
 """A batch system's own keywords, for its adapter (JobSpec.batch_options), and
 LSF_UNIT_FOR_LIMITS from lsf.conf: the unit bsub -M is read in.
 
-Kept out of adapters/lsf.py, whose parsers are pure (tests/test_layering.py): reading a file
+Kept out of adapters/lsf.py, whose parsers are pure (tests/unit/test_layering.py): reading a file
 is the deploy half's business. As dask-jobqueue's lsf_detect_units: $LSF_ENVDIR (or
 $LSF_CONFDIR) else /etc, the last setting in the file winning, 'kb' (LSF's default) without one.
 It reads the file where hpc-cluster runs; with `ssh:`, give lsf_units= (dask-jobqueue has the

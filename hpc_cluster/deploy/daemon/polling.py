@@ -20,7 +20,7 @@ Otherwise (every job running with its workers registered) the poll is steady, ev
 command of a cluster goes through one `CallBudget`, a hard cap per minute.
 
 Everything here is pure or takes its clock, sleep and randomness as arguments, so the unit
-tests drive it with fake ones (tests/test_polling.py).
+tests drive it with fake ones (tests/unit/deploy/test_polling.py).
 """
 
 from __future__ import annotations

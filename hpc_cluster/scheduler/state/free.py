@@ -14,7 +14,7 @@ re-pushed whenever the state machine touches it (`add`, which `_update_free` cal
 change to its tasks, and after every memory report); older entries are stale and skipped
 (a version per worker), and a heap is rebuilt when stale entries outnumber live ones.
 
-`pick` gives exactly what a scan with `pick_worker` would (tests/test_many_workers_state.py
+`pick` gives exactly what a scan with `pick_worker` would (tests/unit/scheduler/test_many_workers_state.py
 checks both ways on random states): the holders of the task's inputs score higher than any
 other worker (their `local` bytes), so they are scored first, few as they are; otherwise the
 best worker is the first entry of the heap that passes the task's own filters (resources,

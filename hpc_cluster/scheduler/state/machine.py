@@ -205,7 +205,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             ts.executing = False
             if ts.state != "processing":
                 # Failed or released meanwhile by the cascade of an earlier one's failure (found
-                # by tests/test_state_fuzz.py: it was started again, for nobody).
+                # by tests/unit/scheduler/test_state_fuzz.py: it was started again, for nobody).
                 continue
             if not (ts in executing and self._over_limits(ts)):
                 ts.state = "released"
@@ -229,7 +229,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         for dep in ts.dependents:
             if dep.state == "processing" and not dep.executing:
                 # Its worker would ask the dead holder in vain (a missing-data round trip): it
-                # waits here for the recomputed input instead (found by tests/test_state_fuzz.py).
+                # waits here for the recomputed input instead (found by tests/unit/scheduler/test_state_fuzz.py).
                 # A running one has its inputs.
                 self._abandon(dep)
                 dep.state = "queued"
@@ -366,7 +366,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             ts = stack.pop()
             if ts.state != "released" or not (ts.who_wants or ts.waiters):
                 # (an input pushed for a dependent that an earlier one's failure has failed since:
-                # found by tests/test_state_fuzz.py, it was computed for nobody)
+                # found by tests/unit/scheduler/test_state_fuzz.py, it was computed for nobody)
                 continue
             if ts.func is None:
                 self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
@@ -374,7 +374,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             ts.state = "waiting"
             ts.waiting_on = EMPTY
             # A failed input fails it before any released input is computed again for it
-            # (found by tests/test_state_fuzz.py: they were, for nobody). The first by key,
+            # (found by tests/unit/scheduler/test_state_fuzz.py: they were, for nobody). The first by key,
             # so the error names the same input every time.
             failed = min((d for d in ts.dependencies if d.state == "erred"), key=lambda d: d.key, default=None)
             if failed is not None:

@@ -159,7 +159,7 @@ def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool =
         roomy, left = memory_room(ws)
         score = (local, roomy, -len(ws.processing) / ws.nthreads, left)
         # Ties go to the lowest address, not to the set's order (which follows memory
-        # addresses): the same events must place tasks the same way (tests/test_state_fuzz.py).
+        # addresses): the same events must place tasks the same way (tests/unit/scheduler/test_state_fuzz.py).
         if best_score is None or score > best_score or score == best_score and ws.address < best.address:
             best, best_score = ws, score
     return best

@@ -1,0 +1,76 @@
+"""What the LSF and HTCondor simulator tests share: putting a simulator on PATH for one test,
+running an adapter's job to its end, and, for the deploy tests, the tasks (pickled by value:
+the workers cannot import test modules) and the wait for a final verdict."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import cloudpickle
+
+from helpers.wait import wait_until
+
+
+def use_simulator(monkeypatch, sim, home: Path, home_var: str, **env: str) -> Path:
+    """`sim` (tests/helpers/lsf_sim or tests/helpers/htcondor_sim, a module with cleanup and live_pids) on PATH,
+    its state in `home`; returns `home`. Call `stop_simulator` after the test."""
+    home.mkdir()
+    monkeypatch.setenv(home_var, str(home))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    bin_dir = Path(sim.__file__).resolve().parent / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return home
+
+
+def stop_simulator(sim, home: Path) -> None:
+    sim.cleanup(str(home))
+    wait_until(lambda: not sim.live_pids(str(home)), 15, "simulator processes to exit")
+
+
+def run_to_end(adapter, job_spec, timeout: float = 20):
+    """Submit, poll status until the job is no longer pending or running; (job id, accounting record)."""
+    job_id = adapter.submit(adapter.render(job_spec))
+    wait_until(lambda: adapter.status([job_id])[job_id].state not in ("pending", "running"), timeout,
+               f"job {job_id} to end", interval=0.1)
+    return job_id, adapter.accounting([job_id])[job_id]
+
+
+def cancel_running(adapter, job_id: str):
+    """Cancel a job once it runs; its final accounting record."""
+    wait_until(lambda: adapter.status([job_id])[job_id].state == "running", 10, f"job {job_id} to run", interval=0.1)
+    adapter.cancel([job_id])
+    return wait_until(lambda: (r := adapter.accounting([job_id])[job_id]).final and r, 10, "the cancel", interval=0.1)
+
+
+# -- tasks and verdicts for the deploy tests --------------------------------------------------------
+def square(x):
+    return x * x
+
+
+def sleep_then(value, seconds):
+    time.sleep(seconds)
+    return value
+
+
+def grow(limit_bytes, chunk=8 << 20, pause=0.02):
+    """Take memory a few MiB at a time up to `limit_bytes`, in the worker's own process."""
+    held = []
+    while len(held) * chunk < limit_bytes:
+        held.append(b"x" * chunk)
+        time.sleep(pause)
+    return len(held) * chunk
+
+
+def final_death(client, predicate, timeout=90) -> dict:
+    """The first death matching `predicate`, once its verdict is final (accounting read)."""
+    def final():
+        found = [d for d in client.deaths() if predicate(d)]
+        return found[0] if found and found[0].get("final_at") is not None else None
+    return wait_until(final, timeout, "a final verdict", interval=0.3)
+
+
+import sys  # noqa: E402
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

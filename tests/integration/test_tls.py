@@ -1,0 +1,205 @@
+"""TLS (issue 14, point 9): `security=` encrypts every connection (client, scheduler, workers,
+nannies, peers), the secret handshake runs inside it, a cleartext peer is refused, and what
+travels cannot be read off the wire. Real processes and sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import stat
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from helpers.wait import wait_until  # noqa: E402
+
+from hpc_cluster import Client, LocalCluster  # noqa: E402
+from hpc_cluster.protocol.comm import AuthenticationError  # noqa: E402
+
+PAYLOAD = b"known-payload-4f1c9a-" * 64
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(Path(path).stat().st_mode)
+
+
+def _make(n: int) -> bytes:
+    return bytes(range(256)) * n
+
+
+def _inner_sum(x):
+    from hpc_cluster import get_client
+    return get_client().submit(sum, [x, 1]).result(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tls_cluster():
+    with LocalCluster(n_workers=1, threads_per_worker=2, security=True) as c:
+        yield c
+
+
+def test_computation_and_worker_to_worker_transfer_over_tls(tls_cluster):
+    c = tls_cluster
+    assert c.scheduler_address.startswith("tls://")
+    sec = c.security
+    for path in (sec.tls_cert, sec.tls_key):
+        assert _mode(path) == 0o600
+    assert _mode(Path(sec.tls_key).parent) == 0o700
+    with Client(c) as client:
+        assert client.submit(sum, [1, 2, 3]).result(timeout=30) == 6
+        assert client.submit(_inner_sum, 41).result(timeout=30) == 42      # get_client() in a task
+        x = client.submit(_make, 4000, pure=False)                         # ~1 MB on worker-0
+        x.result(timeout=30)
+        c.scale(2)
+        client.wait_for_workers(2, timeout=30)
+        workers = client.scheduler_info()["workers"]
+        assert all(a.startswith("tls://") for a in workers)
+        client.replicate(x, n=2, timeout=30)                               # worker-1 fetches it from worker-0
+        who_has = client._lt.run(client._request({"op": "who-has", "keys": [x.key]}), 30)[x.key]
+        assert len(who_has) == 2 and all(a.startswith("tls://") for a in who_has)
+        c._stop_worker("worker-0")                                         # only the copy is left
+        wait_until(lambda: len(client.scheduler_info()["workers"]) == 1, 20, "worker-0 to leave")
+        assert client.gather(x, timeout=30) == _make(4000)
+        c.scale(1)
+
+
+def test_cleartext_peers_are_refused_and_the_cluster_serves_on(tls_cluster):
+    c = tls_cluster
+    cleartext = c.scheduler_address.replace("tls://", "tcp://")
+    with pytest.raises(ConnectionError):        # speaks our protocol in clear to a TLS port
+        Client(cleartext, secret=c.secret, timeout=10)
+    with pytest.raises(ConnectionError, match="speaks TLS: pass the cluster's security="):
+        Client(c.scheduler_address, secret=c.secret, timeout=10)
+    with pytest.raises(ConnectionError, match="not a TLS address but security= asks for encryption"):
+        Client(cleartext, secret=c.secret, security=c.security, timeout=10)
+    wait_until(lambda: "dropped connection" in c.logs()["scheduler"], 10, "the scheduler to log the drop")
+    # Our own certificates are needed, not just any: a CA of another cluster is refused.
+    from hpc_cluster.protocol.tls import Security
+    other = Security.temporary(Path(c._tmp.name) / "other-tls")
+    with pytest.raises(AuthenticationError, match="TLS handshake"):
+        Client(c.scheduler_address, secret=c.secret, security=other, timeout=10)
+    with Client(c.scheduler_address, secret=c.secret, security=c.security) as client:
+        assert client.submit(sum, [2, 2]).result(timeout=30) == 4
+
+
+class _Sniffer:
+    """A TCP relay on 127.0.0.1 that keeps every byte it forwards (both ways)."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.seen = target, bytearray()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self._socks: list[socket.socket] = [self.server]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.server.accept()
+            except OSError:
+                return
+            b = socket.create_connection(self.target)
+            self._socks += [a, b]
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+            with self._lock:
+                self.seen += data
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        for s in self._socks:
+            s.close()
+
+
+def _sniffed_submission(cluster) -> bytes:
+    from hpc_cluster.protocol.comm import parse_address
+    sniffer = _Sniffer(parse_address(cluster.scheduler_address))
+    scheme = cluster.scheduler_address.split("://")[0]
+    try:
+        tls = {"security": cluster.security} if getattr(cluster, "security", None) else {}
+        with Client(f"{scheme}://127.0.0.1:{sniffer.port}", secret=cluster.secret, **tls) as client:
+            assert client.submit(len, PAYLOAD).result(timeout=30) == len(PAYLOAD)
+        return bytes(sniffer.seen)
+    finally:
+        sniffer.close()
+
+
+def test_payload_does_not_cross_the_wire_in_clear(tls_cluster):
+    seen = _sniffed_submission(tls_cluster)
+    assert len(seen) > len(PAYLOAD)              # the submission did go through the relay
+    assert PAYLOAD[:32] not in seen
+    assert b"HPCC" not in seen                   # nor our handshake: it runs inside TLS
+
+
+def test_the_sniffer_does_see_a_cleartext_cluster():
+    """The control: without security= the same submission is readable on the wire."""
+    with LocalCluster(n_workers=1, threads_per_worker=1) as c:
+        seen = _sniffed_submission(c)
+    assert PAYLOAD[:32] in seen and b"HPCC" in seen
+
+
+def test_dask_security_objects_are_taken():
+    from distributed.security import Security as DaskSecurity
+    with LocalCluster(n_workers=1, threads_per_worker=1, security=DaskSecurity.temporary()) as c, \
+            Client(c) as client:
+        assert c.scheduler_address.startswith("tls://")
+        assert _mode(c.security.tls_key) == 0o600              # the in-memory key, written 0600
+        assert client.submit(sum, [1, 1]).result(timeout=30) == 2
+    with pytest.raises(ValueError, match="asks for encryption but does not give both a CA"):
+        LocalCluster(n_workers=0, security=DaskSecurity(require_encryption=True))
+
+
+def test_batch_cluster_with_security_true_runs_over_tls(sim, tmp_path):
+    """PBSCluster (the daemon that SLURMCluster uses too) with dask's security=True and
+    protocol='tls', against the command-level PBS simulator: the job's worker reads the
+    certificate's paths from the cluster file and joins over TLS; the files go with the cluster."""
+    from hpc_cluster.deploy.cluster import PBSCluster
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
+    cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=True, protocol="tls",
+                         log_directory=str(tmp_path / "logs"))
+    try:
+        assert cluster.scheduler_address.startswith("tls://")
+        tls = read_cluster_file(cluster.cluster_file)["tls"]
+        assert {_mode(tls["cert"]), _mode(tls["key"]), _mode(Path(tls["key"]).parent)} == {0o600, 0o700}
+        cluster.scale(1)
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=120)
+            assert all(a.startswith("tls://") for a in client.scheduler_info()["workers"])
+            assert client.submit(lambda x: x + 1, 10).result(timeout=60) == 11
+        with pytest.raises(ConnectionError, match="speaks TLS"):
+            Client(cluster.scheduler_address, secret=cluster.secret, timeout=10)
+    finally:
+        cluster.close()
+    assert not Path(tls["key"]).parent.exists()
+
+
+def test_the_security_setting_turns_tls_on_for_batch_clusters(sim, monkeypatch):
+    """`security: true` in a site file (here $HPC_CLUSTER_SECURITY) does what security=True does,
+    for the classes and `hpc-cluster up`; security=False still wins over it."""
+    from hpc_cluster.deploy.cluster import PBSCluster
+    monkeypatch.setenv("HPC_CLUSTER_SECURITY", "true")
+    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00") as cluster:
+        assert cluster.scheduler_address.startswith("tls://") and cluster.security is not None
+        with Client(cluster) as client:
+            assert client.scheduler_info()["workers"] == {}        # connected, over TLS
+    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=False) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://") and cluster.security is None

@@ -1,0 +1,271 @@
+"""Running another project's own tests, from its sdist, as inner pytest runs.
+
+Shared by tests/peers/conformance (dask-jobqueue's tests on our cluster classes) and
+tests/peers/dask_suite (dask's collection tests on our Client):
+
+* the cache outside git the sdists are kept in, and their download with pip;
+* an inner pytest run: a subprocess in its own process group and directory, with nothing of
+  the caller's settings, timed, stopped whole if it overruns;
+* its junit-xml, read into results;
+* the table section of a documentation page that lists the tests we expect to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SuiteUnavailable(RuntimeError):
+    """The sdist could not be fetched or is not the one we expect; the message says why."""
+
+
+class TableError(ValueError):
+    """The section is missing or a row cannot be read; the message names the line."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpc-cluster-tests"
+
+
+def download_sdist(requirement: str, filename: str, path: Path, what: str) -> None:
+    """`pip download` the sdist `filename` that `requirement` (a requirements-file line; with
+    --hash=..., every hash is required) names, to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Into a private directory, then renamed: two runs at once never see half a file.
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".download-") as tmp:
+        requirements = Path(tmp) / "requirement.txt"
+        requirements.write_text(requirement + "\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               *(["--require-hashes"] if "--hash" in requirement else []), "-r", str(requirements),
+               "-d", tmp, "--retries", "2", "--timeout", "30", "--progress-bar", "off"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise SuiteUnavailable(f"`{' '.join(cmd)}` did not finish in 600 s: is the package registry "
+                                   "reachable? These tests need it (CI has it).") from None
+        got = Path(tmp) / filename
+        if proc.returncode != 0 or not got.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise SuiteUnavailable(
+                f"could not download {what}'s sdist from the package registry (pip exit code "
+                f"{proc.returncode}). These tests need the registry; CI has it. pip said:\n{tail}")
+        os.replace(got, path)
+
+
+def isolated_environ(cwd: Path, pythonpath: list[str]) -> dict[str, str]:
+    """os.environ without the caller's settings (ours, dask's, the PBS, LSF and HTCondor simulators', and
+    pytest's own: PYTEST_ADDOPTS, PYTEST_CURRENT_TEST of the outer run), with HOME,
+    XDG_CONFIG_HOME, HPC_CLUSTER_SYSTEM_CONFIG_DIR and dask's config directories made
+    empty under `cwd`, and `pythonpath` first on PYTHONPATH."""
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HPC_CLUSTER_", "DASK_", "PBS_SIM_", "LSF_SIM_", "CONDOR_SIM_", "PYTEST_"))}
+    dirs = {"HOME": "home", "XDG_CONFIG_HOME": "xdg", "HPC_CLUSTER_SYSTEM_CONFIG_DIR": "etc",
+            "DASK_CONFIG": "dask", "DASK_ROOT_CONFIG": "dask-etc"}
+    for var, name in dirs.items():
+        (cwd / name).mkdir()
+        environ[var] = str(cwd / name)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*pythonpath, os.environ.get("PYTHONPATH")]))
+    return environ
+
+
+# -X no_debug_ranges: Python 3.11 parses source (ast.parse) to draw the ^^^ under a
+# traceback line, and before 3.11.8 two parses at once (a traceback logged by another
+# thread while pytest formats a failure) can end the whole run with "INTERNALERROR
+# SystemError: AST constructor recursion depth mismatch" (CPython gh-106905, pytest
+# issue 10874; seen here on 3.11.7). Without column ranges no traceback draws carets.
+PYTEST = [sys.executable, "-X", "no_debug_ranges", "-m", "pytest"]
+
+
+@dataclass(eq=False)
+class PytestRun:
+    """One inner pytest run: `start()` it, `wait()` for it (stopped after `run_timeout`).
+    Runs compare (and hash) by identity."""
+
+    cwd: Path
+    command: list[str]
+    environ: dict[str, str]
+    run_timeout: float = 900
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    seconds: float | None = None
+    timed_out: bool = False
+    leftovers: list[str] = field(default_factory=list)
+    # Called (with no argument, from another thread) when the process has ended.
+    on_end: Callable[[], None] | None = None
+    _watcher: threading.Thread | None = None
+    _cleaned: bool = False
+
+    @property
+    def junit(self) -> Path:
+        return self.cwd / "junit.xml"
+
+    @property
+    def output(self) -> Path:
+        return self.cwd / "output.txt"
+
+    def start(self):
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen(self.command, cwd=self.cwd, env=self.environ, stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.started = time.monotonic()
+        # The runs are waited for one after another: a thread notes when this one really
+        # ended, so its time is its own and not the time until someone looked.
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.started
+        if self.on_end is not None:
+            self.on_end()
+
+    def done(self) -> bool:
+        """Its process has ended (it may not be cleaned up after yet)."""
+        return self.proc is not None and self.proc.poll() is not None
+
+    @property
+    def finished(self) -> bool:
+        """Ended, or stopped, and cleaned up after: its results are final."""
+        return self._cleaned
+
+    def wait(self) -> int:
+        """Its exit code once it ends (stopped after run_timeout), cleaned up after."""
+        if not self._cleaned:
+            self._watcher.join(max(self.run_timeout - (time.monotonic() - self.started), 0))
+            if self._watcher.is_alive():
+                self.timed_out = True
+                self.stop()
+            self.clean_up()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        """Stopped if it still runs, cleaned up after (for teardown; once is enough)."""
+        if not self._cleaned and self.proc is not None:
+            self.stop()
+            self.clean_up()
+
+    def stop(self) -> None:
+        """The run's process group: SIGTERM, then SIGKILL if it is still there after 20 s."""
+        if self.proc is None or not self._watcher.is_alive():
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self._watcher.join(20)
+        if self._watcher.is_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self._watcher.join()
+
+    def clean_up(self) -> None:
+        """What the run may have left outside its process group; each is named in `leftovers`."""
+        self._cleaned = True
+
+    def by_hand(self) -> str:
+        """A shell line that repeats this run."""
+        changed = {k: v for k, v in self.environ.items() if os.environ.get(k) != v}
+        words = [f"-u {k}" for k in sorted(set(os.environ) - set(self.environ))]
+        words += [f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items())]
+        return f"cd {self.cwd} && env {' '.join(words)} {shlex.join(self.command)}"
+
+    def ended_badly(self, results: list[Result]) -> list[str]:
+        """Why the run as a whole (not one of its tests) failed, given its `results`."""
+        out = []
+        code = self.proc.returncode
+        if self.timed_out:
+            out.append(f"the run did not finish within {self.run_timeout:g} s and was stopped")
+        if not results:
+            out.append(f"no junit results (pytest exit code {code}); its output ends:\n{tail(self.output, 40)}")
+        elif code not in (0, 1):
+            out.append(f"pytest exit code {code} (interrupted or internal error); its output ends:\n"
+                       f"{tail(self.output, 40)}")
+        return out
+
+
+# -- results ----------------------------------------------------------------------------
+@dataclass
+class Result:
+    test_id: str          # as in the documentation's table
+    outcome: str          # passed, failed, error, skipped, xfailed
+    message: str = ""
+    text: str = ""
+    seconds: float = 0.0
+
+    @property
+    def first_line(self) -> str:
+        return self.message.strip().splitlines()[0] if self.message.strip() else ""
+
+
+def read_junit(path: Path, test_id: Callable[[str, str], str]) -> list[Result]:
+    """The junit-xml's test cases; `test_id(classname, name)` gives each its table id."""
+    results = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        found = [child for child in case if child.tag in ("failure", "error", "skipped")]
+        tags = {child.tag for child in found}
+        # A failure outranks an error (in teardown, after it), which outranks a skip.
+        outcome = ("failed" if "failure" in tags else "error" if "error" in tags
+                   else "skipped" if "skipped" in tags else "passed")
+        if outcome == "skipped" and found[0].get("type") == "pytest.xfail":
+            outcome = "xfailed"
+        shown = [c for c in found if c.tag != "skipped"] or found
+        results.append(Result(test_id(case.get("classname", ""), case.get("name", "")), outcome,
+                              " | ".join(c.get("message", "") for c in shown),
+                              "\n".join((c.text or "").strip() for c in shown),
+                              float(case.get("time") or 0)))
+    return results
+
+
+# -- the documentation's table ------------------------------------------------------------
+def table_section(doc: Path, heading: str, header: str) -> list[tuple[int, str]]:
+    """The rows (line number, line) of the table headed `header` (its column names, as
+    `| test | reason |`) in the section `heading` of `doc`, its header and separator lines left
+    out. Other tables in the section are not it."""
+    lines = doc.read_text().splitlines()
+    try:
+        start = lines.index(heading) + 1
+    except ValueError:
+        raise TableError(f"{doc}: no section headed {heading!r}") from None
+    tables: list[list[tuple[int, str]]] = []
+    previous = None
+    for n, line in enumerate(lines[start:], start + 1):
+        if line.startswith("## "):
+            break
+        if line.startswith("|"):
+            if previous != n - 1:          # a table starts
+                tables.append([])
+            tables[-1].append((n, line))
+            previous = n
+    columns = _columns(header)
+    for table in tables:
+        # The first line is the header, the second its separator; every line after is a row.
+        if _columns(table[0][1]) == columns and len(table) >= 2 and set(table[1][1]) <= set("|-: "):
+            return table[2:]
+    raise TableError(f"{doc}: no {header} table under {heading!r}")
+
+
+def _columns(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+# -- text -----------------------------------------------------------------------------------
+def last_lines(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def tail(path: Path, n: int) -> str:
+    return indent(last_lines(path.read_text(errors="replace"), n)) if path.exists() else "    (no output)"
+
+
+def indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
