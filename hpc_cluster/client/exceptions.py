@@ -203,3 +203,11 @@ def error_from_record(key: str, err: dict, load) -> BaseException:
     if kind == "cancelled":
         return CancelledError(key, err.get("text", "cancelled"))
     return HPCClusterError(f"{key!r}: {err.get('text') or err}")
+
+
+# Users catch these as `hpc_cluster.KilledWorker` and see them so in tracebacks: the name they
+# import, not the room the class happens to live in (which may move, as it did in issue 30).
+for _cls in (HPCClusterError, KilledWorker, TaskMemoryError, TaskCrashedError, TaskWalltimeError,
+             TaskTooLongError, NoPoolError, LostDataError, CancelledError, TimeoutError):
+    _cls.__module__ = "hpc_cluster"
+del _cls

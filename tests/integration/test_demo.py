@@ -49,7 +49,7 @@ def _shape(line: str) -> str:
 
 
 def test_the_readmes_killedworker_sample_has_the_real_messages_shape(demo):
-    m = re.search(r"```\nhpc_cluster\.exceptions\.TaskCrashedError: (.*?)```", README.read_text(), re.S)
+    m = re.search(r"```\nhpc_cluster\.TaskCrashedError: (.*?)```", README.read_text(), re.S)
     assert m, "README.md's KilledWorker sample is gone"
     sample = m.group(1).splitlines()
     real = demo.split("KilledWorker, cause='crash':\n", 1)[1].split("\n   the 20 healthy tasks")[0]
