@@ -1,9 +1,12 @@
-"""Client and Future: the user-facing side, shaped like dask.distributed's.
+"""The Client, shaped like dask.distributed's: its connection to the scheduler, the queue of
+what it sends, submit/map, gather, cancel, and the states of its futures.
 
-The client runs its connections on one background event-loop thread per process; the
-user's thread blocks until that thread settles the futures' states (futures.FutureStates).
+The client runs its connections on one background event-loop thread per process (loop.py);
+the user's thread blocks until that thread settles the futures' states (futures.FutureStates).
 Futures are reference counted: when the last Future for a key is garbage collected, the
-scheduler is told to release it.
+scheduler is told to release it. Its other methods are mixed in from data.py (results to and
+from workers), tools.py (looking after the cluster) and dask_collections.py (dask's
+scheduler); futures.py knows it through `FutureOwner`, reattach.py through `Reattachable`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from .exceptions import HPCClusterError, TimeoutError, error_from_record
 from .loop import LoopThread
+from .seceding import seceded_while_waiting
 from .reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .data import WorkerDataMixin
 from .tools import ClusterToolsMixin
@@ -134,11 +138,8 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
                 delay = min(delay * 2, 2.0)
         self._pool = ConnectionPool(self._secret, self._info, tls=self._tls)
         first = (await self._comm.read())[0]
-        self.id = first.get("client")
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
-        self.halted = first.get("halted")
-        self.services = first.get("services") or {}     # the dashboard's URL (client_tools.dashboard_link)
-        self._stream = BatchedSend(self._comm)
+        self.adopt_connection(self.scheduler_address, self._comm, first)     # as a reattach does
         self._connected = asyncio.Event()
         self._connected.set()
         self._reader = asyncio.create_task(self._read())
@@ -169,6 +170,56 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         for key, st in list(self._states.items()):
             if st.status == "pending":
                 self._set(key, st, "cancelled", {"kind": "cancelled", "text": text})
+
+    # -- the seam client/reattach.py works through (reattach.Reattachable): these, and the
+    # public status, reconnect, cluster and scheduler_address; nothing private of the Client --
+    @property
+    def cluster_file(self) -> str | None:
+        """The cluster file this client was made from, if any: it names a restarted scheduler's address."""
+        return self._cluster_file
+
+    async def open_connection(self, address: str):
+        """A new connection to the scheduler at `address`, with this client's secret, identity and TLS."""
+        return await connect(address, self._secret, self._info, tls=self._tls)
+
+    def adopt_connection(self, address: str, comm, welcome: dict) -> None:
+        """Talk through `comm` (whose first message was `welcome`) from now on; nothing queued goes
+        before run_again()."""
+        self.scheduler_address, self._comm, self.id = address, comm, welcome.get("client")
+        self.halted = welcome.get("halted")
+        self.services = welcome.get("services") or {}     # the dashboard's URL (tools.dashboard_link)
+        self._stream = BatchedSend(comm)
+
+    def holdings(self) -> tuple[dict[str, int], set[str], list[dict], list]:
+        """At once: the keys held (-> their references), those whose future failed or was
+        cancelled, the kept specs of unfinished work, and the queue, taken out (see requeue)."""
+        with self._lock:
+            failed = {k for k in self._refs
+                      if getattr(self._states.get(k), "status", None) in ("error", "cancelled")}
+            queued, self._outq = self._outq, []
+            return dict(self._refs), failed, self._specs.pending(), queued
+
+    def requeue(self, items: list) -> None:
+        """Put `items` back at the head of the queue, before anything queued since holdings()."""
+        with self._lock:
+            self._outq[:0] = items
+
+    def send_now(self, msgs: list[dict]) -> None:
+        """Send each message at once as a wire message of its own, ahead of the queue."""
+        for msg in msgs:
+            self._stream.send(msg)
+            self._stream.flush()
+
+    def run_again(self) -> None:
+        """Back to running on the adopted connection: requests waiting for it go, then the queue."""
+        self.status = "running"
+        self._connected.set()
+        self._reader = asyncio.create_task(self._read())
+        self._flush_out()
+
+    def give_up(self, text: str) -> None:
+        """The scheduler did not come back: the futures still pending are cancelled, saying `text`."""
+        self._lost(text)
 
     def _handle(self, msg: dict) -> None:
         op = msg["op"]
@@ -219,7 +270,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
 
     def _submit(self, specs: list[dict], wanted: list[str]) -> None:
         """Send a submission in messages the scheduler accepts (see client/submission.py)."""
-        limits = self._limits
+        limits = self.limits
         for spec in specs:
             check_fits(spec, limits)
         msgs, carried = split_submission(specs, wanted, limits)
@@ -233,7 +284,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self._loop.call_soon_threadsafe(self._flush_out)
 
     @property
-    def _limits(self) -> Limits:
+    def limits(self) -> Limits:
         """What the scheduler reads with, as it announced in the handshake."""
         return getattr(getattr(self, "_comm", None), "peer_limits", None) or Limits()
 
@@ -351,7 +402,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         """
         spec = self._task_maker(func, kwargs, pure, retries, priority, resources,
                                 task_needs(duration, memory, pool))(args, key)
-        check_fits(spec, self._limits)
+        check_fits(spec, self.limits)
         fut = Future(spec["key"], self)
         with self._lock:
             self._specs.add([spec], [spec["key"]])
@@ -398,7 +449,6 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         at any depth, and their entries from dicts; a lone failed Future gives None. Inside
         a task, waiting for its own cluster gives up the task's thread slot meanwhile.
         """
-        from .subtasks import seceded_while_waiting
         with seceded_while_waiting(self.scheduler_address):
             return self._gather(futures, errors, timeout)
 

@@ -13,6 +13,10 @@ The specs are the already-pickled payloads as they were sent (`SpecKeeper`), not
 pickled again. A spec is kept while its future is unfinished, or while a kept spec needs it
 as an input; it goes with the result (or the error, or the release), so memory holds only
 the unfinished part of the work.
+
+Reattaching goes through a seam the Client offers (`Reattachable`: its public status, reconnect,
+cluster, scheduler_address and limits, and a few methods to open, adopt and resume a
+connection); it touches nothing private of the Client (tests/unit/client/test_reattach_seam.py).
 """
 
 from __future__ import annotations
@@ -20,15 +24,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
-from ..protocol.comm import BatchedSend, connect
-from ..protocol.frames import ProtocolError
+from ..protocol.frames import Limits, ProtocolError
 from ..protocol.clusterfile import read_cluster_file
 from .submission import CHUNK_TASKS, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
 
 DEFAULT_RECONNECT = 600.0          # seconds: as long as a worker waits (worker/reattach.py)
+
+
+class Reattachable(Protocol):
+    """All this module uses of a Client (client.py implements it): the seam for reattaching."""
+
+    status: str                        # "reconnecting" while this module works
+    reconnect: float                   # seconds the window lasts
+    cluster: object | None             # the cluster object it was made from: closed, no scheduler returns
+    scheduler_address: str
+    limits: Limits                     # what the (adopted) scheduler reads with
+    cluster_file: str | None           # names a restarted scheduler's address
+
+    async def open_connection(self, address: str): ...                   # -> Comm
+    def adopt_connection(self, address: str, comm, welcome: dict) -> None: ...
+    def holdings(self) -> tuple[dict[str, int], set[str], list[dict], list]: ...   # refs, failed, specs, queue
+    def requeue(self, items: list) -> None: ...           # at the head of the queue
+    def send_now(self, msgs: list[dict]) -> None: ...     # one wire message each, ahead of the queue
+    def run_again(self) -> None: ...                      # running: the requests and the queue go
+    def give_up(self, text: str) -> None: ...             # the pending futures are cancelled
 
 
 class SpecKeeper:
@@ -91,7 +114,7 @@ def _cluster_gone(cluster) -> bool:
     return cluster is not None and str(getattr(cluster, "status", "")).rsplit(".", 1)[-1] in ("closing", "closed")
 
 
-async def reattach_or_give_up(client) -> None:
+async def reattach_or_give_up(client: Reattachable) -> None:
     """After the window, the futures still pending are cancelled, saying why."""
     try:
         if await reattach(client):
@@ -99,25 +122,25 @@ async def reattach_or_give_up(client) -> None:
     except Exception:  # a bug here must not leave futures waiting for ever
         logger.exception("reconnecting to the scheduler failed")
     if client.status == "reconnecting":
-        client._lost(f"the connection to the scheduler was lost and it did not come back within "
+        client.give_up(f"the connection to the scheduler was lost and it did not come back within "
                      f"{client.reconnect:g} s (Client(reconnect=))")
 
 
-async def reattach(client) -> bool:
+async def reattach(client: Reattachable) -> bool:
     """Reconnect `client` (its loop thread) and resume its work; False if the window ended."""
     lost = time.monotonic()
     end, delay = lost + client.reconnect, 0.1
     while client.status == "reconnecting" and time.monotonic() < end and not _cluster_gone(client.cluster):
         address = client.scheduler_address
-        if client._cluster_file:
+        if client.cluster_file:
             try:
                 # `up` resuming a cluster writes the file with no address until its scheduler
                 # listens: not yet, so the old address (refused) and another round.
-                address = read_cluster_file(client._cluster_file)["address"] or address
+                address = read_cluster_file(client.cluster_file)["address"] or address
             except (OSError, ValueError, KeyError):
                 pass
         try:
-            comm = await asyncio.wait_for(connect(address, client._secret, client._info, tls=client._tls),
+            comm = await asyncio.wait_for(client.open_connection(address),
                                           max(0.1, min(10.0, end - time.monotonic())))
             try:
                 first = (await asyncio.wait_for(comm.read(), 10.0))[0]
@@ -136,38 +159,28 @@ async def reattach(client) -> bool:
         if address != client.scheduler_address:
             logger.warning("the cluster file names a new scheduler address, %s (was %s)", address,
                            client.scheduler_address)
-        client.scheduler_address, client._comm, client.id = address, comm, first.get("client")
-        client.halted = first.get("halted")
-        client.services = first.get("services") or {}
-        client._stream = BatchedSend(comm)
+        client.adopt_connection(address, comm, first)
         held, specs = resume(client)
-        client.status = "running"
-        client._connected.set()
-        client._reader = asyncio.create_task(client._read())
-        client._flush_out()
+        client.run_again()
         logger.warning("reattached to the scheduler at %s after %.1f s: %d futures held, %d tasks resubmitted",
                        address, time.monotonic() - lost, held, specs)
         return True
     return False
 
 
-def resume(client) -> tuple[int, int]:
+def resume(client: Reattachable) -> tuple[int, int]:
     """Tell a new scheduler connection what this client holds, before anything queued goes:
     first the keys without a spec kept (finished futures, scattered data), then the specs of
     unfinished work (their inputs among those keys exist by then)."""
-    with client._lock:
-        specs = client._specs.pending()
-        have_spec = {s["key"] for s in specs}
-        # A failed future keeps its error: the new scheduler would only call it lost.
-        keys = [k for k in client._refs if k not in have_spec
-                and getattr(client._states.get(k), "status", None) not in ("error", "cancelled")]
-        wanted = [s["key"] for s in specs if client._refs.get(s["key"], 0) > 0]
-        # Submissions queued during the outage are among the specs: they would go twice.
-        queued = [m for m in client._outq if not (isinstance(m, dict) and m.get("op") == "update-graph")]
-        msgs = [{"op": "want-keys", "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
-        parts, carried = split_submission(specs, wanted, client._limits) if specs else ([], [])
-        client._outq = list(carried) + queued       # carried inputs are released after the last part
-    for msg in msgs + parts:
-        client._stream.send(msg)
-        client._stream.flush()                       # one wire message each, within the limits
+    refs, failed, specs, queue = client.holdings()
+    have_spec = {s["key"] for s in specs}
+    # A failed future keeps its error: the new scheduler would only call it lost.
+    keys = [k for k in refs if k not in have_spec and k not in failed]
+    wanted = [s["key"] for s in specs if refs.get(s["key"], 0) > 0]
+    # Submissions queued during the outage are among the specs: they would go twice.
+    queued = [m for m in queue if not (isinstance(m, dict) and m.get("op") == "update-graph")]
+    msgs = [{"op": "want-keys", "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
+    parts, carried = split_submission(specs, wanted, client.limits) if specs else ([], [])
+    client.requeue(list(carried) + queued)          # carried inputs are released after the last part
+    client.send_now(msgs + parts)                   # one wire message each, within the limits
     return len(keys) + len(wanted), len(specs)

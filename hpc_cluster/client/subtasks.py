@@ -5,7 +5,9 @@ worker process, made dask's default there, so `x.compute()` inside a task also r
 cluster). A task that waits on the subtasks it submits should do so inside
 `worker_client()`, which gives up the task's thread slot while it waits (secede) and takes
 one again after (rejoin): on a worker with one thread, the subtasks could not run otherwise.
-Outside a task, `get_client()` is the current default Client.
+Outside a task, `get_client()` is the current default Client. `secede` and `rejoin` live in
+seceding.py (the Client's gather uses them too) and are named here as well, where users of
+dask.distributed look for them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import contextlib
 import threading
 
 from ..protocol import context
+from .seceding import rejoin, secede
+
+__all__ = ["get_client", "worker_client", "secede", "rejoin"]
 
 _lock = threading.Lock()
 _worker_clients: dict[str, object] = {}
@@ -38,46 +43,6 @@ def get_client(timeout: float = 30.0):
                             set_as_default=False)
             _worker_clients[ctx.scheduler] = client
     return client
-
-
-def _running_task() -> tuple[context.WorkerContext, str]:
-    ctx, key = context.worker(), context.task()
-    if ctx is None or key is None:
-        raise RuntimeError("secede() and rejoin() work only inside a task running on a worker")
-    return ctx, key
-
-
-def secede() -> None:
-    """Give up this task's thread slot: the worker may start another task while this one
-    waits (it keeps running; a worker death still counts it as executing)."""
-    ctx, key = _running_task()
-    context.refuse_on_loop("secede()")
-    if not context.seceded():
-        ctx.secede(key)
-        context.set_seceded(True)
-
-
-def rejoin() -> None:
-    """Wait for a free thread slot on this worker and take it again (after secede())."""
-    ctx, key = _running_task()
-    if context.seceded():
-        ctx.rejoin(key)
-        context.set_seceded(False)
-
-
-@contextlib.contextmanager
-def seceded_while_waiting(scheduler: str):
-    """Around a blocking wait in a task for results of its own cluster: give up the slot
-    while waiting, unless the task already did (worker_client)."""
-    ctx = context.worker()
-    if ctx is None or context.task() is None or context.seceded() or ctx.scheduler != scheduler:
-        yield
-        return
-    secede()
-    try:
-        yield
-    finally:
-        rejoin()
 
 
 @contextlib.contextmanager
