@@ -16,7 +16,6 @@ import builtins
 import collections
 import itertools
 import logging
-import random
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from ..protocol.comm import BatchedSend, CommClosedError, ConnectionPool, Handsh
 from ..protocol.frames import Limits, Opaque
 from ..protocol.clusterfile import read_cluster_file, secret_from_env
 from ..protocol.versions import get_versions
+from ..retry import Backoff
 from .submission import CHUNK_TASKS, check_fits, gc_paused, release_messages, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
@@ -120,7 +120,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         return {"role": "client", "versions": get_versions()}
 
     async def _start(self, timeout: float | None = None) -> None:
-        delay, deadline = 0.1, time.monotonic() + (timeout or 30) * 0.8
+        backoff, deadline = Backoff(0.1, 2.0, jitter=0.5), time.monotonic() + (timeout or 30) * 0.8
         while True:
             try:
                 self._comm = await connect(self.scheduler_address, self._secret, self._info, tls=self._tls)
@@ -130,12 +130,11 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
                 # workers registering at once, protocol/admission.py): again, as dask's client
                 # retries its connect, within most of Client(timeout=), so that the last
                 # error's advice is what the user reads. A refused connection or proof is final.
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + backoff.peek() > deadline:
                     raise
                 logger.info("the scheduler at %s did not finish the handshake (%s); trying again",
                             self.scheduler_address, exc or type(exc).__name__)
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(backoff.next())
         self._pool = ConnectionPool(self._secret, self._info, tls=self._tls)
         first = (await self._comm.read())[0]
         self.scheduler_versions = first.get("versions") or self._comm.peer_info.get("versions")
@@ -465,7 +464,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         values: dict[str, Any] = {}
         skipped: set[str] = set()
         pending = list(dict.fromkeys(f.key for f in flat))
-        delay = 0.01
+        backoff = Backoff(0.01, 0.5)
         while pending:
             # One wait for all the keys, ended by the first failure when that is raised (as
             # distributed's gather does), not by the keys before it in the list.
@@ -492,11 +491,10 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
             if any(self.future_state(k).status == "error" for k in missing):
                 continue                 # a result that cannot travel: its error, at once
             if missing:                  # lost in flight: the scheduler recomputes and tells us
-                if deadline is not None and time.monotonic() + delay >= deadline:
+                if deadline is not None and time.monotonic() + backoff.peek() >= deadline:
                     raise TimeoutError(f"{len(missing)} results not fetched within {timeout} s (first: "
                                        f"{missing[0]!r}: lost in flight, being recomputed)")
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                time.sleep(backoff.next())
         if isinstance(futures, Future) and futures.key in skipped:
             return None
         return replace_futures(futures, values, skipped)
@@ -522,15 +520,14 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
 
     def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0, factor=1.5)
         while len(self._scheduler_info(stacklevel=2)["workers"]) < n:
             if self.halted:
                 raise HPCClusterError(f"waiting for {n} workers, but the cluster stopped starting them: "
                                       f"{self.halted}")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {n} workers after {timeout} s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
+            time.sleep(backoff.next())
 
     def close(self) -> None:
         if self.status in ("closed", "closing"):

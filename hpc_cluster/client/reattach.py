@@ -28,6 +28,7 @@ from typing import Protocol
 
 from ..protocol.frames import Limits, ProtocolError
 from ..protocol.clusterfile import read_cluster_file
+from ..retry import Backoff
 from .submission import CHUNK_TASKS, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
@@ -129,7 +130,8 @@ async def reattach_or_give_up(client: Reattachable) -> None:
 async def reattach(client: Reattachable) -> bool:
     """Reconnect `client` (its loop thread) and resume its work; False if the window ended."""
     lost = time.monotonic()
-    end, delay = lost + client.reconnect, 0.1
+    end = lost + client.reconnect
+    backoff = Backoff(0.1, 2.0, jitter=0.5)     # jittered: every client lost it at the same moment
     while client.status == "reconnecting" and time.monotonic() < end and not _cluster_gone(client.cluster):
         address = client.scheduler_address
         if client.cluster_file:
@@ -150,8 +152,7 @@ async def reattach(client: Reattachable) -> bool:
         except (OSError, ConnectionError, ProtocolError) as exc:     # TimeoutError is an OSError
             logger.info("scheduler %s not reachable yet (%s); %.0f s of the reconnect window left",
                         address, exc, end - time.monotonic())
-            await asyncio.sleep(min(delay, max(0.0, end - time.monotonic())))
-            delay = min(delay * 2, 2.0)
+            await asyncio.sleep(min(backoff.next(), max(0.0, end - time.monotonic())))
             continue
         if client.status != "reconnecting":
             comm.close()

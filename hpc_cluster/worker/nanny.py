@@ -24,6 +24,7 @@ import psutil
 
 from ..lifeline import watch_owner
 from ..memseries import MemoryTimeline
+from ..retry import Backoff
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -386,11 +387,11 @@ class SchedulerLink:
     async def _rejoin(self) -> None:
         """The scheduler went away: rejoin the one that comes back (its worker reattaches to it,
         worker/reattach.py), so that its restarts and exit reports reach us again."""
-        self._retrying, delay = True, 0.5
+        # Jittered: the nannies of every worker lost the scheduler at once.
+        self._retrying, backoff = True, Backoff(0.5, 5.0, jitter=0.5)
         try:
             while not self.closing and (self.comm is None or self.comm.closed):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(backoff.next())
                 await self.start(quiet=True)
         finally:
             self._retrying = False

@@ -24,6 +24,7 @@ import logging
 import time
 
 from ..protocol import context
+from ..retry import Backoff
 from ..protocol.frames import ProtocolError
 from ..protocol.clusterfile import read_cluster_file
 
@@ -100,7 +101,10 @@ async def reattach(worker) -> bool:
     worker._free([k for k, ts in worker.tasks.items() if ts.state not in ("executing", "cancelled")])
     worker.drop_held_ahead()             # held for a scheduler that may not know them now (scheduler/state/ahead.py)
     lost = time.monotonic()
-    end, delay = deadline(worker, lost, time.time()), 0.1
+    end = deadline(worker, lost, time.time())
+    # Jittered: every worker of the cluster lost the scheduler at the same moment; in step,
+    # each round would be a burst of hundreds of handshakes at the one that comes back.
+    backoff = Backoff(0.1, 2.0, jitter=0.5)
     while not worker.closed.is_set() and time.monotonic() < end:
         address = scheduler_address(worker)
         if address != worker.scheduler_address:
@@ -124,8 +128,7 @@ async def reattach(worker) -> bool:
             offline.buffer = None
             logger.info("scheduler %s not reachable yet (%s); %.0f s of the reconnect window left",
                         worker.scheduler_address, exc, end - time.monotonic())
-        await asyncio.sleep(min(delay, max(0.0, end - time.monotonic())))
-        delay = min(delay * 2, 2.0)
+        await asyncio.sleep(min(backoff.next(), max(0.0, end - time.monotonic())))
     if not worker.closed.is_set():
         logger.error("worker %s: no scheduler at %s for %.0f s (its reconnect window); exiting with its %d "
                      "results", worker.address, worker.scheduler_address, time.monotonic() - lost, len(worker.nbytes))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import sys
 import time
 from typing import Callable
 
 from ..protocol.comm import AuthenticationError, HandshakeClosed
+from ..retry import Backoff
 from .reattach import reconnect_window as reconnect_window_for
 from .worker import EXIT_CANNOT_LISTEN, ListenError, Worker
 
@@ -46,7 +46,8 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
 
     async def main() -> int:
         deadline = time.monotonic() + death_timeout
-        delay = 0.1
+        # Jittered: workers that started together do not come back together.
+        backoff = Backoff(0.1, 5.0, jitter=0.5)
         while True:
             worker = Worker(scheduler, secret, reconnect_window=window, **kwargs)
             try:
@@ -56,14 +57,12 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
                 # A refused proof will be refused again; a handshake closed unanswered may be
                 # a scheduler taking hundreds of workers at once (protocol/admission.py).
                 refused = isinstance(exc, AuthenticationError) and not isinstance(exc, HandshakeClosed)
-                if refused or time.monotonic() + delay > deadline:
+                if refused or time.monotonic() + backoff.peek() > deadline:
                     raise
                 logger.warning("scheduler %s not reachable (%s); retrying", scheduler, exc)
                 if getattr(worker, "listener", None) is not None:
                     worker.listener.stop()
-                # Jittered: workers that started together do not come back together.
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(backoff.next())
         running.append(worker)
         if on_registered is not None:
             on_registered()

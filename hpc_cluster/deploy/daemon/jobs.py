@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ...adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 from ...config.pools import DEFAULT_POOL
+from ...retry import Backoff
 from ...scheduler.state.placement import workload
 from .arrays import submit_array, use_array
 from .polling import Pacer, PollSettings, poll_forever
@@ -382,13 +383,12 @@ class JobManager:
 
     async def _wait_final(self, job_ids: list[str], timeout: float) -> None:
         deadline = self.clock() + timeout
-        delay = 0.2
+        backoff = Backoff(0.2, 2.0, factor=1.5)
         while self.clock() < deadline:
             await self.poll_once()
             if all(self.jobs[j].final for j in job_ids if j in self.jobs):
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 2.0)
+            await asyncio.sleep(backoff.next())
         logger.warning("jobs still not finished after %.0f s: %s", timeout,
                        ", ".join(j for j in job_ids if not self.jobs[j].final))
 

@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from ...retry import Backoff
+
 logger = logging.getLogger("hpc_cluster.jobs")
 
 # Defaults (config/schema.py repeats them as the settings' defaults).
@@ -133,23 +135,10 @@ class Pacer:
         return max(0.0, self.interval(jobs) - since)
 
 
-class Backoff:
-    """Exponential backoff with jitter for a failing status call: base x 2^n, capped, each
-    wait drawn in [half, all] of it (so daemons of many users do not retry in step)."""
-
-    def __init__(self, base: float, cap: float = BACKOFF_CAP, rng: Callable[[], float] = random.random):
-        self.base, self.cap, self.rng = base, cap, rng
-        self.failures = 0
-
-    def failed(self) -> float:
-        self.failures += 1
-        full = min(self.cap, self.base * 2 ** self.failures)
-        return full * (0.5 + 0.5 * self.rng())
-
-    def succeeded(self) -> int:
-        """Back to normal; returns how many failures the streak had."""
-        streak, self.failures = self.failures, 0
-        return streak
+def poll_backoff(fast: float, cap: float = BACKOFF_CAP, rng: Callable[[], float] = random.random) -> Backoff:
+    """The wait between tries of a failing status call: 2 x fast, doubling up to `cap`, each
+    drawn in [half, all] of it (so daemons of many users do not retry in step)."""
+    return Backoff(2 * fast, cap, jitter=0.5, rng=rng)
 
 
 # -- the budget -----------------------------------------------------------------------------
@@ -245,7 +234,7 @@ async def poll_forever(owner) -> None:
     import asyncio
 
     pacer = owner.pacer
-    backoff = Backoff(pacer.settings.fast)
+    backoff = poll_backoff(pacer.settings.fast)
     retry_at = float("-inf")
     while True:
         owner.wakeup.clear()                       # before the checks: an event from now on wakes us
@@ -260,14 +249,14 @@ async def poll_forever(owner) -> None:
                 owner.poll_error, ok = str(exc), False
             pacer.polled()
             if ok:
-                streak = backoff.succeeded()
+                streak = backoff.reset()
                 if streak:
                     logger.warning("the batch system answers again after %d failed polls", streak)
                 retry_at = float("-inf")
             else:
-                wait = backoff.failed()
+                wait = backoff.next()
                 retry_at = pacer.clock() + wait
-                if backoff.failures == 1:          # once per streak, not per attempt
+                if backoff.count == 1:          # once per streak, not per attempt
                     error = getattr(owner, "poll_error", "") or ""
                     logger.warning("could not read job states (%s): %s; retrying with backoff (%.0f s, "
                                    "doubling up to %.0f s) until it answers", "transient" if transient(error)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from ...retry import Backoff
 from ...units import parse_memory
 from ...worker.flags import memory_fraction_args
 from ...protocol.clusterfile import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
@@ -49,7 +50,7 @@ def _stop(proc: subprocess.Popen, deadline: float) -> None:
 
 def _wait_for(condition, timeout: float, what: str, check=None):
     deadline = time.monotonic() + timeout
-    delay = 0.01
+    backoff = Backoff(0.01, 0.2, factor=1.5)
     while True:
         value = condition()
         if value:
@@ -58,8 +59,7 @@ def _wait_for(condition, timeout: float, what: str, check=None):
             check()
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready within {timeout:g} s")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
+        time.sleep(backoff.next())
 
 
 OWNER_FILE = "cluster.owner"

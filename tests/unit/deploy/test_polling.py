@@ -15,8 +15,8 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError, CommandResult, JobStatus
 from hpc_cluster.config import ConfigError, resolve
-from hpc_cluster.deploy.daemon.polling import (Backoff, BudgetedRunner, CallBudget, Pacer, PollSettings,
-                                        needs_fast, poll_forever, transient)
+from hpc_cluster.deploy.daemon.polling import (BudgetedRunner, CallBudget, Pacer, PollSettings,
+                                        needs_fast, poll_backoff, poll_forever, transient)
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
 
@@ -129,12 +129,12 @@ def test_needs_fast_ignores_finished_jobs():
 
 def test_backoff_doubles_with_jitter_caps_and_resets():
     draws = iter([0.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    b = Backoff(2, cap=60, rng=lambda: next(draws))
-    waits = [b.failed() for _ in range(8)]
+    b = poll_backoff(2, cap=60, rng=lambda: next(draws))
+    waits = [b.next() for _ in range(8)]
     assert waits[:3] == [2.0, 8.0, 12.0]           # 4 x [0.5..1], 8 x 1, 16 x 0.75
-    assert max(waits) == 60 and b.failures == 8
-    assert b.succeeded() == 8 and b.failures == 0
-    assert b.failed() == 2.0
+    assert max(waits) == 60 and b.count == 8
+    assert b.reset() == 8 and b.count == 0
+    assert b.next() == 2.0
 
 
 @pytest.mark.parametrize("text", ["squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation",
