@@ -32,6 +32,15 @@ import cloudpickle
 
 from .frames import Opaque
 
+# What we call of cloudpickle beyond its public API: _code_reduce moved into cloudpickle.cloudpickle
+# in 3.0 (2.x kept it in cloudpickle_fast). Said at import, not as an AttributeError in the
+# middle of the first submit.
+CLOUDPICKLE_FLOOR = "3.0"
+if not callable(getattr(cloudpickle.cloudpickle, "_code_reduce", None)):
+    raise ImportError(f"hpc-cluster needs cloudpickle>={CLOUDPICKLE_FLOOR} (it uses "
+                      f"cloudpickle.cloudpickle._code_reduce); this is cloudpickle "
+                      f"{getattr(cloudpickle, '__version__', '?')}: pip install 'cloudpickle>={CLOUDPICKLE_FLOOR}'")
+
 # Buffers smaller than this stay in the pickle stream: a frame per small column or index
 # would cost more (8 bytes of length, a read) than copying a few KiB.
 OUT_OF_BAND_MIN = 65536
