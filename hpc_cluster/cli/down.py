@@ -8,7 +8,8 @@ import os
 import signal
 import time
 
-from ..deploy.launch import _alive, control, daemon_running
+from ..deploy.launch import control, daemon_running
+from ..lifeline import alive
 from ..deploy.daemon.scheduler_job import job_ids
 from ..protocol.clusterfile import cluster_file_for
 from .lookup import (FAILED, OK, _check_name, _liveness, _not_found, _remove_leftovers, cluster_names,
@@ -68,7 +69,7 @@ def _down_one(name: str, timeout: float, out, err) -> int:
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + timeout
-    while daemon_running(info, path) if in_job else _alive(int(pid)):
+    while daemon_running(info, path) if in_job else alive(int(pid), info.get("pid_started")):
         if time.monotonic() > deadline:
             stop = f"scancel {' '.join(in_job)}" if in_job else f"kill {pid}"
             print(f"the daemon ({'scheduler job ' + ', '.join(in_job) if in_job else f'pid {pid}'}) is still "

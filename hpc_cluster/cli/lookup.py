@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for, read_cluster_file
-from ..deploy.launch import _alive
+from ..lifeline import alive
 from ..deploy.daemon.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
@@ -85,7 +85,7 @@ def _liveness(name: str) -> tuple[str, dict | None]:
             return ("running" if pid and info.get("address") else "starting"), info
         return ("stopped" if journal_for(path).exists() else "stale"), info
     if pid:
-        if _alive(int(pid)):
+        if alive(int(pid), info.get("pid_started")):     # its start time: a pid may be reused
             return "running", info
         return ("stopped" if journal_for(path).exists() else "stale"), info
     try:

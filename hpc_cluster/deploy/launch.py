@@ -28,6 +28,7 @@ from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.clusterfile import (cluster_file_for, clusters_dir, journal_for, new_secret, open_private, private_directory,
                                read_cluster_file, write_cluster_file)
+from ..lifeline import alive
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
@@ -541,7 +542,8 @@ def daemon_running(info: dict, cluster_file: Path) -> bool:
     if in_job is not None:
         return in_job
     pid = info.get("pid")
-    return bool(pid) and _alive(int(pid))
+    # Its start time beside its pid: after a reboot the pid may be another process's.
+    return bool(pid) and alive(int(pid), info.get("pid_started"))
 
 
 def previous_daemon(cfg: ResolvedConfig, name: str, cluster_file: Path, fresh: bool) -> dict | None:
@@ -573,20 +575,6 @@ def _forget(*paths: Path | None) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif p is not None:
             Path(p).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 def control(cluster_file: Path | str, op: str, timeout: float = 120.0, **fields):

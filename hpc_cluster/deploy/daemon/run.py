@@ -24,6 +24,7 @@ from pathlib import Path
 from ...adapters import get_adapter
 from ...dashboard.server import Dashboard
 from ...protocol.admission import raise_open_file_limit
+from ...lifeline import alive, process_start
 from ...protocol.comm import port_of
 from ...protocol.frames import Limits
 from ...protocol.clusterfile import journal_for, read_cluster_file, write_cluster_file
@@ -96,7 +97,8 @@ async def run(plan: dict) -> int:
         logger.warning("could not listen on the old port %s again (%s); taking another", sc.get("prefer_port"), exc)
         sched = scheduler(sc.get("port", 0))
         address = await sched.start()
-    meta = {"name": plan["name"], "pid": os.getpid(), "batch": plan["batch"], "site": plan.get("site"),
+    meta = {"name": plan["name"], "pid": os.getpid(), "pid_started": process_start(os.getpid()),
+            "batch": plan["batch"], "site": plan.get("site"),
             "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
             "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
     if in_job:                                 # status shows it; down cancels it if the daemon does not answer
@@ -302,16 +304,14 @@ def _log_failure(task: asyncio.Task) -> None:
 
 async def _watch_owner(pid: int, stop: asyncio.Event) -> None:
     """A cluster started from Python ends with its Python process, even one killed with -9:
-    jobs must not keep running (and billing) for an owner that is gone."""
+    jobs must not keep running (and billing) for an owner that is gone. It started us and waits
+    for us to come up, so it lives now: its start time tells it from a later process given its pid."""
+    started = process_start(pid)
     while not stop.is_set():
         await asyncio.sleep(2)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not alive(pid, started):
             logger.warning("the Python process that started this cluster (pid %d) is gone; shutting down", pid)
             stop.set()
-        except PermissionError:
-            pass
 
 
 def main(argv=None) -> int:

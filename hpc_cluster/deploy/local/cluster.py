@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from ...lifeline import alive, process_start
 from ...retry import Backoff
 from ...units import parse_memory
 from ...worker.flags import memory_fraction_args
@@ -69,18 +70,18 @@ STALE = ("scheduler.address", "scheduler.address.tmp", "scheduler.dashboard", "s
 
 def _process_id(pid: int) -> list:
     """A pid with its start time: a pid the kernel reuses for another process is not ours."""
-    return [pid, psutil.Process(pid).create_time()]
+    return [pid, process_start(pid)]
 
 
 def _running(ids) -> list[int]:
-    alive = []
+    running = []
     for pid, started in ids or ():
         try:
-            if psutil.Process(pid).create_time() == started and psutil.Process(pid).status() != "zombie":
-                alive.append(pid)
-        except (psutil.Error, TypeError, ValueError):
+            if alive(int(pid), float(started)):
+                running.append(pid)
+        except (TypeError, ValueError):
             pass
-    return alive
+    return running
 
 
 def claim_log_directory(directory: Path) -> Path:
