@@ -24,53 +24,39 @@ SUPPORTED, IGNORED, REFUSED = "supported", "ignored", "refused"
 
 # -- values, read as dask reads them ----------------------------------------------------
 
-_SECONDS = {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SECONDS.update({name: n for unit, n in (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400),
-                                         ("week", 7 * 86400), ("millisecond", 1e-3),
-                                         ("microsecond", 1e-6), ("nanosecond", 1e-9))
-                 for name in (unit, unit + "s")})
 DURATION_FORMS = "seconds ('90') or a number with a unit: '90s', '55m', '4 minutes', '1h', '2d'"
-
-_BYTES = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
-_BYTES.update({unit[0]: n for unit, n in list(_BYTES.items()) if len(unit) == 2})   # 'k', 'm', 'g'...
-_BYTES.update({unit[:-1]: n for unit, n in list(_BYTES.items()) if len(unit) == 3})  # 'ki', 'mi'...
 MEMORY_LIMIT_FORMS = ("bytes ('4GB', '6.52GiB', '4000M', 4000000000), a fraction of the node's memory "
                       "('0.5'), 'auto' (the node's memory times threads / cores), or 0 for no limit")
+# What dask's parsers raise for a text they cannot read (an empty one: IndexError; 1e999: OverflowError).
+_UNREADABLE = (ValueError, KeyError, IndexError, TypeError, OverflowError)
 
 
-def _number_and_unit(text: str) -> tuple[float, str]:
-    """'5.4 kB' -> (5.4, 'kb'); a bare unit counts one of it ('MB' -> (1, 'mb')), as in dask.
-    Never negative: '-5' reads as '1-5', which is no number."""
-    s = str(text).replace(" ", "")
-    if not s:
-        raise ValueError("empty")
-    if not s[0].isdigit() and s[0] != ".":
-        s = "1" + s
-    cut = len(s)
-    while cut > 0 and s[cut - 1].isalpha():
-        cut -= 1
-    number = float(s[:cut])                   # ValueError for '1-5', '', 'abc'...
-    if not math.isfinite(number):
-        raise ValueError("not a finite number")
-    return number, s[cut:].lower()
-
-
+# dask's own parsers, not copies: a value means here what it means to dask-worker. Imported when
+# a value is read, not with the flag table: dask's import takes 0.1 s a worker need not spend.
 def parse_duration(text: str) -> float:
     """Seconds for '55m', '4 minutes', '1h', '90s', '300ms' or plain seconds (dask's parse_timedelta)."""
+    from dask.utils import parse_timedelta
     try:
-        number, unit = _number_and_unit(text)
-        return number * _SECONDS[unit or "s"]
-    except (ValueError, KeyError):
+        seconds = float(parse_timedelta(str(text)))
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError
+        return seconds
+    except _UNREADABLE:
         raise ValueError(f"not a duration; use {DURATION_FORMS}") from None
 
 
 def parse_bytes(text: str) -> int:
-    """Bytes for '4GB', '6.52GiB', '5000M', '1e9', '5 kB' (dask's parse_bytes: kB = 1000, KiB = 1024)."""
+    """Bytes for '4GB', '6.52GiB', '5000M', '1e9', '5 kB' (dask's parse_bytes: kB = 1000, KiB = 1024).
+    Stricter than dask in two ways: no negative size, and no empty text (dask reads '' as 1)."""
+    from dask.utils import parse_bytes as dask_parse_bytes
     try:
-        number, unit = _number_and_unit(text)
-        return int(number * _BYTES[unit])
-    except (ValueError, KeyError):
+        if not str(text).strip():
+            raise ValueError
+        n = dask_parse_bytes(str(text))
+        if n < 0:
+            raise ValueError
+        return int(n)
+    except _UNREADABLE:
         raise ValueError(f"not an amount of memory; use {MEMORY_LIMIT_FORMS}") from None
 
 
