@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 import jinja2
 
 from ..runners.base import BatchError, CommandResult, Runner
+from .options import AdapterOption
 
 # The closed set of job states every adapter maps its batch system's states onto.
 JOB_STATES = (
@@ -58,8 +59,10 @@ class JobSpec:
     job_array: bool = False                 # the site's `job_array`: scale-ups as one array (deploy/daemon/arrays.py)
     array_size: int = 0                     # this submission is an array of so many elements (0: one job);
                                             # element i's workers are NAME-<worker_index + i>
-    # One batch system's own keywords (config/jobqueue.py's BATCH_OPTIONS: LSF's ncpus, mem,
-    # lsf_units, use_stdin; HTCondor's disk and command extras), read by that adapter alone.
+    # The batch system's own settings that are set (its adapter's `keywords`, adapters/options.py:
+    # LSF's ncpus, mem, lsf_units, use_stdin; HTCondor's disk and command extras), read by that
+    # adapter alone. SLURM's job_cpu and job_mem and PBS's and SGE's resource_spec are declared
+    # by their adapters too but, older, are fields of their own above.
     batch_options: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> "JobSpec":
@@ -154,6 +157,14 @@ def check_env_names(env: dict) -> None:
                              f"variable name (letters, digits, '_', not starting with a digit)")
 
 
+# PBS's and Grid Engine's -l request: one setting the two adapters share (the same object, as
+# config/adapter_options.py wants of a name declared twice).
+RESOURCE_SPEC = AdapterOption(
+    "resource_spec", "str", "the -l resource request, replacing select=1:ncpus={cores}:mem={memory} "
+    "(Torque: nodes=1:ppn={cores},mem={memory}; Grid Engine: e.g. h_vmem={memory})",
+    example="nodes=1:ppn={cores},mem={memory}", per_pool=True)
+
+
 def fill_resource_spec(spec: "JobSpec", memory: str, example: str) -> str:
     """resource_spec with {cores}, {memory} (as the batch system writes sizes) and {processes}
     filled in; a bad placeholder names itself and shows `example`."""
@@ -174,10 +185,25 @@ def _template_line(error: BaseException, path: Path) -> int | None:
 
 
 class BatchAdapter:
-    """Base for batch systems. Subclasses set `name`, `template_name` and the commands."""
+    """Base for batch systems. Subclasses set `name`, `template_name` and the commands, and
+    declare their own settings (`keywords`)."""
 
     name = "base"
     template_name = ""
+    # The batch system's own settings (adapters/options.py): keywords of the cluster classes,
+    # keys of a site's YAML, checked by config like the core ones. None: declares none, and
+    # another batch system's settings are left to this adapter (older plugins); () or more:
+    # another batch system's settings are refused here, with their `instead` advice.
+    keywords: tuple | None = None
+    title: str | None = None              # how the docs name it ('HTCondor'); None: name upper case
+    # dask-jobqueue's cluster class for this batch system ('LSFCluster'): named in messages and
+    # made by deploy/batch_clusters.py (`from hpc_cluster import LSFCluster`). None: a plugin's,
+    # used with batch= in a site or JobQueueCluster(batch=...).
+    cluster_name: str | None = None
+    cluster_doc: str | None = None        # that class's docstring, before its Parameters (numpydoc)
+    # dask-jobqueue's names of a core setting on this batch system, read without the renamed-
+    # keyword warning they get elsewhere: {"project": "account"} (qsub -P, bsub -P).
+    native_keywords: dict = {}
     # How the batch system writes "running" (a job's raw_state): a job whose worker registered
     # is shown running before the next poll confirms it (deploy/daemon/polling.py), in the system's word.
     running_state = "RUNNING"
@@ -199,6 +225,21 @@ class BatchAdapter:
             runner = LocalRunner()
         self.runner = runner
         self.options: dict = {}
+
+    @classmethod
+    def resolve_options(cls, values: dict, environ: dict) -> dict:
+        """This batch system's rules over a site's merged settings (config/resolve.py calls it
+        with every setting, parsed): settings it works out, name -> (value, source), or a
+        ValueError saying what to write (HTCondor's required disk). Pure: no command, no file."""
+        return {}
+
+    @classmethod
+    def job_options(cls, options: dict, read_text, environ: dict) -> dict:
+        """The `batch_options` the jobs get, from the settings that are set: the defaults
+        this batch system takes from its site's own files (LSF's units from lsf.conf) are
+        filled in here. `read_text(path)` is a file's text or None (deploy hands it over, so
+        the adapter stays pure)."""
+        return dict(options)
 
     def configure(self, options: dict) -> None:
         """The jobs' `batch_options` for what is not in the script: how to submit and cancel

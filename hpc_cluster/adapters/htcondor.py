@@ -21,6 +21,7 @@ from typing import Sequence
 
 from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
                    kept_directives)
+from .options import AdapterOption
 
 # What we ask condor_q and condor_history for (-attributes): the diagnosis's fields.
 ATTRIBUTES = ("ClusterId,ProcId,JobStatus,ExitCode,ExitBySignal,ExitSignal,HoldReason,HoldReasonCode,"
@@ -209,6 +210,31 @@ class HTCondorAdapter(BatchAdapter):
     template_name = "htcondor.sub.j2"
     submit_command = "condor_submit"
     cancel_command = "condor_rm"
+    title = "HTCondor"
+    cluster_name = "HTCondorCluster"
+    cluster_doc = """Workers as HTCondor jobs (condor_submit), joining one scheduler that explains their deaths.
+
+    dask-jobqueue's HTCondorCluster, keyword for keyword: `disk` is required (request_disk),
+    `job_extra_directives` is a dict of submit-description commands (a list of 'key = value'
+    strings works too), `submit_command_extra` and `cancel_command_extra` go to condor_submit and
+    condor_rm. The walltime is enforced by a periodic_remove expression, which HTCondor has no
+    keyword for. Verified on outputs captured from public sources and on a simulator, not a real
+    HTCondor (docs/htcondor.md)."""
+    keywords = (
+        AdapterOption("disk", "size", "request_disk per job (required there, as in dask-jobqueue)", example="1GB"),
+        AdapterOption("submit_command_extra", "list of str", "extra arguments to condor_submit, e.g. "
+                      "['-name', 'schedd.example.org']", default=[], elsewhere="ignore"),
+        AdapterOption("cancel_command_extra", "list of str", "extra arguments to condor_rm (and condor_q/"
+                      "condor_history), e.g. ['-name', 'schedd.example.org']", default=[], elsewhere="ignore"),
+    )
+
+    @classmethod
+    def resolve_options(cls, values: dict, environ: dict) -> dict:
+        if values.get("disk") is None:
+            # As dask-jobqueue's HTCondorCluster: request_disk has no sensible default.
+            raise ValueError("HTCondor needs the disk each job asks for: give disk='1 GB' (request_disk), as "
+                             "dask-jobqueue's HTCondorCluster requires")
+        return {}
 
     def __init__(self, runner=None):
         super().__init__(runner)

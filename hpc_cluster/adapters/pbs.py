@@ -18,8 +18,8 @@ import math
 import re
 from typing import Sequence
 
-from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
-                   fill_resource_spec, kept_directives)
+from .base import (RESOURCE_SPEC, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
+                   check_env_names, fill_resource_spec, kept_directives)
 from ..units import format_walltime
 
 # -- states ---------------------------------------------------------------------------
@@ -375,6 +375,15 @@ class PBSAdapter(BatchAdapter):
     template_name = "pbs.sh.j2"
     submit_command = "qsub"
     cancel_command = "qdel"
+    cluster_name = "PBSCluster"
+    keywords = (RESOURCE_SPEC,)
+
+    @classmethod
+    def resolve_options(cls, values: dict, environ: dict) -> dict:
+        # dask-jobqueue's PBSCluster charges $PBS_ACCOUNT when no account is set.
+        if values.get("account") is None and environ.get("PBS_ACCOUNT"):
+            return {"account": (environ["PBS_ACCOUNT"], "env:PBS_ACCOUNT")}
+        return {}
 
     def __init__(self, runner=None):
         super().__init__(runner)

@@ -16,8 +16,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
-from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
-                   clock_seconds, fill_resource_spec, kept_directives)
+from .base import (RESOURCE_SPEC, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
+                   check_env_names, clock_seconds, fill_resource_spec, kept_directives)
 from ..units import format_walltime
 
 # qstat's state letters (a job shows several at once: 'hqw', 'Eqw', 'dr', 'Rr'). Checked in
@@ -264,6 +264,9 @@ class SGEAdapter(BatchAdapter):
     template_name = "sge.sh.j2"
     submit_command = "qsub"
     cancel_command = "qdel"
+    cluster_name = "SGECluster"
+    keywords = (RESOURCE_SPEC,)
+    native_keywords = {"project": "account"}          # dask-jobqueue's SGECluster: qsub -P
 
     def __init__(self, runner=None):
         super().__init__(runner)

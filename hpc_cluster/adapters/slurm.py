@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                    StepRecord, check_env_names, kept_directives)
 from ..units import format_walltime
+from .options import AdapterOption
 
 COMMAND_TIMEOUT = 60.0
 
@@ -393,11 +394,31 @@ def slurm_memory(nbytes: int) -> str:
     return "1K"
 
 
+_SBATCH_MEM = re.compile(r"^\d+[KMGTkmgt]?$")
+
+
+def check_job_mem(key, v):
+    """sbatch's own --mem syntax, passed through as written (dask-jobqueue's job_mem)."""
+    text = str(v).strip() if isinstance(v, (str, int)) and not isinstance(v, bool) else ""
+    if not _SBATCH_MEM.match(text):
+        raise ValueError(f"{key}={v!r} is handed to sbatch as --mem={v}: write a number of megabytes "
+                         "or a number with K, M, G or T, e.g. '100G' (or drop it: memory= sets --mem)")
+    return text
+
+
 class SLURMAdapter(BatchAdapter):
     name = "slurm"
     template_name = "slurm.sh.j2"
     submit_command = "sbatch"
     cancel_command = "scancel"
+    cluster_name = "SLURMCluster"
+    # dask-jobqueue's SLURMCluster keywords (JobSpec.job_cpu / job_mem, fields of their own).
+    keywords = (
+        AdapterOption("job_cpu", "int > 0", "--cpus-per-task, instead of cores", example=8,
+                      instead="resource_spec", per_pool=True),
+        AdapterOption("job_mem", "str", "--mem as sbatch reads it, instead of memory", check=check_job_mem,
+                      example="100G", instead="resource_spec", per_pool=True),
+    )
 
     def template_context(self, spec: JobSpec) -> dict:
         check_env_names(spec.env)

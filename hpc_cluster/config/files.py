@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .schema import (ALIASES, OPTION_BY_NAME, SETTINGS_NAMES, TOP_LEVEL_KEYS, ConfigError, _LineError,
+from .schema import (TOP_LEVEL_KEYS, ConfigError, _LineError, aliases, option_by_name, settings_names,
                      canonical_key, did_you_mean, parse_value)
 
 # Admins put the lab's shared file here; the env var exists so tests (and sites that
@@ -146,12 +146,12 @@ def _validate_block(block: Any, path: str, where: str, allowed: set[str], proble
         name = canonical_key(key)
         if name is None:
             problems.append(f"{path}, line {line}: unknown key '{key}' in {where}"
-                            + (did_you_mean(key, list(OPTION_BY_NAME) + list(ALIASES)) or
+                            + (did_you_mean(key, list(option_by_name()) + list(aliases())) or
                                "; see docs/configuration.md for the keys"))
             continue
         if name not in allowed:
             problems.append(f"{path}, line {line}: '{key}' cannot go in {where}; only the scheduler "
-                            f"and nanny knobs can ({', '.join(SETTINGS_NAMES)}): put it in a site")
+                            f"and nanny knobs can ({', '.join(settings_names())}): put it in a site")
             continue
         if name in given:
             problems.append(f"{path}, line {line}: '{key}' and '{given[name]}' in {where} are the "
@@ -207,9 +207,9 @@ def parse_config_text(text: str, path: str = "<string>") -> ConfigFile:
                         "names to settings")
     elif sites:
         for name, block in sites.items():
-            cf.sites[name] = _validate_block(block, path, f"site '{name}'", set(OPTION_BY_NAME),
+            cf.sites[name] = _validate_block(block, path, f"site '{name}'", set(option_by_name()),
                                              problems, base_dir)
-    cf.settings = _validate_block(doc.get("settings"), path, "settings", set(SETTINGS_NAMES),
+    cf.settings = _validate_block(doc.get("settings"), path, "settings", set(settings_names()),
                                   problems, base_dir)
     if problems:
         raise ConfigError(problems)

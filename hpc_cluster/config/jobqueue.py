@@ -18,11 +18,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..units import parse_walltime
+from ..units import UnitError, parse_walltime, walltime_batch
+from .adapter_options import adapter_classes, cluster_name, declares_keywords, native_keywords
 from .files import Entry, load_yaml
-from .schema import ConfigError, parse_value
+from .schema import ConfigError, option_by_name, parse_value
 
-# jobqueue.yaml's keys (hyphenated, as dask-jobqueue writes them) -> our settings.
+# jobqueue.yaml's keys (hyphenated, as dask-jobqueue writes them) -> our core settings; the
+# adapters' own settings add theirs (key_map()).
 KEY_MAP = {
     "name": "job_name", "cores": "cores", "memory": "memory", "processes": "processes",
     "python": "python", "interface": "interface", "death-timeout": "death_timeout",
@@ -31,29 +33,15 @@ KEY_MAP = {
     "shebang": "shebang", "queue": "queue", "account": "account", "walltime": "walltime",
     "job-script-prologue": "job_script_prologue", "job-extra-directives": "job_extra_directives",
     "job-directives-skip": "job_directives_skip", "log-directory": "log_directory",
-    "scheduler-options": "scheduler_options", "job-cpu": "job_cpu", "job-mem": "job_mem",
-    "resource-spec": "resource_spec", "project": "account",
-    "ncpus": "ncpus", "mem": "mem", "lsf-units": "lsf_units", "use-stdin": "use_stdin",
-    "disk": "disk", "submit-command-extra": "submit_command_extra", "cancel-command-extra": "cancel_command_extra",
+    "scheduler-options": "scheduler_options", "project": "account",
 }
-# Our own batch systems; a plugin's (an entry point, plugins.py) is none of these.
-KNOWN_BATCHES = ("slurm", "pbs", "sge", "lsf", "htcondor")
-# Settings only some batch systems have: dask-jobqueue's other cluster classes do not read them.
-BATCH_ONLY = {"job_cpu": ("slurm",), "job_mem": ("slurm",), "resource_spec": ("pbs", "sge"),
-              "ncpus": ("lsf",), "mem": ("lsf",), "lsf_units": ("lsf",), "disk": ("htcondor",)}
-# ... and batch-only settings with a default (use_stdin: true), or a list: dropped silently
-# elsewhere, since every dask-jobqueue section carries the default (its jobqueue.yaml).
-BATCH_ONLY_DEFAULTED = {"use_stdin": ("lsf",), "submit_command_extra": ("htcondor",),
-                        "cancel_command_extra": ("htcondor",)}
-# The settings a JobSpec carries in batch_options for its adapter (adapters/lsf.py, htcondor.py).
-BATCH_OPTIONS = ("ncpus", "mem", "lsf_units", "use_stdin", "disk", "submit_command_extra", "cancel_command_extra")
 # Names dask-jobqueue renamed (old -> new). As there, the old one still counts, with a
 # FutureWarning, but only where the new one ends up empty.
 DEPRECATED = {"project": "account", "extra": "worker_extra_args", "env_extra": "job_script_prologue",
               "job_extra": "job_extra_directives", "header_skip": "job_directives_skip"}
-# ... except where it is no old name: dask-jobqueue's SGECluster calls its account `project`
-# (qsub -P), so there it is the setting itself, read without a warning.
-NATIVE_NAMES = {"sge": {"project"}, "lsf": {"project"}}
+# ... except where it is no old name: an adapter's `native_keywords` (adapter_options.py) say
+# so, e.g. where dask-jobqueue's cluster class calls its account `project` (qsub -P): there
+# it is the setting itself, read without a warning.
 # What dask's standard worker module means here: our worker. Not worth a note.
 DEFAULT_WORKER_COMMAND = "distributed.cli.dask_worker"
 
@@ -76,6 +64,27 @@ def hyphenated(key: str) -> str:
     return key.replace("_", "-")
 
 
+def key_map() -> dict[str, str]:
+    """jobqueue.yaml's keys -> our settings: the core ones and the adapters' (their `jobqueue` key)."""
+    own = {o.jobqueue_key: o.name for o in option_by_name().values() if o.owners and o.jobqueue_key}
+    return {**KEY_MAP, **own}
+
+
+def elsewhere(option: str, batch: str | None) -> tuple[str, ...]:
+    """The batch systems `option` belongs to, when it is refused on `batch`: an adapter's own
+    setting (declared to be refused elsewhere) on a batch system whose adapter declares its own
+    keywords and not this one. () otherwise: a core setting, or `batch` decides for itself."""
+    o = option_by_name().get(option)
+    if o is None or not o.owners or batch in o.owners or o.elsewhere != "refuse" or not declares_keywords(batch):
+        return ()
+    return o.owners
+
+
+def _old_name(old: str, batch: str | None) -> bool:
+    """A name dask-jobqueue renamed, unless `batch`'s adapter calls a setting so itself."""
+    return old in DEPRECATED and old not in native_keywords(batch)
+
+
 def deprecation_message(old: str, new: str) -> str:
     # "X has been renamed to Y" is what dask-jobqueue users (and its tests) look for.
     return (f"{old} has been renamed to {new}. You are still using it (as a keyword or in a config "
@@ -89,6 +98,7 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
     from (a file, a DASK_* variable, dask.config.set); pure."""
     out = JobqueueLayer()
     label = label or {}
+    keys = key_map()
     for key, raw in section.items():
         k = hyphenated(str(key))
         where = f"jobqueue.{config_name}.{k}"
@@ -96,20 +106,20 @@ def translate(section: Mapping[str, Any], config_name: str, batch: str | None,
         if raw is None:
             continue                              # null: "not set", as in dask-jobqueue
         old = k.replace("-", "_")
-        if old in DEPRECATED and old not in NATIVE_NAMES.get(batch or "", ()):
+        if _old_name(old, batch):
             warnings.warn(deprecation_message(old, DEPRECATED[old]), FutureWarning, stacklevel=4)
             _add(out.fallbacks, out.problems, DEPRECATED[old], raw, f"{source} (renamed: {old})", where)
             continue
-        option = KEY_MAP.get(k)
+        option = keys.get(k)
         if option is None:
             out.notes.append(f"{where} ({source.removeprefix('jobqueue:')}) is not a setting of "
-                             f"dask-jobqueue's {_cluster_name(batch)} nor of ours; ignored")
+                             f"dask-jobqueue's {cluster_name(batch)} nor of ours; ignored")
             continue
         if _defaulted_elsewhere(option, raw, batch):
             continue
-        if option in BATCH_ONLY and batch in KNOWN_BATCHES and batch not in BATCH_ONLY[option]:
-            out.notes.append(f"{where} is a {_upper(BATCH_ONLY[option])} setting; "
-                             f"{_cluster_name(batch)} does not use it (nor does dask-jobqueue's); ignored")
+        if elsewhere(option, batch):
+            out.notes.append(f"{where} is a {_upper(elsewhere(option, batch))} setting; "
+                             f"{cluster_name(batch)} does not use it (nor does dask-jobqueue's); ignored")
             continue
         if option == "worker_command" and str(raw).strip() == DEFAULT_WORKER_COMMAND:
             continue                              # the standard worker, which is ours
@@ -130,15 +140,12 @@ def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: 
 
 
 def _defaulted_elsewhere(option: str, value: Any, batch: str | None) -> bool:
-    """use_stdin: true (dask-jobqueue's default, in every section its jobqueue.yaml writes) or
-    an empty command_extra list, in another batch system's section: nothing to say."""
-    only = BATCH_ONLY_DEFAULTED.get(option)
-    return bool(only) and batch not in only and value in (True, [])
-
-
-def _cluster_name(batch: str | None) -> str:
-    return {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster",
-            "htcondor": "HTCondorCluster"}.get(batch or "", "cluster")
+    """An adapter's setting at its default (with one: a bool or a list) in another batch
+    system's section: dask-jobqueue's jobqueue.yaml writes every section's defaults (LSF's
+    use-stdin: true in each), so there is nothing to say."""
+    o = option_by_name().get(option)
+    return (o is not None and bool(o.owners) and batch not in o.owners and o.default is not None
+            and value == o.default)
 
 
 def _upper(batches) -> str:
@@ -255,22 +262,35 @@ JOBQUEUE_DEFAULTS = {
     "name": "dask-worker", "death-timeout": 60, "worker-command": DEFAULT_WORKER_COMMAND,
     "worker-extra-args": [], "shebang": "#!/usr/bin/env bash", "walltime": "00:30:00",
     "job-script-prologue": [], "job-extra-directives": [], "job-directives-skip": [],
-    "scheduler-options": {}, "use-stdin": True,
+    "scheduler-options": {},
 }
-SUPPORTED_SECTIONS = {"slurm": "slurm", "pbs": "pbs", "sge": "sge", "lsf": "lsf", "htcondor": "htcondor"}
 
 
-def customized(section: Mapping[str, Any]) -> dict:
-    """The keys of a section that say something beyond dask-jobqueue's defaults."""
+def customized(section: Mapping[str, Any], batch: str | None = None) -> dict:
+    """The keys of a section that say something beyond dask-jobqueue's defaults: the core
+    ones above, an adapter setting's own default (use-stdin: true), and a walltime that reads,
+    as `batch` reads it, as the default half hour (dask-jobqueue writes LSF's '00:30')."""
+    keys = key_map()
+    table = option_by_name()
     out = {}
     for key, value in section.items():
         k = hyphenated(str(key))
         if value is None or JOBQUEUE_DEFAULTS.get(k, _MISSING) == value:
             continue
-        if k == "walltime" and value == "00:30":            # LSF's default spelling
+        own = table.get(keys.get(k, ""))
+        if own is not None and own.owners and own.default is not None and value == own.default:
+            continue
+        if k == "walltime" and batch and _reads_as(value, batch) == _reads_as(JOBQUEUE_DEFAULTS[k], batch):
             continue
         out[k] = value
     return out
+
+
+def _reads_as(walltime: Any, batch: str) -> float | None:
+    try:
+        return parse_walltime(walltime, what="walltime", batch=walltime_batch(batch))
+    except UnitError:
+        return None
 
 
 def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) -> tuple[dict, list[str]]:
@@ -279,22 +299,23 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
     settings: dict[str, Any] = {"batch": batch}
     notes: list[str] = []
     renamed: dict[str, Any] = {}
+    keys = key_map()
     for key, value in section.items():
         k = hyphenated(str(key))
         where = f"jobqueue.{config_name}.{k}"
         if value is None:
             continue
         old = k.replace("-", "_")
-        if old in DEPRECATED and old not in NATIVE_NAMES.get(batch, ()):
+        if _old_name(old, batch):
             renamed[DEPRECATED[old]] = (value, old)
             continue
-        option = KEY_MAP.get(k)
+        option = keys.get(k)
         if option is None:
-            notes.append(f"{where}: not a setting of dask-jobqueue's {_cluster_name(batch)} nor of ours; left out")
+            notes.append(f"{where}: not a setting of dask-jobqueue's {cluster_name(batch)} nor of ours; left out")
         elif _defaulted_elsewhere(option, value, batch):
             continue
-        elif option in BATCH_ONLY and batch not in BATCH_ONLY[option]:
-            notes.append(f"{where}: a {_upper(BATCH_ONLY[option])} setting; left out")
+        elif elsewhere(option, batch):
+            notes.append(f"{where}: a {_upper(elsewhere(option, batch))} setting; left out")
         elif option == "worker_command" and str(value).strip() == DEFAULT_WORKER_COMMAND:
             continue
         elif option == "scheduler_options":
@@ -324,17 +345,19 @@ OTHER_SECTIONS = ("oar", "moab", "local")
 
 def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, dict], list[str]]:
-    """Sites from a whole `jobqueue:` tree: one per SLURM, PBS, SGE, LSF or HTCondor section (named after it),
-    and notes on everything left behind, sections of other batch systems included.
-    `batches` names the batch system of sections with names of the user's own."""
+    """Sites from a whole `jobqueue:` tree: one per section of an installed batch system (named
+    after it, as dask-jobqueue names them) that says more than dask-jobqueue's defaults, and
+    notes on everything left behind, sections of other batch systems included. `batches` names
+    the batch system of sections with names of the user's own."""
     sites: dict[str, dict] = {}
     notes: list[str] = []
     batches = batches or {}
+    installed = sorted(adapter_classes())
     for name, section in tree.items():
         if not isinstance(section, Mapping):
             notes.append(f"jobqueue.{name}: not a map of settings; left out")
             continue
-        batch = batches.get(name) or SUPPORTED_SECTIONS.get(name) or (
+        batch = batches.get(name) or (name if name in installed else None) or (
             None if name in OTHER_SECTIONS else _batch_of_custom(section))
         if batch is None:
             if not customized(section):
@@ -344,11 +367,11 @@ def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None =
                              f"({', '.join(customized(section))}) were left out")
             else:
                 notes.append(f"jobqueue.{name}: cannot tell which batch system it is for; name it with "
-                             f"--section {name}=slurm (or =pbs, =sge, =lsf, =htcondor)")
+                             f"--section {name}=BATCH (installed: {', '.join(installed)})")
             continue
-        if not customized(section) and (name not in SUPPORTED_SECTIONS or batch in ("lsf", "htcondor")):
-            # An LSF or HTCondor section as dask-jobqueue's jobqueue.yaml writes it (every user's
-            # has one) is no site: it would be an HTCondor site without its required disk.
+        if not customized(section, batch):
+            # A section as dask-jobqueue's jobqueue.yaml writes it (every user's has one of each
+            # batch system) is no site.
             continue
         sites[name], site_notes = site_from_section(section, name, batch)
         notes += site_notes
@@ -356,10 +379,12 @@ def import_jobqueue(tree: Mapping[str, Any], batches: Mapping[str, str] | None =
 
 
 def _batch_of_custom(section: Mapping[str, Any]) -> str | None:
-    """A section under a name of the user's own (config_name=...): SLURM or PBS by its keys."""
-    keys = {hyphenated(str(k)) for k in section}
-    if keys & {"job-cpu", "job-mem"}:
-        return "slurm"
-    if "resource-spec" in keys and not keys & {"ncpus", "mem", "lsf-units", "disk"}:
-        return "pbs"
-    return None
+    """A section under a name of the user's own (config_name=...): the batch system whose own
+    settings it gives (of several that share them, the first by name), else None."""
+    keys, table = key_map(), option_by_name()
+    owners = None
+    for key in section:
+        o = table.get(keys.get(hyphenated(str(key)), ""))
+        if o is not None and o.owners:
+            owners = set(o.owners) if owners is None else owners & set(o.owners)
+    return min(owners) if owners else None

@@ -20,11 +20,11 @@ from ..units import UnitError, parse_walltime, walltime_batch
 
 DEFAULT_POOL = "default"
 
-# The cluster's settings a pool may change: what its job script and worker command are made of.
+# The cluster's settings a pool may change: what its job script and worker command are made of,
+# and the adapters' own settings declared `per_pool` (inserted after job_script_epilogue).
 POOL_JOB_KEYS = ("cores", "memory", "processes", "walltime", "queue", "account", "job_name",
                  "job_extra_directives", "job_directives_skip", "job_script_prologue", "job_script_epilogue",
-                 "job_cpu", "job_mem", "resource_spec", "worker_extra_args", "env", "memory_limit",
-                 "local_directory", "nanny")
+                 "worker_extra_args", "env", "memory_limit", "local_directory", "nanny")
 # A pool's own policy.
 POOL_OWN_KEYS = ("max_jobs", "escalation_only", "n_workers", "jobs", "resources")
 # What the default pool (the cluster's own spec) may say under pools: its policy alone.
@@ -103,6 +103,13 @@ def _own(key: str, sub: str, v: Any) -> Any:
     return parse_resources(key, v)
 
 
+def pool_job_keys(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """POOL_JOB_KEYS with the adapters' settings a pool may set (`per_pool`) among them."""
+    at = POOL_JOB_KEYS.index("job_script_epilogue") + 1
+    own = tuple(name for name, o in options.items() if getattr(o, "per_pool", False))
+    return POOL_JOB_KEYS[:at] + own + POOL_JOB_KEYS[at:]
+
+
 def check_pools(key: str, v: Any, options: Mapping[str, Any], canonical) -> dict[str, dict[str, Any]]:
     """`pools`: {name: {key: value}} -> the same, each value parsed by the settings table's own
     validator (`options`: name -> Option; `canonical`: schema.canonical_key). Errors name the
@@ -112,7 +119,7 @@ def check_pools(key: str, v: Any, options: Mapping[str, Any], canonical) -> dict
     if not isinstance(v, Mapping):
         raise ValueError(f"{key}={v!r} must be a map of pool names to settings, e.g. "
                          "{bigmem: {memory: 64GB, queue: bigmem}}")
-    allowed = POOL_JOB_KEYS + POOL_OWN_KEYS
+    allowed = pool_job_keys(options) + POOL_OWN_KEYS
     out: dict[str, dict[str, Any]] = {}
     for name, block in v.items():
         line = getattr(v, "lines", {}).get(name)
@@ -207,7 +214,7 @@ def resolve_pools(values: Mapping[str, Any], raw: Mapping[str, Any], sources: Ma
     raw_pools = raw.get("pools") or {}
     for name, given in pools.items():
         v = dict(values)
-        v.update({k: given[k] for k in POOL_JOB_KEYS if k in given})
+        v.update({k: x for k, x in given.items() if k not in POOL_OWN_KEYS})   # check_pools let only these by
         if "walltime" in given:
             written = (raw_pools.get(name) or {}).get("walltime", given["walltime"])
             try:

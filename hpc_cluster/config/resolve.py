@@ -17,10 +17,10 @@ import yaml
 from ..plugins import LOCAL
 from ..units import UnitError, format_memory, format_walltime, parse_walltime, walltime_batch
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
-from .jobqueue import (BATCH_ONLY, DEPRECATED, KNOWN_BATCHES, NATIVE_NAMES, deprecation_message, jobqueue_layer,
-                       scheduler_option_notes)
+from .adapter_options import native_keywords, resolve_hook
+from .jobqueue import DEPRECATED, deprecation_message, elsewhere, jobqueue_layer, scheduler_option_notes
 from .pools import Pool, resolve_pools
-from .schema import OPTION_BY_NAME, OPTIONS, ConfigError, Option, canonical_key, did_you_mean, parse_value
+from .schema import ConfigError, Option, canonical_key, did_you_mean, option_by_name, options, parse_value
 
 ENV_PREFIX = "HPC_CLUSTER_"
 
@@ -51,7 +51,7 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Entry]:
     environ = os.environ if environ is None else environ
     out: dict[str, Entry] = {}
     problems: list[str] = []
-    valid = [ENV_PREFIX + o.name.upper() for o in OPTIONS]
+    valid = [ENV_PREFIX + o.name.upper() for o in options()]
     for var in sorted(environ):
         if not var.startswith(ENV_PREFIX):
             continue
@@ -68,10 +68,10 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Entry]:
             problems.append(f"environment variable {var} is set but empty; unset it or give a value")
             continue
         try:
-            raw = _env_text_to_value(OPTION_BY_NAME[name], text)
+            raw = _env_text_to_value(option_by_name()[name], text)
             out[name] = Entry(text, parse_value(name, raw), f"env:{var}")
         except yaml.YAMLError:
-            problems.append(f"environment variable {var}={text!r} is not valid YAML for a {OPTION_BY_NAME[name].kind}")
+            problems.append(f"environment variable {var}={text!r} is not valid YAML for a {option_by_name()[name].kind}")
         except ValueError as e:
             problems.append(f"environment variable {var}: {e}")
     if problems:
@@ -86,7 +86,7 @@ def check_keywords(kwargs: Mapping[str, Any]) -> dict[str, Entry]:
     for key, raw in kwargs.items():
         name = canonical_key(key) if "-" not in key else None
         if name is None:
-            problems.append(f"unknown keyword '{key}'" + did_you_mean(key, list(OPTION_BY_NAME)))
+            problems.append(f"unknown keyword '{key}'" + did_you_mean(key, list(option_by_name())))
             continue
         if raw is None:
             continue
@@ -137,7 +137,7 @@ class ResolvedConfig:
     def table(self) -> str:
         """A readable table: key, value as written (and parsed, where that differs), source."""
         rows = [("key", "value", "source")]
-        for o in OPTIONS:
+        for o in options():
             raw, value = self.raw[o.name], self.values[o.name]
             if raw is None and value is not None:
                 raw = value                   # worked out, not written (processes from cores)
@@ -183,7 +183,7 @@ def merge(files: list[ConfigFile], site: str | None, env: Mapping[str, Entry],
     """Pure merge: keywords > env > files (earlier wins; in a file, site > settings) >
     dask-jobqueue's configuration (jobqueue.py) > default."""
     merged: dict[str, Entry] = {}
-    for o in OPTIONS:
+    for o in options():
         entry = keywords.get(o.name) or env.get(o.name)
         if entry is None:
             for f in files:
@@ -209,12 +209,12 @@ def resolve(site: str | None = None, config: str | os.PathLike | None = None, *,
     process's; tests pass their own.
     """
     environ = os.environ if environ is None else environ
-    for native in NATIVE_NAMES.get(kwargs.get("batch") or "", ()):   # SGECluster(project=...)
+    for native, setting in native_keywords(kwargs.get("batch")).items():   # SGECluster(project=...)
         if kwargs.get(native) is not None:
-            if kwargs.get(DEPRECATED[native]) is not None:
-                raise ConfigError([f"{native}={kwargs[native]!r} and {DEPRECATED[native]}="
-                                   f"{kwargs[DEPRECATED[native]]!r} name one setting; give only {native}"])
-            kwargs[DEPRECATED[native]] = kwargs.pop(native)
+            if kwargs.get(setting) is not None:
+                raise ConfigError([f"{native}={kwargs[native]!r} and {setting}="
+                                   f"{kwargs[setting]!r} name one setting; give only {native}"])
+            kwargs[setting] = kwargs.pop(native)
     renamed = {old: kwargs.pop(old) for old in list(kwargs) if old in DEPRECATED}
     keywords = check_keywords(kwargs)        # cheapest mistakes first: a typo in the call
     fallbacks = renamed_keywords(renamed)
@@ -313,21 +313,23 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     elif processes is not None and cores is not None and processes > cores:
         problems.append(f"processes={processes} with cores={cores} leaves a worker without a core: ask for "
                         f"cores={processes} or more, or processes={cores} or fewer")
-    for option, only in BATCH_ONLY.items():
-        entry = merged[option]
-        # Only our own batch systems are known not to read it; a plugin's adapter says itself.
-        if batch in KNOWN_BATCHES and batch not in only and entry.value is not None:
-            instead = {"ncpus": "cores", "mem": "memory"}.get(option) or (
-                "resource_spec" if "slurm" in only else "job_extra_directives")
-            problems.append(f"{option} ({entry.source}) is a {'/'.join(b.upper() for b in only)} setting; "
-                            f"on {batch.upper()} use {instead}")
-    if batch == "htcondor" and merged["disk"].value is None:
-        # As dask-jobqueue's HTCondorCluster: request_disk has no sensible default.
-        problems.append("HTCondor needs the disk each job asks for: give disk='1 GB' (request_disk), as "
-                        "dask-jobqueue's HTCondorCluster requires")
-    if batch == "pbs" and merged["account"].value is None and environ.get("PBS_ACCOUNT"):
-        # dask-jobqueue's PBSCluster charges $PBS_ACCOUNT when no account is set.
-        merged["account"] = Entry(environ["PBS_ACCOUNT"], environ["PBS_ACCOUNT"], "env:PBS_ACCOUNT")
+    for option, entry in merged.items():
+        # Another batch system's own setting (adapters declare theirs; adapter_options.py).
+        owners = elsewhere(option, batch) if entry.value is not None else ()
+        if owners:
+            problems.append(f"{option} ({entry.source}) is a {'/'.join(b.upper() for b in owners)} setting; "
+                            f"on {batch.upper()} use {option_by_name()[option].instead}")
+    hook = resolve_hook(batch)
+    if hook is not None:
+        # The batch system's own rules over the whole picture (HTCondor's required disk, PBS's
+        # $PBS_ACCOUNT): settings it works out, or a ValueError that says what to write.
+        try:
+            worked_out = hook({k: e.value for k, e in merged.items()}, environ)
+        except ValueError as e:
+            problems.append(str(e))
+        else:
+            for option, (value, source) in (worked_out or {}).items():
+                merged[option] = Entry(value, value, source)
     if problems:
         raise ConfigError(problems)
 
@@ -336,7 +338,7 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
 
 def starter_config(batch: str = "local", site: str = "mysite", queue: str | None = None,
                    note: str = "") -> str:
-    """A commented starter file generated from OPTIONS. Pure; `config init` writes it."""
+    """A commented starter file generated from the settings table. Pure; `config init` writes it."""
     active = {"batch": batch, "cores": 1, "memory": "1GB", "walltime": "01:00:00"}
     if queue:
         active["queue"] = queue
@@ -348,7 +350,7 @@ def starter_config(batch: str = "local", site: str = "mysite", queue: str | None
     if note:
         lines.append(f"# {note}")
     lines += [f"default: {site}", "sites:", f"  {site}:"]
-    for o in OPTIONS:
+    for o in options():
         if o.scope != "site":
             continue
         if o.name in active:
@@ -358,7 +360,7 @@ def starter_config(batch: str = "local", site: str = "mysite", queue: str | None
             lines.append(f"    # {o.name}: {_flow(shown)}   # {o.help}")
     lines += ["# Scheduler and nanny knobs, for every site (a site may also set them):",
               "settings:"]
-    for o in OPTIONS:
+    for o in options():
         if o.scope == "both":
             shown = o.example if o.default is None else o.default
             lines.append(f"  # {o.name}: {_flow(shown)}   # {o.help}")

@@ -1,8 +1,10 @@
-"""The settings table (`OPTIONS`) and the validators behind it.
+"""The settings table (`options()`) and the validators behind it.
 
-Every setting's name, kind, validator, default and help text lives here, once: config
-files, HPC_CLUSTER_* variables and keyword arguments are all checked against it, and the
-docs' key table and `hpc-cluster config init`'s starter file are generated from it.
+Every core setting's name, kind, validator, default and help text lives here, once; each
+batch system's own settings are declared by its adapter and joined to the table on first use
+(adapter_options.py). Config files, HPC_CLUSTER_* variables and keyword arguments are all
+checked against the table, and the docs' key table and `hpc-cluster config init`'s starter
+file are generated from it.
 Validators are pure: (key, value as written) -> parsed value, or ValueError with a message
 that names the key and says what to write instead.
 """
@@ -10,13 +12,15 @@ that names the key and says what to write instead.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..plugins import LOCAL, AdapterLookupError, installed_batch_systems, unknown_batch_message
-from ..units import UnitError, parse_memory, parse_walltime
+from ..units import WALLTIME_FORMS_BY_BATCH, UnitError, parse_memory, parse_walltime
+from .adapter_options import adapter_classes, collect, title_of
 from .pools import ESCALATE_DEFAULTS, PoolKeyError, check_escalate, check_pools
 
 class ConfigError(ValueError):
@@ -141,34 +145,16 @@ def _size(key, v):
 
 def _walltime(key, v):
     """Kept as written: how a walltime reads depends on the batch system ('60' is an hour to
-    sbatch, a minute to qsub), which is known only once every layer is merged (resolve.py)."""
+    sbatch, a minute to qsub), which is known only once every layer is merged (resolve.py):
+    here it must read as a walltime to one of them (units.py knows each one's reading)."""
     errors = []
-    for batch in ("slurm", "pbs", None):
+    for batch in (*WALLTIME_FORMS_BY_BATCH, None):
         try:
             parse_walltime(v, what=key, batch=batch)
             return v
         except UnitError as e:
             errors.append(str(e))
     raise ValueError(errors[-1])
-
-
-_SLURM_MEM = re.compile(r"^\d+[KMGTkmgt]?$")
-
-
-def _slurm_mem(key, v):
-    """sbatch's own --mem syntax, passed through as written (dask-jobqueue's job_mem)."""
-    text = str(v).strip() if isinstance(v, (str, int)) and not isinstance(v, bool) else ""
-    if not _SLURM_MEM.match(text):
-        raise ValueError(f"{key}={v!r} is handed to sbatch as --mem={v}: write a number of megabytes "
-                         "or a number with K, M, G or T, e.g. '100G' (or drop it: memory= sets --mem)")
-    return text
-
-
-def _lsf_units(key, v):
-    units = ("kb", "mb", "gb", "tb", "pb", "eb")
-    if not isinstance(v, str) or v.strip().lower() not in units:
-        raise ValueError(f"{key}={v!r} must be one of {', '.join(units)}: LSF_UNIT_FOR_LIMITS in your lsf.conf")
-    return v.strip().lower()
 
 
 # What `worker_command` may name: dask's worker module means "the standard worker", which
@@ -301,7 +287,7 @@ def _ssh(key, v):
 
 def _pools(key, v):
     try:
-        return check_pools(key, v, OPTION_BY_NAME, canonical_key)
+        return check_pools(key, v, option_by_name(), canonical_key)
     except PoolKeyError as e:
         raise _LineError(str(e), e.line) from None
 
@@ -318,9 +304,18 @@ class Option:
     scope: str = "site"       # "site": only in a site; "both": also in top-level settings
     example: Any = None       # shown (commented) by `config init` when the default is None
     aliases: tuple[str, ...] = ()
+    # An adapter's own setting (adapters/options.py): the batch systems that declare it (they
+    # alone read it: resolve.py refuses it on the others), what to write there instead, its key
+    # in dask-jobqueue's jobqueue.<section> (None: not read there), and whether a pool may set it.
+    owners: tuple[str, ...] = ()
+    instead: str = ""
+    elsewhere: str = "refuse"
+    jobqueue_key: str | None = None
+    per_pool: bool = False
+    ours: bool = True         # False: a plugin's (left out of our docs' table)
 
 
-OPTIONS: tuple[Option, ...] = (
+CORE_OPTIONS: tuple[Option, ...] = (
     Option("batch", "slurm|pbs|sge|lsf|htcondor|<plugin>|local", _batch, None,
            "batch system that runs the workers; unset: the cluster class decides", example="slurm"),
     Option("cores", "int > 0", _int(1), None, "cores per job, shared by its worker processes (required, "
@@ -337,27 +332,10 @@ OPTIONS: tuple[Option, ...] = (
            "(HTCondor: a map of submit commands, e.g. {'+MyAttr': '\"x\"'}, as in dask-jobqueue)"),
     Option("job_directives_skip", "list of str", _str_list, [], "drop generated directives containing any of "
            "these strings (matched against both spellings of a directive: '-J' and '--job-name')"),
-    Option("job_cpu", "int > 0", _int(1), None, "SLURM only: --cpus-per-task, instead of cores", example=8),
-    Option("job_mem", "str", _slurm_mem, None, "SLURM only: --mem as sbatch reads it, instead of memory",
-           example="100G"),
     Option("shebang", "str", _shebang, "#!/usr/bin/env bash", "the job script's first line"),
     Option("job_script_prologue", "list of str", _str_list, [], "shell lines run before the worker starts (module load, venv)"),
     Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
-    Option("resource_spec", "str", _str, None, "PBS only: the -l resource request, replacing "
-           "select=1:ncpus={cores}:mem={memory} (Torque: nodes=1:ppn={cores},mem={memory})",
-           example="nodes=1:ppn={cores},mem={memory}"),
-    # dask-jobqueue's LSFCluster and HTCondorCluster keywords (resolve.py refuses them elsewhere).
-    Option("ncpus", "int > 0", _int(1), None, "LSF only: bsub -n, instead of cores", example=8),
-    Option("mem", "size", _size, None, "LSF only: the bsub -M memory limit, instead of memory", example="16GB"),
-    Option("lsf_units", "kb|mb|gb|tb|pb|eb", _lsf_units, None, "LSF only: the unit of -M (LSF_UNIT_FOR_LIMITS); "
-           "unset: read from $LSF_ENVDIR/lsf.conf, else kb", example="mb"),
-    Option("use_stdin", "bool", _bool, True, "LSF only: submit with `bsub < script` (true) or `bsub script`"),
-    Option("disk", "size", _size, None, "HTCondor only: request_disk per job (required there, as in "
-           "dask-jobqueue)", example="1GB"),
-    Option("submit_command_extra", "list of str", _str_list, [], "HTCondor only: extra arguments to condor_submit, "
-           "e.g. ['-name', 'schedd.example.org']"),
-    Option("cancel_command_extra", "list of str", _str_list, [], "HTCondor only: extra arguments to condor_rm "
-           "(and condor_q/condor_history), e.g. ['-name', 'schedd.example.org']"),
+    # Here come the batch systems' own settings, each declared by its adapter (ADAPTERS_AFTER).
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
     Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "
@@ -470,26 +448,91 @@ OPTIONS: tuple[Option, ...] = (
            "the cluster daemon keeps a journal of its state beside the cluster file, and a daemon started "
            "again with the same name after one died resumes from it (docs/reliability.md)", "both"),
 )
-OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
-ALIASES: dict[str, str] = {a: o.name for o in OPTIONS for a in o.aliases}
-SETTINGS_NAMES = [o.name for o in OPTIONS if o.scope == "both"]
 TOP_LEVEL_KEYS = ("default", "sites", "settings")
+# The adapters' own settings follow this core one in the table (and in the docs, `config init`
+# and `config show`), where dask-jobqueue's job keywords are.
+ADAPTERS_AFTER = "job_script_epilogue"
+# The checks of adapters/options.py's STANDARD_KINDS: an adapter option of one of these kinds
+# needs no check of its own.
+STANDARD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "int > 0": _int(1), "int >= 0": _int(0), "size": _size, "seconds": _seconds(False), "bool": _bool,
+    "str": _str, "path": _path, "list of str": _str_list, "map str->str": _env_map,
+}
+
+
+def adapter_option(declared, owners: tuple[str, ...], titles: str, ours: bool) -> Option:
+    """An adapter's declaration (adapters/options.py's AdapterOption) as a row of the table."""
+    check = declared.check or STANDARD_CHECKS.get(declared.kind)
+    if check is None:
+        raise ValueError(f"the setting {declared.name!r} of the {'/'.join(owners)} adapter has the kind "
+                         f"{declared.kind!r} and no check: give it check=, or one of {', '.join(STANDARD_CHECKS)}")
+    return Option(declared.name, declared.kind, check, declared.default, f"{titles} only: {declared.help}",
+                  example=declared.example, aliases=tuple(declared.aliases), owners=owners,
+                  instead=declared.instead, elsewhere=declared.elsewhere, jobqueue_key=declared.jobqueue_key, per_pool=declared.per_pool,
+                  ours=ours)
+
+
+def table_with(classes: Mapping[str, type]) -> tuple[Option, ...]:
+    """The core table with the settings `classes` (batch system -> adapter class) declare. Pure;
+    an adapter setting that clashes with another is a ValueError naming both."""
+    declared = collect(classes, {n for o in CORE_OPTIONS for n in (o.name, *o.aliases)})
+    rows = []
+    for name, d in declared.items():
+        titles = "/".join(title_of(classes[b], b) for b in d.owners)
+        ours = all(classes[b].__module__.startswith("hpc_cluster.") for b in d.owners)
+        rows.append(adapter_option(d.option, d.owners, titles, ours))
+    at = next(i for i, o in enumerate(CORE_OPTIONS) if o.name == ADAPTERS_AFTER) + 1
+    return CORE_OPTIONS[:at] + tuple(rows) + CORE_OPTIONS[at:]
+
+
+@functools.lru_cache(maxsize=None)
+def _tables() -> tuple[tuple[Option, ...], dict[str, Option], dict[str, str], list[str]]:
+    # Built on first use, not at import: it loads the installed adapters (their entry points).
+    table = table_with(adapter_classes())
+    return (table, {o.name: o for o in table}, {a: o.name for o in table for a in o.aliases},
+            [o.name for o in table if o.scope == "both"])
+
+
+def options() -> tuple[Option, ...]:
+    """Every setting: the core table and the installed adapters' own (ADAPTERS_AFTER)."""
+    return _tables()[0]
+
+
+def option_by_name() -> dict[str, Option]:
+    return _tables()[1]
+
+
+def aliases() -> dict[str, str]:
+    return _tables()[2]
+
+
+def settings_names() -> list[str]:
+    return _tables()[3]
+
+
+def __getattr__(name: str):
+    # OPTIONS, OPTION_BY_NAME, ALIASES, SETTINGS_NAMES as they were: computed on first use.
+    lazy = {"OPTIONS": options, "OPTION_BY_NAME": option_by_name, "ALIASES": aliases,
+            "SETTINGS_NAMES": settings_names}
+    if name in lazy:
+        return lazy[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def canonical_key(key: str) -> str | None:
     """The option a key names, or None. Hyphens are accepted (dask-jobqueue's YAML uses them)."""
     k = key.replace("-", "_")
-    k = ALIASES.get(k, k)
-    return k if k in OPTION_BY_NAME else None
+    k = aliases().get(k, k)
+    return k if k in option_by_name() else None
 
 
 def parse_value(key: str, value: Any) -> Any:
     """Validate one setting and return it parsed (sizes in bytes, durations in seconds)."""
-    return OPTION_BY_NAME[key].check(key, value)
+    return option_by_name()[key].check(key, value)
 
 
 def default_values() -> dict[str, Any]:
-    return {o.name: (None if o.default is None else o.check(o.name, o.default)) for o in OPTIONS}
+    return {o.name: (None if o.default is None else o.check(o.name, o.default)) for o in options()}
 
 
 def options_markdown() -> str:
@@ -502,7 +545,9 @@ def options_markdown() -> str:
             return "unset"
         return f"`{str(v).lower()}`" if isinstance(v, bool) else f"`{v}`"
     rows = ["| key | type | default | where | meaning |", "|---|---|---|---|---|"]
-    for o in OPTIONS:
+    for o in options():
+        if not o.ours:                # a plugin's setting: its own docs tell of it
+            continue
         where = "site or settings" if o.scope == "both" else "site"
         alias = f" (alias: {', '.join(f'`{a}`' for a in o.aliases)})" if o.aliases else ""
         rows.append(f"| `{o.name}`{alias} | {o.kind.replace('|', ' or ')} | {cell(o.default)} | "

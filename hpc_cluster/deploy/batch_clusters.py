@@ -1,60 +1,54 @@
-"""LSFCluster and HTCondorCluster: dask-jobqueue's classes for LSF and HTCondor.
+"""dask-jobqueue's cluster class of each batch system that names one, made from its adapter.
 
-Beside cluster.py rather than in it only to keep that module under ~600 lines: these are the
-same kind of thing as SLURMCluster, a JobQueueCluster with its batch system and its keywords
-documented. The keywords themselves are settings (config/schema.py: ncpus, mem, lsf_units,
-use_stdin; disk, submit_command_extra, cancel_command_extra), so a site file and a
-`jobqueue.lsf` / `jobqueue.htcondor` section give them too.
+An adapter that sets `cluster_name` ('LSFCluster', 'HTCondorCluster') gets its class here, a
+JobQueueCluster with its batch system and a docstring made of the adapter's `cluster_doc` and
+its declared keywords (adapters/options.py): `from hpc_cluster import LSFCluster` finds it by
+that name (module __getattr__), so a batch system adds no class by hand. The keywords
+themselves are settings (config collects them from the adapters), so a site file and a
+`jobqueue.<section>` give them too.
 """
 
 from __future__ import annotations
 
+from ..adapters import adapter_class
+from ..config.adapter_options import adapter_classes
+from . import cluster as _written
 from .cluster import JOB_PARAMETERS, JobQueueCluster
 
-
-class LSFCluster(JobQueueCluster):
-    __doc__ = """Workers as LSF jobs (bsub), joining one scheduler that explains their deaths.
-
-    dask-jobqueue's LSFCluster, keyword for keyword: `project` is bsub's -P (our `account`),
-    `walltime` is read as bsub -W reads it ('00:30' is half an hour, '90' is 90 minutes).
-    Verified on outputs captured from public sources and on a simulator, not a real LSF (docs/lsf.md).
-
-    Parameters
-    ----------
-""" + JOB_PARAMETERS + """    project : str
-        Project the jobs are charged to (bsub -P)
-    ncpus : int
-        Slots per job (bsub -n; default: cores)
-    mem : int or str
-        The job's memory limit (bsub -M; default: memory)
-    lsf_units : str
-        The unit LSF reads -M in (LSF_UNIT_FOR_LIMITS: kb, mb, gb ...; default: read from lsf.conf, else kb)
-    use_stdin : bool
-        Submit with `bsub < script` (default) or `bsub script`
-"""
-    batch = "lsf"
+_MADE: dict[str, type[JobQueueCluster]] = {}
 
 
-class HTCondorCluster(JobQueueCluster):
-    __doc__ = """Workers as HTCondor jobs (condor_submit), joining one scheduler that explains their deaths.
-
-    dask-jobqueue's HTCondorCluster, keyword for keyword: `disk` is required (request_disk),
-    `job_extra_directives` is a dict of submit-description commands (a list of 'key = value'
-    strings works too), `submit_command_extra` and `cancel_command_extra` go to condor_submit and
-    condor_rm. The walltime is enforced by a periodic_remove expression, which HTCondor has no
-    keyword for. Verified on outputs captured from public sources and on a simulator, not a real
-    HTCondor (docs/htcondor.md).
-
-    Parameters
-    ----------
-""" + JOB_PARAMETERS + """    disk : str
-        Disk each job asks for (request_disk), e.g. '1 GB'; required
-    submit_command_extra : list of str
-        Extra arguments to condor_submit, e.g. ['-name', 'schedd.example.org']
-    cancel_command_extra : list of str
-        Extra arguments to condor_rm (and to condor_q and condor_history)
-"""
-    batch = "htcondor"
+def keyword_parameters(adapter: type) -> str:
+    """The numpydoc lines of an adapter's own keywords (and its native names of core settings)."""
+    lines = []
+    for native, setting in (getattr(adapter, "native_keywords", None) or {}).items():
+        lines += [f"    {native} : str", f"        Its name for {setting} (as dask-jobqueue's {adapter.cluster_name} calls it)"]
+    for option in adapter.keywords or ():
+        lines += [f"    {option.name} : {option.kind}", f"        {option.help}"]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
-__all__ = ["LSFCluster", "HTCondorCluster"]
+def cluster_class(batch: str) -> type[JobQueueCluster]:
+    """The cluster class of `batch` (an installed adapter with a `cluster_name`), made once."""
+    adapter = adapter_class(batch)
+    name = adapter.cluster_name
+    if not name:
+        raise ValueError(f"the {batch!r} adapter names no cluster class (cluster_name); use "
+                         f"JobQueueCluster(batch={batch!r}, ...) or batch: {batch} in a site")
+    if name not in _MADE:
+        doc = ((adapter.cluster_doc or f"Workers as {batch} jobs, joining one scheduler that explains their deaths.")
+               + "\n\n    Parameters\n    ----------\n" + JOB_PARAMETERS + keyword_parameters(adapter))
+        _MADE[name] = type(name, (JobQueueCluster,), {"__doc__": doc, "batch": batch, "__module__": __name__,
+                                                      "__qualname__": name})
+    return _MADE[name]
+
+
+def __getattr__(name: str):
+    # LSFCluster, HTCondorCluster, a plugin's: the class of the adapter that names it.
+    for batch, adapter in adapter_classes().items():
+        if getattr(adapter, "cluster_name", None) == name:
+            # SLURM's, PBS's and Grid Engine's are written out in cluster.py: the same class.
+            cls = getattr(_written, name, None) or cluster_class(batch)
+            globals()[name] = cls            # made once: pickle and `is` find the same class
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,43 +1,43 @@
-"""A batch system's own keywords, for its adapter (JobSpec.batch_options), and
-LSF_UNIT_FOR_LIMITS from lsf.conf: the unit bsub -M is read in.
+"""A batch system's own settings, for its adapter (JobSpec.batch_options).
 
-Kept out of adapters/lsf.py, whose parsers are pure (tests/unit/test_layering.py): reading a file
-is the deploy half's business. As dask-jobqueue's lsf_detect_units: $LSF_ENVDIR (or
-$LSF_CONFDIR) else /etc, the last setting in the file winning, 'kb' (LSF's default) without one.
-It reads the file where hpc-cluster runs; with `ssh:`, give lsf_units= (dask-jobqueue has the
-same limit).
+Which settings are a batch system's own is its adapter's declaration (`keywords`,
+adapters/options.py), as config collected it (each setting's `owners`); the adapter's
+`job_options` then fills in what its site's files say (LSF's units from lsf.conf). Reading
+those files is the deploy half's business, so it is handed to the adapter here as
+`read_text`: the adapters' modules stay pure (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Mapping
 
-from ..config.jobqueue import BATCH_ONLY, BATCH_ONLY_DEFAULTED, BATCH_OPTIONS
+from ..adapters import adapter_class
+from ..adapters.base import JobSpec
+from ..config import option_by_name
 
-LSF_UNITS = ("kb", "mb", "gb", "tb", "pb", "eb")
+# Settings that are JobSpec fields of their own (SLURM's job_cpu and job_mem, PBS's and SGE's
+# resource_spec: older than batch_options) go there, not into batch_options.
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(JobSpec))
 
 
-def detect_lsf_units(environ: Mapping[str, str] = os.environ) -> str:
-    path = os.path.join(environ.get("LSF_ENVDIR") or environ.get("LSF_CONFDIR") or "/etc", "lsf.conf")
+def read_text(path: str) -> str | None:
+    """A file's text, or None where there is none (or it cannot be read)."""
     try:
         with open(path) as f:
-            lines = f.read().splitlines()
+            return f.read()
     except OSError:
-        return "kb"
-    for line in reversed(lines):
-        key, _, value = line.strip().partition("=")
-        if key.strip() == "LSF_UNIT_FOR_LIMITS" and value.strip():
-            unit = value.strip().strip("\"'").lower()[:1] + "b"
-            if unit in LSF_UNITS:
-                return unit
-    return "kb"
+        return None
 
 
-def batch_options(v: dict) -> dict:
-    """The batch system's own keywords that are set, for its adapter (JobSpec.batch_options)."""
-    only = {**BATCH_ONLY, **BATCH_ONLY_DEFAULTED}
-    out = {k: v[k] for k in BATCH_OPTIONS if v.get(k) not in (None, []) and v["batch"] in only[k]}
-    if v["batch"] == "lsf" and "lsf_units" not in out:
-        out["lsf_units"] = detect_lsf_units()          # as dask-jobqueue: the site's lsf.conf
-    return out
+def batch_options(v: dict, environ: Mapping[str, str] = os.environ) -> dict:
+    """The batch system's own settings that are set, for its adapter (JobSpec.batch_options)."""
+    batch = v.get("batch")
+    own = {name: v[name] for name, o in option_by_name().items()
+           if batch in o.owners and name not in _SPEC_FIELDS and v.get(name) not in (None, [])}
+    try:
+        cls = adapter_class(batch)
+    except ValueError:               # 'local', or none installed: nothing of a batch system's own
+        return own
+    return cls.job_options(own, read_text, dict(environ))

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..adapters import get_adapter
 from ..adapters.base import JobSpec
-from ..config import OPTION_BY_NAME, ConfigError, canonical_key, did_you_mean, resolve
+from ..config import ConfigError, canonical_key, did_you_mean, option_by_name, resolve
 from ..config.jobqueue import DEPRECATED
 from ..config.pools import DEFAULT_POOL
 from ..protocol.clusterfile import cluster_file_for, read_cluster_file
@@ -206,7 +206,7 @@ class JobQueueCluster:
 
     # -- construction checks ------------------------------------------------------------
     def _check_keywords(self, job_kwargs: dict) -> None:
-        known = set(OPTION_BY_NAME) | set(DEPRECATED)
+        known = set(option_by_name()) | set(DEPRECATED)   # with the installed adapters' own
         unknown = [k for k in job_kwargs if k not in DEPRECATED and (canonical_key(k) is None or "-" in k)]
         if unknown:
             k = unknown[0]

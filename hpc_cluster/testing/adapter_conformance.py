@@ -14,7 +14,8 @@ class and entry point, and hands over what its batch system really printed:
         endings = [Ending("12", "timeout", cause="walltime"), ...]
 
 Every test replays those outputs through a `ReplayRunner` (nothing reaches a batch system),
-so the adapter's commands and its parsers are tested together, and each `Ending` is also put
+so the adapter's commands and its parsers are tested together, its declared settings
+(`keywords`) are checked as config will use them (`keyword_problems`), and each `Ending` is also put
 through the scheduler's diagnosis (scheduler/diagnosis.py): an accounting record that lacks
 what the diagnosis reads (a time limit, the memory requested, the signal) fails here, not on a
 user's cluster. docs/writing-an-adapter.md explains each check. Pure: no clock, no batch system.
@@ -23,12 +24,16 @@ user's cluster. docs/writing-an-adapter.md explains each check. Pure: no clock, 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..adapters import adapter_class as registered_class
 from ..adapters.base import (FINAL_STATES, JOB_STATES, AccountingRecord, BatchAdapter, BatchError,
                              CommandResult, JobSpec)
+from ..adapters.options import AdapterOption
+from ..config.adapter_options import OptionClash, adapter_classes, collect
+from ..config.schema import CORE_OPTIONS, STANDARD_CHECKS
 from ..plugins import adapter_entry_points
 from ..scheduler.diagnosis import Evidence, diagnose
 
@@ -102,6 +107,65 @@ def kit_spec(**changes) -> JobSpec:
     return spec.replace(**changes)
 
 
+_SETTING_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def keyword_problems(adapter: type, batch: str) -> list[str]:
+    """What is wrong with the settings `adapter` declares (`keywords`, adapters/options.py), as
+    `batch`: each is an AdapterOption with a plain name that is no core setting's and no other
+    installed adapter's (unless the very same declaration), help text, a check (its own, or
+    config's for its kind) that refuses a wrong value with a ValueError naming the setting, and
+    a default that passes that check. [] when all is well, or when it declares none."""
+    keywords = getattr(adapter, "keywords", None)
+    if keywords is None:
+        return []
+    if not isinstance(keywords, (tuple, list)):
+        return [f"keywords={keywords!r} must be a tuple of AdapterOption"]
+    core = {n for o in CORE_OPTIONS for n in (o.name, *o.aliases)}
+    problems, seen = [], set()
+    for o in keywords:
+        if not isinstance(o, AdapterOption):
+            problems.append(f"{o!r} is not an AdapterOption (hpc_cluster.adapters.options)")
+            continue
+        for name in (o.name, *o.aliases):
+            if not _SETTING_NAME.fullmatch(name):
+                problems.append(f"{name!r}: a setting's name is lower-case letters, digits and '_' (a keyword, a "
+                                "YAML key and an HPC_CLUSTER_* variable)")
+            if name in core:
+                problems.append(f"{name!r} is a core setting of hpc-cluster; name yours differently, e.g. "
+                                f"'{batch}_{name}'")
+            if name in seen:
+                problems.append(f"{name!r} is declared twice")
+            seen.add(name)
+        if not (o.help or "").strip():
+            problems.append(f"{o.name}: give it help, one line for the docs' table and `config init`")
+        if o.elsewhere not in ("refuse", "ignore"):
+            problems.append(f"{o.name}: elsewhere={o.elsewhere!r} must be 'refuse' or 'ignore'")
+        check = o.check or STANDARD_CHECKS.get(o.kind)
+        if check is None:
+            problems.append(f"{o.name}: kind {o.kind!r} is none config checks by itself ({', '.join(STANDARD_CHECKS)}); "
+                            "give it check=")
+            continue
+        try:
+            check(o.name, object())
+            problems.append(f"{o.name}: its check accepts anything (an object() passed); it must raise ValueError")
+        except ValueError as e:
+            if o.name not in str(e):
+                problems.append(f"{o.name}: its check's error must name the setting, so a user knows what to fix: {e}")
+        except Exception as e:          # a TypeError reaches the user as a traceback, not advice
+            problems.append(f"{o.name}: its check raised {type(e).__name__} ({e}) instead of a ValueError")
+        if o.default is not None:
+            try:
+                check(o.name, o.default)
+            except Exception as e:
+                problems.append(f"{o.name}: its default {o.default!r} does not pass its own check: {e}")
+    try:                                # against the other installed adapters (core names: above)
+        collect({**adapter_classes(), batch: adapter}, set())
+    except OptionClash as e:
+        problems.append(str(e))
+    return problems
+
+
 class AdapterConformance:
     """Subclass as `Test<Name>` in a pytest module and fill in the class attributes."""
 
@@ -131,6 +195,10 @@ class AdapterConformance:
         assert registered_class(self.entry_point.upper()) is self.adapter_class
         assert self.adapter_class.name == self.entry_point
         assert self.adapter_class.template_name and self.adapter_class.submit_command
+
+    def test_declared_keywords_are_well_formed(self):
+        problems = keyword_problems(self.adapter_class, self.entry_point or self.adapter_class.name)
+        assert not problems, "the adapter's keywords:\n  " + "\n  ".join(problems)
 
     # -- render ------------------------------------------------------------------------------
     def test_render_asks_for_the_resources(self):

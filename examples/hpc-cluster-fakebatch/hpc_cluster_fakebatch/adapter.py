@@ -2,7 +2,10 @@
 
 It is found by name because pyproject.toml registers it in the `hpc_cluster.adapters`
 entry-point group (`batch: fakebatch` in a site, or get_adapter("fakebatch")); its template
-is beside it (`template_dir`). The parser is a pure function over fbstat's real output, tested
+is beside it (`template_dir`). Its own setting, `fakebatch_grace`, is declared in `keywords`:
+hpc-cluster then takes it as a cluster keyword, a site's YAML key, an HPC_CLUSTER_FAKEBATCH_GRACE
+variable and a jobqueue.fakebatch key, checks it with `check_grace`, and hands it to the
+adapter in JobSpec.batch_options. The parser is a pure function over fbstat's real output, tested
 with hpc-cluster's adapter kit on outputs captured from real runs (tests/fixtures/).
 """
 
@@ -14,6 +17,7 @@ from typing import Sequence
 
 from hpc_cluster.adapters.base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                                       check_env_names, kept_directives)
+from hpc_cluster.adapters.options import AdapterOption
 
 FIELDS = ("ID", "NAME", "STATE", "EXIT", "SIGNAL", "ELAPSED", "LIMIT", "START", "END", "NODE")
 # fakebatch's states are already ours (hpc_cluster.adapters.base.JOB_STATES).
@@ -44,6 +48,14 @@ def parse_fbstat(text: str) -> list[AccountingRecord]:
     return records
 
 
+def check_grace(key: str, value) -> int:
+    """fakebatch_grace: whole seconds, 1 to 300 (fbsub's #FB --grace). Raises with what to write."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 300:
+        raise ValueError(f"{key}={value!r} must be a whole number of seconds from 1 to 300: how long fakebatch "
+                         "lets a job at its time limit end after SIGTERM before SIGKILL (e.g. 30)")
+    return value
+
+
 def parse_fbsub(text: str) -> str:
     last = text.strip().splitlines()[-1:] or [""]
     if not last[0].isdigit():
@@ -57,10 +69,16 @@ class FakeBatchAdapter(BatchAdapter):
     template_dir = Path(__file__).resolve().parent / "templates"
     submit_command = "fbsub"
     cancel_command = "fbdel"
+    keywords = (
+        AdapterOption("fakebatch_grace", "seconds 1-300", "seconds a job at its time limit has between SIGTERM "
+                      "and SIGKILL (#FB --grace); unset: fakebatch's 5", check=check_grace, example=30),
+    )
 
     def template_context(self, spec: JobSpec) -> dict:
         check_env_names(spec.env)
         ours = [(f"#FB --name={spec.job_name}",), (f"#FB --time={int(spec.walltime)}",)]
+        if spec.batch_options.get("fakebatch_grace"):
+            ours.append((f"#FB --grace={spec.batch_options['fakebatch_grace']}",))
         if spec.log_directory:
             ours.append((f"#FB --output={spec.log_directory.rstrip('/')}/{spec.job_name}-%j.out",))
         # fakebatch has no queues, accounts or memory limits: say so in the script, not silently.

@@ -9,7 +9,8 @@ its own that enforces the job's time limit and writes down how it ended. Four co
     python -m hpc_cluster_fakebatch.commands watch ID    (started by fbsub; not for users)
 
 Directives are lines `#FB --time=SECONDS`, `#FB --name=NAME`, `#FB --output=PATH` (`%j` is the
-job id). Records live in $FAKEBATCH_SPOOL (default ~/.fakebatch), one JSON file per job.
+job id), `#FB --grace=SECONDS` (between SIGTERM and SIGKILL at the time limit; default 5).
+Records live in $FAKEBATCH_SPOOL (default ~/.fakebatch), one JSON file per job.
 It has no memory limit: a job over its memory is whatever the kernel makes of it.
 """
 
@@ -80,8 +81,10 @@ def submit() -> int:
     given = _directives(script)
     try:
         limit = int(given.get("time", "3600"))
+        grace = int(given.get("grace", str(KILL_WAIT)))
     except ValueError:
-        print(f"fbsub: --time={given['time']!r} is not a number of seconds", file=sys.stderr)
+        print(f"fbsub: --time={given.get('time')!r} or --grace={given.get('grace')!r} is not a number of seconds",
+              file=sys.stderr)
         return 1
 
     def next_id(directory: Path) -> str:
@@ -92,7 +95,7 @@ def submit() -> int:
     job_id = _locked(next_id)
     (spool() / f"{job_id}.sh").write_text(script)
     output = given.get("output", str(Path.cwd() / "fakebatch-%j.out")).replace("%j", job_id)
-    _write({"id": job_id, "name": given.get("name", "job"), "state": "pending", "limit": limit,
+    _write({"id": job_id, "name": given.get("name", "job"), "state": "pending", "limit": limit, "grace": grace,
             "output": output, "cwd": os.getcwd(), "submitted": time.time()})
     subprocess.Popen([sys.executable, "-m", "hpc_cluster_fakebatch.commands", "watch", job_id],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -119,7 +122,7 @@ def watch(job_id: str) -> int:
         timed_out = True
         with open(record["output"], "a") as out:
             out.write(f"fakebatch: job {job_id} killed: time limit of {record['limit']} s reached\n")
-        _end(proc)
+        _end(proc, record.get("grace", KILL_WAIT))
     code = proc.returncode
     latest = _read(job_id)
     if latest.get("cancel"):
@@ -133,14 +136,14 @@ def watch(job_id: str) -> int:
     return 0
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen, grace: float = KILL_WAIT) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
-            proc.wait(timeout=KILL_WAIT)
+            proc.wait(timeout=grace)
             return
         except subprocess.TimeoutExpired:
             continue

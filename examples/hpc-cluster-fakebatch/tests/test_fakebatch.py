@@ -16,7 +16,7 @@ import pytest
 from hpc_cluster.adapters import get_adapter
 from hpc_cluster.adapters.base import BatchError, JobSpec
 from hpc_cluster.runners.local import LocalRunner
-from hpc_cluster.config import resolve
+from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending
 
 try:
@@ -61,6 +61,34 @@ def test_a_site_may_name_the_plugin_and_a_wrong_name_lists_it():
         get_adapter("fakebtch")
 
 
+def test_the_plugins_own_keyword_is_a_setting_checked_and_handed_to_it(tmp_path):
+    """`fakebatch_grace`, declared in FakeBatchAdapter.keywords: a keyword, a site's YAML key and
+    an HPC_CLUSTER_* variable, checked by the plugin's own check, refused on another batch system."""
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+           "HPC_CLUSTER_SYSTEM_CONFIG_DIR": str(tmp_path / "etc")}
+    assert resolve(batch="fakebatch", fakebatch_grace=30, jobqueue=False, environ=env)["fakebatch_grace"] == 30
+    site = tmp_path / "hpc-cluster.yaml"
+    site.write_text("sites:\n  fb:\n    batch: fakebatch\n    fakebatch_grace: 45\n")
+    rc = resolve(config=site, jobqueue=False, environ=env)
+    assert (rc["fakebatch_grace"], rc.sources["fakebatch_grace"]) == (45, f"file:{site}:4")
+    assert resolve(batch="fakebatch", jobqueue=False, environ={**env, "HPC_CLUSTER_FAKEBATCH_GRACE": "9"}
+                   )["fakebatch_grace"] == 9
+    with pytest.raises(ConfigError, match=r"fakebatch_grace=0 must be a whole number of seconds from 1 to 300"):
+        resolve(batch="fakebatch", fakebatch_grace=0, jobqueue=False, environ=env)
+    site.write_text("sites:\n  fb:\n    batch: fakebatch\n    fakebatch_grace: soon\n")
+    with pytest.raises(ConfigError, match=r"hpc-cluster.yaml, line 4: fakebatch_grace='soon' must be a whole number"):
+        resolve(config=site, jobqueue=False, environ=env)
+    with pytest.raises(ConfigError, match=r"fakebatch_grace \(keyword\) is a FAKEBATCH setting; on SLURM use "
+                                          r"job_extra_directives"):
+        resolve(batch="slurm", fakebatch_grace=30, jobqueue=False, environ=env)
+    # ... and the other way round: fakebatch declares its keywords, so LSF's are refused here.
+    with pytest.raises(ConfigError, match=r"ncpus \(keyword\) is a LSF setting; on FAKEBATCH use cores"):
+        resolve(batch="fakebatch", ncpus=2, jobqueue=False, environ=env)
+    script = get_adapter("fakebatch").render(JobSpec(worker_command="w", batch_options={"fakebatch_grace": 30}))
+    assert "#FB --grace=30" in script
+    assert "--grace" not in get_adapter("fakebatch").render(JobSpec(worker_command="w"))
+
+
 def test_parser_refuses_a_changed_output_format():
     with pytest.raises(BatchError, match="fbstat printed a line of 3 fields"):
         parse_fbstat("ID|NAME|STATE\n1|x|running\n")
@@ -101,9 +129,9 @@ def test_a_cluster_of_fakebatch_workers_through_the_entry_point(tmp_path, monkey
     monkeypatch.delenv("HPC_CLUSTER_SITE", raising=False)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)
-    with JobQueueCluster(batch="fakebatch", cores=1, memory="1GB", walltime="00:05:00",
+    with JobQueueCluster(batch="fakebatch", cores=1, memory="1GB", walltime="00:05:00", fakebatch_grace=2,
                          log_directory=str(tmp_path / "logs"), name="fb") as cluster:
-        assert "#FB --time=300" in cluster.job_script()
+        assert "#FB --time=300" in cluster.job_script() and "#FB --grace=2" in cluster.job_script()
         cluster.scale(2)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)

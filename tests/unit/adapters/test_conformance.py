@@ -63,3 +63,38 @@ class TestPBS(AdapterConformance):
         Ending("4109.pbs-head", "cancelled", cause="cancelled", registered=False),
     ]
     cancel_outputs = [Captured("qdel", "", "qdel: Job has finished 4101.pbs-head\n", 35)]
+
+
+def test_the_kit_finds_what_is_wrong_with_declared_keywords():
+    from hpc_cluster.adapters.base import BatchAdapter
+    from hpc_cluster.adapters.options import AdapterOption
+    from hpc_cluster.adapters.lsf import LSFAdapter
+    from hpc_cluster.testing.adapter_conformance import keyword_problems
+
+    def lenient(key, value):
+        return value
+
+    class Bad(BatchAdapter):
+        name = "bad"
+        keywords = (
+            AdapterOption("cores", "int > 0", "clashes with a core setting"),
+            AdapterOption("Bad-Name", "str", "not a plain name"),
+            AdapterOption("no_help", "str", " "),
+            AdapterOption("odd_kind", "colour", "no check for this kind"),
+            AdapterOption("anything", "str", "a check that accepts all", check=lenient),
+            AdapterOption("bad_default", "int > 0", "a default its check refuses", default=0),
+            AdapterOption("ncpus", "int > 0", "LSF's name, declared otherwise"),
+            AdapterOption("twice", "str", "one"), AdapterOption("twice", "str", "two"),
+        )
+    text = "\n".join(keyword_problems(Bad, "bad"))
+    for part in ("'cores' is a core setting of hpc-cluster; name yours differently, e.g. 'bad_cores'",
+                 "'Bad-Name': a setting's name is lower-case", "no_help: give it help",
+                 "odd_kind: kind 'colour' is none config checks by itself", "anything: its check accepts anything",
+                 "bad_default: its default 0 does not pass its own check", "'twice' is declared twice",
+                 "declare the setting 'ncpus' differently"):
+        assert part in text, part
+    assert keyword_problems(LSFAdapter, "lsf") == []
+
+    class Quiet(BatchAdapter):          # declares none: nothing to check (and nothing refused there)
+        name = "quiet"
+    assert keyword_problems(Quiet, "quiet") == []

@@ -142,10 +142,19 @@ def test_values():
 
 
 def test_lsf_units_from_lsf_conf(tmp_path):
-    from hpc_cluster.deploy.batch_options import detect_lsf_units
+    # The adapter reads lsf.conf's text through the reader deploy hands it (it stays pure).
+    from hpc_cluster.adapters.lsf import LSFAdapter
+    from hpc_cluster.deploy.batch_options import batch_options, read_text
     (tmp_path / "lsf.conf").write_text("LSF_UNIT_FOR_LIMITS=KB\n# later wins\nLSF_UNIT_FOR_LIMITS=MB\n")
-    assert detect_lsf_units({"LSF_ENVDIR": str(tmp_path)}) == "mb"
-    assert detect_lsf_units({"LSF_ENVDIR": str(tmp_path / "none")}) == "kb"
+    units = lambda env: LSFAdapter.job_options({}, read_text, env)["lsf_units"]  # noqa: E731
+    assert units({"LSF_ENVDIR": str(tmp_path)}) == "mb"
+    assert units({"LSF_ENVDIR": str(tmp_path / "none")}) == "kb"
+    assert units({"LSF_CONFDIR": str(tmp_path)}) == "mb"
+    assert LSFAdapter.job_options({"lsf_units": "gb"}, read_text, {"LSF_ENVDIR": str(tmp_path)}) == {"lsf_units": "gb"}
+    # deploy asks the adapter: an LSF site's batch_options get the units, others' nothing of LSF's.
+    v = {"batch": "lsf", "ncpus": 4, "mem": None, "lsf_units": None, "use_stdin": True, "job_cpu": None}
+    assert batch_options(v, {"LSF_ENVDIR": str(tmp_path)}) == {"ncpus": 4, "use_stdin": True, "lsf_units": "mb"}
+    assert batch_options({**v, "batch": "slurm", "job_cpu": 2}, {"LSF_ENVDIR": str(tmp_path)}) == {}
 
 
 def test_malformed_outputs_are_errors_that_say_what_was_read():

@@ -412,7 +412,8 @@ def test_every_default_passes_its_own_validator():
 
 def test_docs_list_every_key():
     docs = (REPO / "docs" / "configuration.md").read_text()
-    missing = [o.name for o in cfg.OPTIONS if f"`{o.name}`" not in docs]
+    # Ours: a plugin's settings (fakebatch_grace, when the example plugin is installed) are its docs' business.
+    missing = [o.name for o in cfg.OPTIONS if o.ours and f"`{o.name}`" not in docs]
     assert not missing, f"docs/configuration.md lacks {missing}"
 
 
