@@ -31,11 +31,13 @@ def stop_simulator(sim, home: Path) -> None:
 
 
 def run_to_end(adapter, job_spec, timeout: float = 20):
-    """Submit, poll status until the job is no longer pending or running; (job id, accounting record)."""
+    """Submit, poll status until the job is no longer pending or running and accounting has its
+    record; (job id, accounting record)."""
     job_id = adapter.submit(adapter.render(job_spec))
-    wait_until(lambda: adapter.status([job_id])[job_id].state not in ("pending", "running"), timeout,
-               f"job {job_id} to end", interval=0.1)
-    return job_id, adapter.accounting([job_id])[job_id]
+    record = wait_until(lambda: (adapter.accounting([job_id]).get(job_id) or None)
+                        if adapter.status([job_id])[job_id].state not in ("pending", "running")
+                        else None, timeout, f"job {job_id} to end", interval=0.1)
+    return job_id, record
 
 
 def cancel_running(adapter, job_id: str):

@@ -13,20 +13,12 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from hpc_cluster.runners.ssh import SSHRunner
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+from helpers.wait import wait_until
 
 
 def _free_port() -> int:
@@ -87,7 +79,7 @@ Subsystem sftp internal-sftp
         # -D: stay in the foreground, so the pid we hold is the daemon's and we stop only it.
         self.proc = subprocess.Popen([sshd, "-D", "-f", str(config), "-E", str(self.log)],
                                      stdin=subprocess.DEVNULL)
-        wait_for(self._listening, 15, f"sshd on 127.0.0.1:{self.port} (log: {self.log})")
+        wait_until(self._listening, 15, f"sshd on 127.0.0.1:{self.port} (log: {self.log})")
 
     def _listening(self) -> bool:
         if self.proc.poll() is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_cluster import CancelledError, Client, Future, LocalCluster, TimeoutError, as_completed, wait
 from hpc_cluster.protocol.serialize import SerializationError, loads
-from helpers.wait import wait_until
+from helpers.wait import wait_for_file, wait_until
 
 
 def inc(x):
@@ -95,15 +95,6 @@ def test_gather_errors_skip_drops_failed_futures_at_any_depth(client):
     assert client.gather([cancelled, ok1], errors="skip") == [2]
     with pytest.raises(ZeroDivisionError):
         client.gather([ok1, bad])
-
-
-def wait_for_file(path, timeout):
-    import os
-    import time
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return path
 
 
 def test_gather_raises_the_first_failure_without_waiting_for_the_keys_before_it(client, tmp_path):

@@ -73,12 +73,7 @@ def cluster():
         yield c
 
 
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
-
-
+# `client`: tests/conftest.py's, on this module's cluster.
 @pytest.fixture
 def shared(tmp_path_factory):
     """A directory every process sees: not under /tmp, which each worker has its own of."""

@@ -10,7 +10,7 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
-from helpers.wait import wait_until
+from helpers.wait import wait_for_file, wait_until
 
 F, A = Opaque(b"f"), Opaque(b"a")
 DEPTH = 3000
@@ -76,15 +76,6 @@ def test_an_error_at_the_root_of_a_deep_chain_reaches_its_end_and_is_released():
     assert s.tasks == {}
 
 
-def _wait_for_file(path, timeout=30.0):
-    import os
-    import time as _time
-    end = _time.monotonic() + timeout
-    while not os.path.exists(path) and _time.monotonic() < end:
-        _time.sleep(0.05)
-    return 0
-
-
 def _inc(x):
     return x + 1
 
@@ -100,7 +91,7 @@ def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_p
             with Client(cluster) as watcher:
                 c = Client(cluster)
                 try:
-                    f = c.submit(_wait_for_file, str(gate))
+                    f = c.submit(wait_for_file, str(gate))
                     for _ in range(DEPTH):
                         f = c.submit(_inc, f)
                     wait_until(lambda: sum(_counts(watcher).values()) == DEPTH + 1, 30,

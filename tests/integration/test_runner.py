@@ -16,7 +16,7 @@ from hpc_cluster.runners.local import LocalRunner
 from hpc_cluster.runners.ssh import SSHRunner
 
 import helpers.sshd as private_sshd  # noqa: E402
-from helpers.sshd import wait_for  # noqa: E402
+from helpers.wait import wait_until  # noqa: E402
 
 sshd = private_sshd.sshd          # the module fixture, under the name the tests ask for
 
@@ -78,7 +78,7 @@ def test_ssh_reuses_one_connection(sshd):
         for _ in range(5):
             runner.run(["echo", "again"])
             assert runner.transport is transport and transport.is_active()
-    wait_for(lambda: sshd.accepted() > before, 5, "sshd to log the login")
+    wait_until(lambda: sshd.accepted() > before, 5, "sshd to log the login")
     assert sshd.accepted() - before == 1
 
 
@@ -166,7 +166,7 @@ def test_slurm_adapter_over_ssh(sshd):
                 records.update(adapter.accounting([job_id]))
                 r = records.get(job_id)
                 return r is not None and r.final and r.steps
-            wait_for(settled, 60, f"job {job_id} over SSH")
+            wait_until(settled, 60, f"job {job_id} over SSH", interval=0.5)
             assert (records[job_id].state, records[job_id].exit_code) == ("failed", 3)
             assert adapter.status([job_id])[job_id].state == "failed"
         finally:

@@ -15,7 +15,7 @@ from hpc_cluster import Client, LocalCluster, TaskMemoryError, wait
 from hpc_cluster.protocol import serialize
 from hpc_cluster.worker.memory import MemoryManager
 from hpc_cluster.worker.store import MemoryFractions, SpillStore, read_parts
-from helpers.wait import wait_until
+from helpers.wait import wait_for_file, wait_until
 
 MB = 10**6
 MiB = 2**20
@@ -413,9 +413,7 @@ class SlowToSpill:
 
     def __reduce__(self):
         Path(self.gate + ".started").touch()
-        deadline = time.monotonic() + 20
-        while not os.path.exists(self.gate) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_file(self.gate, 20)
         return SlowToSpill, (self.gate, self.nbytes)
 
 

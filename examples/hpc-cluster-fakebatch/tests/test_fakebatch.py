@@ -26,6 +26,8 @@ except ImportError:                                          # say how, rather t
                       "(scripts/setup.sh test does)") from None
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# A plugin's own tests, written to be copied: they use hpc-cluster's public kit only, not the
+# checkout's tests/helpers (so its deadline loops below are its own).
 
 
 def read(name: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,10 @@ from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.pbs import PBSAdapter
 
 from hpc_cluster.runners.local import LocalRunner
+from helpers.sims import run_to_end
+from helpers.wait import wait_until
 
 MiB = 1024**2
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -42,14 +32,6 @@ def sim(sim, tmp_path):
 def spec(tmp_path: Path, command: str, **kw) -> JobSpec:
     return JobSpec(worker_command=command, job_name="simjob", walltime=kw.pop("walltime", 60),
                    memory=kw.pop("memory", 512 * MiB), log_directory=str(tmp_path / "logs"), **kw)
-
-
-def run_to_end(adapter: PBSAdapter, job_spec: JobSpec, timeout: float = 20):
-    job_id = adapter.submit(adapter.render(job_spec))
-    record = wait_for(lambda: (adapter.accounting([job_id]).get(job_id) or None)
-                      if adapter.status([job_id])[job_id].state not in ("pending", "running")
-                      else None, timeout, f"job {job_id} to end")
-    return job_id, record
 
 
 def test_completed_job(sim, tmp_path):
@@ -105,9 +87,9 @@ def test_memory_kill(sim, tmp_path):
 def test_qdel_of_a_running_job(sim, tmp_path):
     adapter = PBSAdapter(LocalRunner())
     job_id = adapter.submit(adapter.render(spec(tmp_path, "sleep 60")))
-    wait_for(lambda: adapter.status([job_id])[job_id].state == "running", 10, "running")
+    wait_until(lambda: adapter.status([job_id])[job_id].state == "running", 10, "running", interval=0.1)
     adapter.cancel([job_id])
-    rec = wait_for(lambda: (r := adapter.accounting([job_id])[job_id]).final and r, 10, "cancel")
+    rec = wait_until(lambda: (r := adapter.accounting([job_id])[job_id]).final and r, 10, "cancel", interval=0.1)
     assert (rec.state, rec.exit_code, rec.signal) == ("cancelled", 271, 15)
     adapter.cancel([job_id])                          # already finished: not an error
 
@@ -144,8 +126,8 @@ def test_many_jobs_in_one_qstat_call(sim, tmp_path):
     adapter = PBSAdapter(CountingRunner())
     ids = [adapter.submit(adapter.render(spec(tmp_path, f"bash -c 'exit {n}'"))) for n in range(3)]
     calls.clear()
-    records = wait_for(lambda: (r := adapter.accounting(ids)) and all(x.final for x in r.values())
-                       and len(r) == 3 and r, 20, "three jobs to end")
+    records = wait_until(lambda: (r := adapter.accounting(ids)) and all(x.final for x in r.values())
+                         and len(r) == 3 and r, 20, "three jobs to end", interval=0.1)
     assert [records[i].exit_code for i in ids] == [0, 1, 2]
     assert all(c[0] == "qstat" and set(ids) <= set(c) for c in calls)
 

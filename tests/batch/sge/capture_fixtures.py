@@ -45,6 +45,7 @@ def qsub(args: list[str], logs: Path, script: str | None = None) -> tuple[str, s
 
 
 def wait(what: str, condition, timeout: float = 60) -> None:
+    # Not helpers.wait: a script run by hand, outside pytest, that ends with a message, not a traceback.
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -7,19 +7,19 @@ jobs the tests run.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
 from hpc_cluster.adapters.base import AccountingRecord, JobSpec
 from hpc_cluster.adapters.slurm import SLURMAdapter
+from helpers.wait import wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
@@ -58,16 +58,9 @@ def scenarios(log_directory: str) -> dict[str, JobSpec]:
     }
 
 
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
-    """Poll `condition` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+# helpers/wait.py's wait_until, polling every 0.5 s by default: the conditions here run squeue,
+# sacct or scontrol, each a call into slurmctld or slurmdbd. Its timeout is a TimeoutError.
+wait_for = functools.partial(wait_until, interval=0.5)
 
 
 def settled(record: AccountingRecord | None) -> bool:

@@ -18,17 +18,18 @@ group so a run that overruns is stopped whole.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import subprocess
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from djq_suite import PACKAGE, extract
 from djq_table import DOC, reason_for
+from helpers.wait import WaitTimeout, wait_until
 from upstream import PYTEST, PytestRun, Result, indent, isolated_environ, last_lines, read_junit, tail
 
 HERE = Path(__file__).resolve().parent
@@ -109,9 +110,8 @@ class Run(PytestRun):
             if live:
                 sim.cleanup(home)
                 self.leftovers += [f"{self.env} simulator process {p}" for p in live]
-                deadline = time.monotonic() + 15
-                while sim.live_pids(home) and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                with contextlib.suppress(WaitTimeout):
+                    wait_until(lambda: not sim.live_pids(home), 15, "the simulator's processes to exit", interval=0.1)
                 if sim.live_pids(home):
                     self.leftovers.append(f"(still alive after SIGKILL: {sim.live_pids(home)})")
 

@@ -164,6 +164,8 @@ class DistributedProcesses:
             return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
     def _wait(self, condition, timeout: float, what: str):
+        # Not helpers.wait: this module runs in the inner pytest of dask's own tests, whose
+        # sys.path has this folder and hpc_cluster but not tests/ (dask_runs.make_run).
         deadline = time.monotonic() + timeout
         while not (value := condition()):
             dead = [p.args[2] for p in self.procs if p.poll() is not None]
@@ -183,6 +185,7 @@ def probe_task(shared: str, index: int, n: int, timeout: float) -> dict:
     """Runs on a worker. Waits (at most `timeout`) until `n` of these run at once, so each
     runs on its own worker (one thread each), then leaves a file in its /tmp and reports
     what it sees."""
+    # Its own deadline loop: it runs in distributed's workers, which cannot import tests/helpers.
     pid = os.getpid()
     Path(shared, f"{index}.pid").write_text(str(pid))
     deadline = time.monotonic() + timeout

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from hpc_cluster.adapters import get_adapter
-from hpc_cluster.adapters.base import BatchError, CommandResult, JobSpec
+from hpc_cluster.adapters.base import BatchError, JobSpec
 from hpc_cluster.adapters.pbs import (
     PBSAdapter, classify_exit, format_pbs_memory, job_status_from_record, parse_hms,
     parse_pbs_size, parse_qstat_full, parse_qstat_full_attrs, parse_qstat_full_status,
     parse_qstat_json, parse_qstat_json_status, parse_qsub, sanitize_job_name)
+from helpers.fakes import ScriptedRunner
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pbs"
 GiB = 1024**3
@@ -292,21 +293,6 @@ def test_job_status_from_record_keeps_the_letter():
 
 
 # -- commands through a scripted runner ------------------------------------------------
-class ScriptedRunner:
-    """Answers commands from a table and records what it was asked."""
-
-    def __init__(self, answers):
-        self.answers = answers      # list of (argv prefix, CommandResult)
-        self.calls = []
-
-    def run(self, argv, input=None, timeout=None, check=True):
-        self.calls.append((list(argv), input))
-        for prefix, result in self.answers:
-            if list(argv[:len(prefix)]) == prefix:
-                return CommandResult(list(argv), *result)
-        raise AssertionError(f"unexpected command {argv}")
-
-
 def test_submit_pipes_the_script_to_qsub():
     runner = ScriptedRunner([(["qsub"], (0, "4101.pbs-head\n", ""))])
     assert PBSAdapter(runner).submit("#!/bin/bash\necho hi\n") == "4101.pbs-head"

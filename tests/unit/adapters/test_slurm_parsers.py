@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.base import BatchError, CommandResult, JOB_STATES
+from hpc_cluster.adapters.base import BatchError, JOB_STATES
 from hpc_cluster.adapters.slurm import (STATE_MAP, SLURMAdapter, accounting_disabled, map_state,
                                         parse_exit_code, parse_sacct, parse_sbatch,
                                         parse_scontrol_job, parse_slurm_duration,
                                         parse_slurm_memory, parse_squeue)
+from helpers.fakes import ScriptedRunner
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -209,28 +210,21 @@ def test_accounting_disabled_is_read_from_sacct_stderr():
     assert not accounting_disabled("")
 
 
-class _Runner:
-    """Answers sacct with the captured 'disabled' stderr and scontrol with its captured output."""
-
-    def __init__(self, sacct_stderr: str):
-        self.sacct_stderr, self.calls = sacct_stderr, []
-
-    def run(self, argv, input=None, timeout=None, check=True):
-        self.calls.append(argv[0])
-        if argv[0] == "sacct":
-            return CommandResult(list(argv), 1, "", self.sacct_stderr)
-        return CommandResult(list(argv), 0, fixture("scontrol_show_job_oneline.txt"), "")
+def sacct_refused(sacct_stderr: str) -> ScriptedRunner:
+    """sacct fails with `sacct_stderr`; scontrol answers with its captured output."""
+    return ScriptedRunner([(["sacct"], (1, "", sacct_stderr)),
+                           (["scontrol"], (0, fixture("scontrol_show_job_oneline.txt"), ""))])
 
 
 def test_adapter_falls_back_to_scontrol_only_when_accounting_is_disabled():
-    runner = _Runner(fixture("sacct_disabled_stderr.txt"))
+    runner = sacct_refused(fixture("sacct_disabled_stderr.txt"))
     records = SLURMAdapter(runner).accounting([JOBS["oom"], JOBS["completed"]])
-    assert runner.calls == ["sacct", "scontrol"]
+    assert [argv[0] for argv in runner.commands] == ["sacct", "scontrol"]
     assert records[JOBS["oom"]].state == "out-of-memory" and records[JOBS["completed"]].state == "completed"
-    broken = _Runner("sacct: error: Problem talking to the database: Connection refused\n")
+    broken = sacct_refused("sacct: error: Problem talking to the database: Connection refused\n")
     with pytest.raises(BatchError, match="sacct failed.*Connection refused"):
         SLURMAdapter(broken).accounting([JOBS["oom"]])
-    assert broken.calls == ["sacct"]
+    assert [argv[0] for argv in broken.commands] == ["sacct"]
 
 
 # -- pieces ---------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_cluster.adapters.base import CommandResult, JobStatus
+from hpc_cluster.adapters.base import JobStatus
 from hpc_cluster.adapters.slurm import SLURMAdapter, parse_slurm_version, parse_squeue_states, sacct_starttime
+from helpers.fakes import ScriptedRunner
 
 
 @pytest.mark.parametrize("text, version", [("slurm-wlm 22.05.8\n", (22, 5, 8)), ("slurm 24.05.1\n", (24, 5, 1)),
@@ -15,18 +16,6 @@ from hpc_cluster.adapters.slurm import SLURMAdapter, parse_slurm_version, parse_
                                            ("squeue: command not found", None)])
 def test_slurm_version_strings(text, version):
     assert parse_slurm_version(text) == version
-
-
-class ScriptedRunner:
-    def __init__(self, answers):
-        self.answers, self.commands = answers, []
-
-    def run(self, argv, input=None, timeout=None, check=True):
-        self.commands.append(list(argv))
-        for prefix, result in self.answers:
-            if argv[:len(prefix)] == prefix:
-                return CommandResult(list(argv), *result)
-        raise AssertionError(f"unexpected command {argv}")
 
 
 def test_squeue_only_job_state_where_slurm_has_it_and_sacct_from_the_earliest_submission():

@@ -10,6 +10,7 @@ import pytest
 
 from hpc_cluster import TimeoutError
 from hpc_cluster.client.futures import Future, FutureStates, wait
+from helpers.wait import wait_until
 
 
 class Owner:
@@ -57,10 +58,8 @@ def wait_in_thread(owner: Owner, keys, **kw) -> tuple[threading.Thread, list]:
     out: list = []
     t = threading.Thread(target=lambda: out.append(owner.states.wait(keys, 10, **kw)), daemon=True)
     t.start()
-    deadline = time.monotonic() + 10
-    while not waiting(owner, [k for k in keys if owner.states.state(k).status == "pending"]):
-        assert time.monotonic() < deadline, "the waiter never registered"
-        time.sleep(0.001)
+    wait_until(lambda: waiting(owner, [k for k in keys if owner.states.state(k).status == "pending"]), 10,
+               "the waiter to register", interval=0.001)
     return t, out
 
 

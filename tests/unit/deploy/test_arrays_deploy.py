@@ -11,12 +11,12 @@ import types
 
 import pytest
 
-from hpc_cluster.adapters.base import BatchError, JobStatus
 from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.cluster import SLURMCluster
 from hpc_cluster.deploy.launch import job_spec
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.fakes import FakeAdapter
 
 
 @pytest.fixture(autouse=True)
@@ -24,37 +24,15 @@ def home(isolated_home):
     return isolated_home
 
 
-class FakeAdapter:
-    name = "fake"
-    template_name = "fake.sh.j2"
-    supports_arrays = True
-    array_index_variable = "FAKE_TASK"
-
-    def __init__(self, refuse=False):
-        self.submitted, self.cancelled, self.refuse = [], [], refuse
-
-    def render(self, spec):
-        body = f"#{spec.worker_index} x{spec.array_size}"
-        return body + (" $FAKE_TASK" if spec.array_size and not spec.template else "")
-
-    def submit(self, script):
-        if self.refuse:
-            raise BatchError("fakesub: array too large")
-        self.submitted.append(script)
-        return str(100 + len(self.submitted))
-
-    def array_element_ids(self, array_id, count):
-        return [f"{array_id}_{i}" for i in range(count)]
-
-    def cancel(self, job_ids):
-        self.cancelled += list(job_ids)
-
-    def status(self, job_ids):
-        return {j: JobStatus(j, "pending", "PENDING") for j in job_ids}
+def array_script(spec) -> str:
+    """The job's index and array size, and the index variable where the template would use it."""
+    body = f"#{spec.worker_index} x{spec.array_size}"
+    return body + (" $FAKE_TASK" if spec.array_size and not spec.template else "")
 
 
-class NoArrays(FakeAdapter):
-    supports_arrays = False
+def fake(**kw) -> FakeAdapter:
+    """helpers.fakes.FakeAdapter numbering jobs from 101, its scripts as array_script renders them."""
+    return FakeAdapter(first_id=101, script=array_script, **kw)
 
 
 def manager(adapter, job_array=True, pools=None, **job):
@@ -73,7 +51,7 @@ def run(coro):
 
 
 def test_a_scale_up_is_one_array_of_jobs_with_consecutive_indices():
-    adapter = FakeAdapter()
+    adapter = fake()
     pm, _ = manager(adapter)
 
     async def go():
@@ -83,13 +61,13 @@ def test_a_scale_up_is_one_array_of_jobs_with_consecutive_indices():
         return pm.default.jobs
 
     jobs = run(go())
-    assert adapter.submitted == ["#0 x4 $FAKE_TASK", "#4 x2 $FAKE_TASK", "#6 x0"]
+    assert adapter.scripts == ["#0 x4 $FAKE_TASK", "#4 x2 $FAKE_TASK", "#6 x0"]
     assert {j: jobs[j].index for j in jobs} == {"101_0": 0, "101_1": 1, "101_2": 2, "101_3": 3,
                                                 "102_0": 4, "102_1": 5, "103": 6}
 
 
 def test_scale_down_cancels_elements_one_by_one():
-    adapter = FakeAdapter()
+    adapter = fake()
     pm, _ = manager(adapter)
 
     async def go():
@@ -104,7 +82,7 @@ def test_scale_down_cancels_elements_one_by_one():
 
 
 def test_indices_stay_unique_across_pools_with_arrays():
-    adapter = FakeAdapter()
+    adapter = fake()
     big = {"job": {"worker_command": "w --pool big", "cores": 1, "memory": 1, "walltime": 600, "job_array": True}}
     pm, _ = manager(adapter, pools={"big": big})
 
@@ -118,7 +96,7 @@ def test_indices_stay_unique_across_pools_with_arrays():
 
 
 def test_without_array_support_jobs_go_one_by_one_and_it_is_said_once(caplog):
-    adapter = NoArrays()
+    adapter = fake(supports_arrays=False)
     pm, _ = manager(adapter)
 
     async def go():
@@ -127,29 +105,29 @@ def test_without_array_support_jobs_go_one_by_one_and_it_is_said_once(caplog):
 
     with caplog.at_level(logging.WARNING, logger="hpc_cluster.jobs"):
         run(go())
-    assert adapter.submitted == [f"#{i} x0" for i in range(5)]
+    assert adapter.scripts == [f"#{i} x0" for i in range(5)]
     notes = [r.getMessage() for r in caplog.records if "job_array" in r.getMessage()]
     assert len(notes) == 1 and "cannot submit job arrays" in notes[0] and "fake adapter" in notes[0]
 
 
 def test_a_site_template_that_ignores_the_array_index_gets_single_jobs(caplog, tmp_path):
-    adapter = FakeAdapter()
+    adapter = fake()
     pm, _ = manager(adapter, template=str(tmp_path / "site.sh.j2"))
     with caplog.at_level(logging.WARNING, logger="hpc_cluster.jobs"):
         run(pm.scale(2))
-    assert adapter.submitted == ["#0 x0", "#1 x0"]
+    assert adapter.scripts == ["#0 x0", "#1 x0"]
     assert any("never reads $FAKE_TASK" in r.getMessage() for r in caplog.records)
 
 
 def test_without_job_array_nothing_changes():
-    adapter = FakeAdapter()
+    adapter = fake()
     pm, _ = manager(adapter, job_array=False)
     run(pm.scale(3))
-    assert adapter.submitted == ["#0 x0", "#1 x0", "#2 x0"]
+    assert adapter.scripts == ["#0 x0", "#1 x0", "#2 x0"]
 
 
 def test_a_refused_array_is_a_submission_error_and_no_jobs():
-    adapter = FakeAdapter(refuse=True)
+    adapter = fake(refuse="fakesub: array too large")
     pm, _ = manager(adapter)
     run(pm.scale(3))
     m = pm.default

@@ -21,6 +21,7 @@ from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.daemon import scheduler_job as sj
 from hpc_cluster.deploy.launch import job_spec
 from hpc_cluster.protocol.clusterfile import cluster_file_for
+from helpers.wait import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -187,9 +188,8 @@ def test_a_successor_waits_for_done_or_for_its_predecessors_end(home):
     path = home / "c.json"
 
     def old_daemon_lets_go():
-        deadline = time.monotonic() + 10
-        while sj.read_handover(path).get("state") != "ready" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: sj.read_handover(path).get("state") == "ready", 10, "the successor to be ready",
+                   interval=0.05)
         sj.write_handover(path, predecessor="1", successor="2", state="done")
     t = threading.Thread(target=old_daemon_lets_go)
     t.start()

@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
 
-from helpers.bare_worker import bare_worker
-
-F, A = Opaque(b"f"), Opaque(b"a")
-
-
-def task(key, deps=(), **extra):
-    return {"key": key, "func": F, "args": A, "deps": list(deps), "priority": 0, **extra}
-
-
-def sent(out, worker, op="compute"):
-    return [m for m in out.get(worker, []) if m["op"] == op]
-
+from helpers.bare_worker import bare_worker, compute, finish
+from helpers.tasks import sent, task
 
 def chain_on_one_worker(length=3, **worker):
     s = SchedulerState(prefetch=0)
@@ -144,22 +133,8 @@ def worker(monkeypatch):
     w.executor.shutdown(wait=False)
 
 
-def compute(w, key, deps=(), after=None):
-    msg = {"op": "compute", "key": key, "func": Opaque(b""), "args": Opaque(b""),
-           "deps": {d: [] for d in deps}, "priority": [0]}
-    if after is not None:
-        msg["after"] = after
-    w._add_task(msg)
-    w._run_ready()
-
-
-def finish(w, key, value=1):
-    """The task thread returns `key`'s result to the loop (worker._executed's path)."""
-    w._done.append((w.tasks[key], ("ok", value, 28), 0.001))
-    w._drain_done()
-
-
-def ops(w):
+def worker_ops(w):
+    """(op, key) of what the worker sent the scheduler, in order."""
     return [(m["op"], m["key"]) for m in w.scheduler.sent if "key" in m]
 
 
@@ -170,7 +145,7 @@ def test_the_worker_starts_a_held_task_as_it_reports_the_input_no_round_trip(wor
     finish(worker, "a")
     assert worker.started == ["a", "b"]
     # the input's result first, then the start: the scheduler promotes b on the first
-    assert ops(worker)[-2:] == [("task-finished", "a"), ("task-started", "b")]
+    assert worker_ops(worker)[-2:] == [("task-finished", "a"), ("task-started", "b")]
 
 
 def test_a_held_task_whose_input_is_already_here_starts_at_once(worker):

@@ -11,6 +11,7 @@ import pytest
 
 from hpc_cluster.scheduler.diagnosis import (ADVICE, BLAMED, CAUSES, MEMORY_CAUSES, Evidence, diagnose,
                                              needs_accounting)
+from helpers.wait import wait_until_async
 
 RUNNING = ["f-3a9c"]
 
@@ -280,21 +281,14 @@ def test_a_new_death_is_asked_about_at_once_while_an_older_one_backs_off(monkeyp
 
     async def run():
         col.worker_removed("tcp://w:1", "heartbeat-lost", None)
-        await asyncio.wait_for(_until(lambda: asked == [["1"]]), 5)       # job 1 now waits 30 s
+        await wait_until_async(lambda: asked == [["1"]], 5, "job 1's accounting asked")   # it now waits 30 s
         second = col.worker_removed("tcp://w:2", "closed", None)
-        await asyncio.wait_for(_until(lambda: second["final_at"] is not None), 5)
+        await wait_until_async(lambda: second["final_at"] is not None, 5, "the second verdict")
         col._task.cancel()
         return second
 
     second = asyncio.run(run())
     assert asked == [["1"], ["2"]] and second["cause"] == "memory-batch"
-
-
-async def _until(predicate):
-    import asyncio
-
-    while not predicate():
-        await asyncio.sleep(0.01)
 
 
 def test_a_worker_ended_for_silence_says_what_state_its_process_was_in():

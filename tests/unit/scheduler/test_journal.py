@@ -6,6 +6,7 @@ event with a full snapshot of the state), and rebuilds: what a journal recovers,
 results held by workers that have not come back, and recomputation when they do not.
 """
 
+import functools
 import os
 import stat
 
@@ -16,13 +17,11 @@ from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler import journal as jr
 from hpc_cluster.scheduler.journal import Journal, Recorder, Recovered, load, snapshot
 from hpc_cluster.scheduler.state import SchedulerState
+import helpers.tasks
 from test_state_fuzz import PoolsRun, Run, check, fuzz, stable_hashes
 
-F, A = Opaque(b"f" * 100), Opaque(b"a", [b"buffer"])
-
-
-def task(key, deps=(), retries=0, **more):
-    return {"key": key, "func": F, "args": A, "deps": list(deps), "priority": 0, "retries": retries, **more}
+F, A = Opaque(b"f" * 100), Opaque(b"a", [b"buffer"])      # payloads with a size and a buffer to store
+task = functools.partial(helpers.tasks.task, func=F, args=A, retries=0)
 
 
 def normal(rec: Recovered) -> tuple:

@@ -4,23 +4,12 @@ benchmarks/many_workers.py, never asserted here)."""
 
 import random
 
-from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state import placement
 from hpc_cluster.scheduler.state.placement import pick_worker
 from hpc_cluster.scheduler.state.prefetch import has_base_slot, has_deep_room
 from hpc_cluster.scheduler.state.records import TaskState
 from hpc_cluster.scheduler.state import SchedulerState
-
-F, A = Opaque(b"f"), Opaque(b"a")
-
-
-def task(key, deps=(), duration=None, resources=None):
-    spec = {"key": key, "func": F, "args": A, "deps": list(deps), "priority": 0, "retries": 0,
-            "resources": resources or {}}
-    if duration is not None:
-        spec["duration"] = duration
-    return spec
-
+from helpers.tasks import task
 
 class Counting:
     """Counts placement's looks at a worker (its memory room, its root slot) while in effect."""
@@ -131,7 +120,7 @@ def test_the_index_picks_what_a_scan_of_every_free_worker_picks():
         probes = [task(f"p{k}", rng.sample(sorted(s.tasks), k=min(2, len(s.tasks))) if rng.random() < 0.6 else [],
                        resources={"gpu": 1} if rng.random() < 0.2 else None) for k in range(8)]
         for spec in probes:
-            ts = TaskState(spec["key"], resources=spec["resources"] or None)
+            ts = TaskState(spec["key"], resources=spec.get("resources"))
             ts.dependencies = {s.tasks[d] for d in spec["deps"]}
             for expected in (None, 1.0, 200.0):
                 for queue_root in (False, True):

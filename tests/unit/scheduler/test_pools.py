@@ -5,25 +5,11 @@ import pytest
 
 from hpc_cluster.client.exceptions import (KilledWorker, NoPoolError, TaskMemoryError, TaskTooLongError,
                                     TaskWalltimeError, error_from_record, format_death)
-from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.placement import workload
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.tasks import computes, task
 
-F, A = Opaque(b"f"), Opaque(b"a")
 GiB, GB = 2**30, 10**9
-
-
-def task(key, memory=None, pool=None, duration=None, resources=None, deps=()):
-    spec = {"key": key, "func": F, "args": A, "deps": list(deps), "priority": 0, "retries": 0,
-            "resources": resources or {}}
-    for name, value in (("memory", memory), ("pool", pool), ("duration", duration)):
-        if value is not None:
-            spec[name] = value
-    return spec
-
-
-def computes(out, worker):
-    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute"]
 
 
 def erred(out, client="c"):

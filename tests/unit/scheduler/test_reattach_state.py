@@ -2,7 +2,7 @@
 come back with results and running threads, clients that want their keys again, the windows."""
 
 from hpc_cluster.scheduler.state import SchedulerState
-from test_state import computes, ops, task
+from helpers.tasks import computes, sent, task
 
 
 def restarted(claim_window=10.0):
@@ -22,7 +22,7 @@ def test_held_results_of_known_tasks_are_taken_and_failed_ones_dropped():
     assert computes(out, "w") == ["b"]                      # a is not computed again: b runs on it
     assert s.tasks["a"].state == "memory"
     assert [ws.address for ws in s.tasks["a"].who_has] == ["w"]
-    assert ops(out, "w", "free-keys") == [{"op": "free-keys", "keys": ["bad"]}]
+    assert sent(out, "w", "free-keys") == [{"op": "free-keys", "keys": ["bad"]}]
 
 
 def test_unknown_results_wait_unclaimed_for_a_resubmission_then_go():
@@ -36,7 +36,7 @@ def test_unknown_results_wait_unclaimed_for_a_resubmission_then_go():
     s.tick(5)
     assert s.take_outbox() == {}
     s.tick(10.5)                                            # y's window ended: the worker drops it
-    assert ops(s.take_outbox(), "w", "free-keys") == [{"op": "free-keys", "keys": ["y"]}]
+    assert sent(s.take_outbox(), "w", "free-keys") == [{"op": "free-keys", "keys": ["y"]}]
     assert s.unclaimed == {}
 
 
@@ -51,7 +51,7 @@ def test_a_thread_running_through_the_restart_keeps_its_slot_and_its_task():
     assert computes(s.take_outbox(), "w") == []
     s.task_finished("w", "r", nbytes=8)
     out = s.take_outbox()
-    assert ops(out, "c", "key-in-memory")[0]["key"] == "r" and computes(out, "w") == ["other"]
+    assert sent(out, "c", "key-in-memory")[0]["key"] == "r" and computes(out, "w") == ["other"]
 
 
 def test_a_finished_thread_of_an_unknown_task_is_kept_for_the_client_that_wants_it():
@@ -61,7 +61,7 @@ def test_a_finished_thread_of_an_unknown_task_is_kept_for_the_client_that_wants_
     s.task_finished("w", "r", nbytes=8)
     assert s.take_outbox() == {}                            # not dropped: unclaimed
     s.client_wants("c", ["r"], now=1)
-    assert ops(s.take_outbox(), "c", "key-in-memory") == [{"op": "key-in-memory", "key": "r", "nbytes": 8}]
+    assert sent(s.take_outbox(), "c", "key-in-memory") == [{"op": "key-in-memory", "key": "r", "nbytes": 8}]
 
 
 def test_a_wanted_key_waits_for_its_worker_then_fails_as_lost():
@@ -70,9 +70,9 @@ def test_a_wanted_key_waits_for_its_worker_then_fails_as_lost():
     assert s.take_outbox() == {}
     s.add_worker("w", nthreads=1, now=3)
     s.worker_reattached("w", {"late": 16}, [], now=3)
-    assert ops(s.take_outbox(), "c", "key-in-memory") == [{"op": "key-in-memory", "key": "late", "nbytes": 16}]
+    assert sent(s.take_outbox(), "c", "key-in-memory") == [{"op": "key-in-memory", "key": "late", "nbytes": 16}]
     s.tick(11)
-    [err] = ops(s.take_outbox(), "c", "task-erred")
+    [err] = sent(s.take_outbox(), "c", "task-erred")
     assert err["key"] == "never" and err["error"]["kind"] == "lost-data"
 
 

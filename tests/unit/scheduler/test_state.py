@@ -7,18 +7,7 @@ import pytest
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.placement import ROOT_SATURATION
 from hpc_cluster.scheduler.state import SchedulerState
-
-F, A = Opaque(b"f"), Opaque(b"a")
-
-
-def task(key, deps=(), priority=0, retries=0, resources=None):
-    return {"key": key, "func": F, "args": A, "deps": list(deps), "priority": priority,
-            "retries": retries, "resources": resources or {}}
-
-
-def computes(out, worker):
-    """The tasks placed on `worker` (not those sent ahead: they wait there for an input)."""
-    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute" and "after" not in m]
+from helpers.tasks import computes, sent, task
 
 
 def aheads(out, worker):
@@ -32,10 +21,6 @@ def promoted(s, key, worker):
     return ts.state == "processing" and ts.processing_on.address == worker and ts.ahead_on is None
 
 
-def ops(out, to, op):
-    return [m for m in out.get(to, []) if m["op"] == op]
-
-
 def test_tasks_wait_at_the_scheduler_not_on_a_worker():
     s = SchedulerState(prefetch=1, queue_roots=False)
     s.add_worker("w1", nthreads=2, now=0)
@@ -46,7 +31,7 @@ def test_tasks_wait_at_the_scheduler_not_on_a_worker():
     s.task_finished("w1", "t0", nbytes=8)
     out = s.take_outbox()
     assert computes(out, "w1") == ["t3"]
-    assert ops(out, "c", "key-in-memory")[0]["key"] == "t0"
+    assert sent(out, "c", "key-in-memory")[0]["key"] == "t0"
 
 
 def test_root_tasks_wait_for_a_slot_and_their_dependents_are_prefetched():
@@ -195,7 +180,7 @@ def test_dependencies_and_release_of_intermediates():
     s.task_finished("w", "a", 1)
     out = s.take_outbox()
     assert computes(out, "w") == [] and promoted(s, "b", "w")
-    assert not ops(out, "c", "key-in-memory")                   # nobody wants 'a'
+    assert not sent(out, "c", "key-in-memory")                   # nobody wants 'a'
     s.task_finished("w", "b", 1)
     out = s.take_outbox()
     assert {"op": "free-keys", "keys": ["a"]} in out["w"]       # intermediate freed
@@ -213,7 +198,7 @@ def test_error_propagates_to_dependents_and_keeps_exception():
     s.take_outbox()
     s.task_erred("w", "a", {"exception": Opaque(b"E"), "traceback": Opaque(b"T"), "text": "ZeroDivisionError"})
     out = s.take_outbox()
-    erred = {m["key"]: m["error"] for m in ops(out, "c", "task-erred")}
+    erred = {m["key"]: m["error"] for m in sent(out, "c", "task-erred")}
     assert erred["a"]["kind"] == "exception" and erred["a"]["exception"] == Opaque(b"E")
     assert erred["c2"]["kind"] == "dependency" and erred["c2"]["origin"] == "a"
     assert s.tasks["b"].state == "erred"
@@ -226,9 +211,9 @@ def test_retries_rerun_before_failing():
     s.take_outbox()
     s.task_erred("w", "a", {"text": "boom"})
     out = s.take_outbox()
-    assert computes(out, "w") == ["a"] and not ops(out, "c", "task-erred")
+    assert computes(out, "w") == ["a"] and not sent(out, "c", "task-erred")
     s.task_erred("w", "a", {"text": "boom"})
-    assert ops(s.take_outbox(), "c", "task-erred")
+    assert sent(s.take_outbox(), "c", "task-erred")
 
 
 def test_worker_death_charges_only_executing_tasks():
@@ -240,7 +225,7 @@ def test_worker_death_charges_only_executing_tasks():
     record = s.remove_worker("w1", now=5, death={"cause": "crash", "blame": True, "text": "SIGSEGV"})
     assert record["executing"] == ["run"] and sorted(record["processing"]) == ["queued1", "queued2", "run"]
     out = s.take_outbox()
-    killed = ops(out, "c", "task-erred")
+    killed = sent(out, "c", "task-erred")
     assert [m["key"] for m in killed] == ["run"]
     assert killed[0]["error"]["kind"] == "killed-worker"
     assert killed[0]["error"]["attempts"][0]["cause"] == "crash"
@@ -281,11 +266,11 @@ def test_lost_result_is_recomputed_from_lineage():
     out = s.take_outbox()
     assert computes(out, "w2") == ["a"]                         # recompute the input first
     assert aheads(out, "w2") == [("b", "a")]
-    assert ops(out, "c", "key-recomputing")[0]["key"] == "b"
+    assert sent(out, "c", "key-recomputing")[0]["key"] == "b"
     s.task_finished("w2", "a", 1)
     assert computes(s.take_outbox(), "w2") == [] and promoted(s, "b", "w2")
     s.task_finished("w2", "b", 1)
-    assert ops(s.take_outbox(), "c", "key-in-memory")[0]["key"] == "b"
+    assert sent(s.take_outbox(), "c", "key-in-memory")[0]["key"] == "b"
 
 
 def test_scattered_data_lost_with_its_only_holder():
@@ -296,7 +281,7 @@ def test_scattered_data_lost_with_its_only_holder():
     s.take_outbox()
     s.remove_worker("w1", now=1, death={"cause": "connection-lost", "blame": False})
     out = s.take_outbox()
-    errs = {m["key"]: m["error"] for m in ops(out, "c", "task-erred")}
+    errs = {m["key"]: m["error"] for m in sent(out, "c", "task-erred")}
     assert errs["d"]["kind"] == "lost-data" and "replicate" in errs["d"]["text"]
     assert errs["use"]["kind"] == "dependency" and errs["use"]["origin"] == "d"
 
@@ -340,7 +325,7 @@ def test_cancel_marks_task_and_dependents():
     s.cancel(["a"], "cancelled by the user")
     out = s.take_outbox()
     assert {"op": "free-keys", "keys": ["a"]} in out["w"]
-    kinds = {m["key"]: m["error"]["kind"] for m in ops(out, "c", "task-erred")}
+    kinds = {m["key"]: m["error"]["kind"] for m in sent(out, "c", "task-erred")}
     assert kinds == {"a": "cancelled", "b": "dependency"}
 
 
@@ -392,7 +377,7 @@ def test_a_task_released_while_running_and_submitted_again_is_finished_by_the_ru
     s.task_started("w", "pure", now=2)
     s.task_finished("w", "pure", 8, duration=3.0)
     out = s.take_outbox()
-    assert [m["key"] for m in ops(out, "c", "key-in-memory")] == ["pure"]
+    assert [m["key"] for m in sent(out, "c", "key-in-memory")] == ["pure"]
     assert s.workers["w"].abandoned == set()             # its slot is free again
     assert s.workers["w"] in s._free
 
@@ -403,12 +388,12 @@ def test_replicas_are_restored_when_a_new_worker_joins():
     s.add_worker("w2", nthreads=1, now=0)
     s.scatter("c", {"d": ["w1"]}, {"d": 10})
     s.replicate(["d"], 2)
-    assert [m["key"] for m in ops(s.take_outbox(), "w2", "fetch-replica")] == ["d"]
+    assert [m["key"] for m in sent(s.take_outbox(), "w2", "fetch-replica")] == ["d"]
     s.add_replica("w2", "d", 10)
     s.remove_worker("w1", now=1, death={"cause": "connection-lost", "blame": False})
-    assert not ops(s.take_outbox(), "w2", "fetch-replica")        # no spare worker: one copy left
+    assert not sent(s.take_outbox(), "w2", "fetch-replica")        # no spare worker: one copy left
     s.add_worker("w3", nthreads=1, now=2)                         # a replacement joins
-    fetch = ops(s.take_outbox(), "w3", "fetch-replica")
+    fetch = sent(s.take_outbox(), "w3", "fetch-replica")
     assert fetch and fetch[0]["key"] == "d" and fetch[0]["holders"] == ["w2"]
     s.add_replica("w3", "d", 10)
     assert {ws.address for ws in s.tasks["d"].who_has} == {"w2", "w3"}
@@ -426,7 +411,7 @@ def test_a_task_is_failed_only_on_final_verdicts_and_held_back_until_then():
     s.remove_worker(first, now=2, death={"cause": "crash", "blame": True, "text": "SIGSEGV",
                                          "final_at": None})
     out = s.take_outbox()
-    assert s.tasks["t"].state == "queued" and not ops(out, "c", "task-erred")
+    assert s.tasks["t"].state == "queued" and not sent(out, "c", "task-erred")
     assert computes(out, other) == []                    # held back: not started on another worker yet
     # sacct: the job was cancelled by a user; the task did nothing wrong.
     s.refine_death(0, "cancelled", False, "job 5 was cancelled by uid 0", final_at=3)
@@ -472,7 +457,7 @@ def test_a_task_longer_than_any_jobs_walltime_fails_instead_of_waiting_forever()
     s.update_graph("c", [{**task("huge"), "duration": 600}, {**task("fits"), "duration": 30}], ["huge", "fits"])
     out = s.take_outbox()
     assert computes(out, "w") == ["fits"]
-    err = ops(out, "c", "task-erred")[0]["error"]
+    err = sent(out, "c", "task-erred")[0]["error"]
     assert err["kind"] == "too-long" and err["walltime"] == 60 and err["expected"] == 600
     exc = error_from_record("huge", err, load=None)
     assert isinstance(exc, TaskTooLongError) and "walltime=" in str(exc) and "600 s" in str(exc)
@@ -492,7 +477,7 @@ def test_a_task_longer_than_every_workers_lifetime_fails_and_says_raise_lifetime
         s = SchedulerState(prefetch=0)
         s.add_worker("w", nthreads=1, now=0, deadline=120, info=dict(info, lifetime_end=120))
         s.update_graph("c", [{**task("huge"), "duration": 600}], ["huge"])
-        err = ops(s.take_outbox(), "c", "task-erred")[0]["error"]
+        err = sent(s.take_outbox(), "c", "task-erred")[0]["error"]
         assert err["kind"] == "too-long" and err["walltime"] == 120, info
         text = str(error_from_record("huge", err, load=None))
         assert "a worker's whole lifetime (--lifetime) is 120 s" in text and "Raise --lifetime" in text

@@ -20,6 +20,7 @@ from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.placement import workload
 from hpc_cluster.scheduler.state.prefetch import budget_us
 from hpc_cluster.scheduler.state import SchedulerState, TaskState, WorkerState
+from helpers.tasks import task
 
 F, A = Opaque(b"f"), Opaque(b"a")
 STATES = {"waiting", "queued", "processing", "memory", "erred", "released"}
@@ -444,21 +445,17 @@ def test_random_event_sequences_with_reattaching_peers_keep_the_state_machine_co
 
 # -- what the fuzzing found, each kept as a plain regression test ----------------------
 
-def _task(key, deps=()):
-    return {"key": key, "func": F, "args": A, "deps": list(deps)}
-
-
 def test_a_result_from_another_worker_frees_the_copy_sent_elsewhere():
     """A task given up on while its thread ran, then sent to a second worker, is finished by
     the first thread: the second worker's copy was left 'processing' on it for ever."""
     s = SchedulerState(prefetch=0)
     s.add_worker("tcp://a:1", nthreads=1, now=0)
     s.add_client("c")
-    s.update_graph("c", [_task("x")], ["x"])
+    s.update_graph("c", [task("x")], ["x"])
     s.task_started("tcp://a:1", "x", 1)
     s.client_releases("c", ["x"])                              # given up; a's thread still runs it
     s.add_worker("tcp://b:1", nthreads=1, now=2)
-    s.update_graph("c", [_task("x")], ["x"])                   # wanted again: goes to b (a is busy)
+    s.update_graph("c", [task("x")], ["x"])                   # wanted again: goes to b (a is busy)
     assert s.tasks["x"].processing_on.address == "tcp://b:1"
     s.take_outbox()
     s.task_finished("tcp://a:1", "x", 8)                      # a's thread finishes first
@@ -471,7 +468,7 @@ def test_a_result_from_another_worker_frees_the_copy_sent_elsewhere():
 def test_an_unwanted_task_with_a_missing_input_is_not_kept():
     s = SchedulerState(prefetch=0)
     s.add_client("c")
-    s.update_graph("c", [_task("a"), _task("b", deps=["gone"])], ["a"])
+    s.update_graph("c", [task("a"), task("b", deps=["gone"])], ["a"])
     assert set(s.tasks) == {"a"}
     check(s)
 
@@ -480,7 +477,7 @@ def test_a_task_needed_only_by_an_unwanted_one_is_not_computed():
     s = SchedulerState(prefetch=0)
     s.add_worker("tcp://a:1", nthreads=1, now=0)
     s.add_client("c")
-    s.update_graph("c", [_task("a"), _task("b"), _task("c", deps=["b"])], ["a"])
+    s.update_graph("c", [task("a"), task("b"), task("c", deps=["b"])], ["a"])
     assert set(s.tasks) == {"a"}
     assert [m["key"] for m in s.take_outbox()["tcp://a:1"] if m["op"] == "compute"] == ["a"]
     check(s)
@@ -490,16 +487,16 @@ def test_a_task_with_a_failed_input_does_not_recompute_its_other_inputs():
     s = SchedulerState(prefetch=0)
     s.add_worker("tcp://a:1", nthreads=1, now=0)
     s.add_client("c")
-    inputs = [_task(f"x{i}") for i in range(20)]
-    s.update_graph("c", inputs + [_task("y", deps=[t["key"] for t in inputs])], ["y"])
+    inputs = [task(f"x{i}") for i in range(20)]
+    s.update_graph("c", inputs + [task("y", deps=[t["key"] for t in inputs])], ["y"])
     for t in inputs:
         s.task_finished("tcp://a:1", t["key"], 8)
     s.task_finished("tcp://a:1", "y", 8)                      # the x's: released, kept as y's lineage
-    s.update_graph("c", [_task("e")], ["e"])
+    s.update_graph("c", [task("e")], ["e"])
     s.task_erred("tcp://a:1", "e", {"text": "boom"})
     s.take_outbox()
     # z needs a failed input (e) and released ones (the x's, through y's lineage)
-    s.update_graph("c", [_task("z", deps=["e"] + [t["key"] for t in inputs])], ["z"])
+    s.update_graph("c", [task("z", deps=["e"] + [t["key"] for t in inputs])], ["z"])
     assert s.tasks["z"].state == "erred" and s.tasks["z"].error["origin"] == "e"
     assert all(s.tasks[t["key"]].state == "released" for t in inputs)
     assert not [m for m in s.take_outbox().get("tcp://a:1", []) if m["op"] == "compute"]
@@ -514,11 +511,11 @@ def test_a_death_does_not_restart_tasks_that_its_own_cascade_already_released():
     s.add_worker("tcp://w:1", nthreads=2, now=0)
     s.add_client("c")
     s.scatter("c", {"d": ["tcp://w:1"]}, {"d": 8})
-    s.update_graph("c", [_task("x")], ["x"])
+    s.update_graph("c", [task("x")], ["x"])
     s.task_erred("tcp://w:1", "x", {"text": "boom"})
     # C2 (failed: x failed) keeps B's record, and wants nothing from it.
-    s.update_graph("c", [_task("A", deps=["d"]), _task("B"), _task("C", deps=["A", "B"]),
-                         _task("C2", deps=["B", "x"])], ["C", "C2"])
+    s.update_graph("c", [task("A", deps=["d"]), task("B"), task("C", deps=["A", "B"]),
+                         task("C2", deps=["B", "x"])], ["C", "C2"])
     assert s.tasks["C2"].state == "erred"
     assert {ts.key for ts in s.workers["tcp://w:1"].processing} == {"A", "B"}
     s.add_worker("tcp://v:1", nthreads=2, now=1)
@@ -537,9 +534,9 @@ def test_a_task_released_by_a_death_it_outlived_is_not_started_again():
     s = SchedulerState(prefetch=1, allowed_failures=0, queue_roots=False)
     s.add_worker("tcp://w:1", nthreads=1, now=0)
     s.add_client("c")
-    s.update_graph("c", [_task("x")], ["x"])
+    s.update_graph("c", [task("x")], ["x"])
     s.task_erred("tcp://w:1", "x", {"text": "boom"})
-    s.update_graph("c", [_task("A"), _task("B"), _task("C", deps=["A", "B"]), _task("C2", deps=["B", "x"])],
+    s.update_graph("c", [task("A"), task("B"), task("C", deps=["A", "B"]), task("C2", deps=["B", "x"])],
                    ["C", "C2"])                                # C2 (failed: x did) keeps B's record
     assert {ts.key for ts in s.workers["tcp://w:1"].processing} == {"A", "B"}
     s.task_started("tcp://w:1", "A", 1)
@@ -561,9 +558,9 @@ def test_an_input_failed_in_the_same_submission_does_not_compute_the_others_for_
             s = SchedulerState(prefetch=1)
             s.add_worker("tcp://w:1", nthreads=1, now=0)
             s.add_client("c")
-            s.update_graph("c", [_task("x", deps=[a])], ["x"])           # a missing input: failed
+            s.update_graph("c", [task("x", deps=[a])], ["x"])           # a missing input: failed
             assert s.tasks["x"].state == "erred"
-            s.update_graph("c", [_task(a, deps=["x"]), _task(b), _task("C", deps=[b, a])], ["C"])
+            s.update_graph("c", [task(a, deps=["x"]), task(b), task("C", deps=[b, a])], ["C"])
             check(s)
             assert s.tasks["C"].state == "erred" and s.tasks[b].state == "released"
             assert not s.take_outbox().get("tcp://w:1")
@@ -576,10 +573,10 @@ def test_a_task_sent_to_a_worker_waits_again_when_its_only_input_holder_dies():
     s = SchedulerState(prefetch=0, queue_roots=False)
     s.add_worker("tcp://w:1", nthreads=1, now=0)
     s.add_client("c")
-    s.update_graph("c", [_task("a")], ["a"])
+    s.update_graph("c", [task("a")], ["a"])
     s.task_started("tcp://w:1", "a", 0)
     s.task_finished("tcp://w:1", "a", 8, 0.1)
-    s.update_graph("c", [dict(_task("x"), priority=5), _task("t", deps=["a"])], ["x", "t"])
+    s.update_graph("c", [dict(task("x"), priority=5), task("t", deps=["a"])], ["x", "t"])
     s.add_worker("tcp://v:1", nthreads=1, now=0)
     assert s.tasks["t"].processing_on is s.workers["tcp://v:1"]
     s.take_outbox()

@@ -9,19 +9,14 @@ import json
 import pytest
 
 from hpc_cluster.memseries import MemoryTimeline, downsample, merge
-from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.journal import Recorder, snapshot
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.scheduler.state.timeline import (CAP, JOURNAL_SAMPLES, KEEP_FULL, MAX_SAMPLES, MAX_STARTS, OLD_SAMPLES,
                                             journal_death)
+from helpers.tasks import task
 
 MiB = 2**20
 KEYS = {"worker", "samples", "memory_limit", "terminate_at", "batch_limit", "task_starts", "died_at"}
-
-
-def task(key):
-    return {"key": key, "func": Opaque(b"f"), "args": Opaque(b"a"), "deps": [], "priority": 0, "retries": 0,
-            "resources": {}}
 
 
 def nanny_worker(s, addr="w1", limit=1000 * MiB, name="c-3", now=0.0):

@@ -7,23 +7,10 @@ import types
 
 from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.deploy.daemon.jobs import AdaptPolicy, Job, JobManager
-from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.placement import key_prefix
 from hpc_cluster.scheduler.state import SchedulerState
-
-F, A = Opaque(b"f"), Opaque(b"a")
-
-
-def task(key, duration=None, deps=()):
-    spec = {"key": key, "func": F, "args": A, "deps": list(deps)}
-    if duration is not None:
-        spec["duration"] = duration
-    return spec
-
-
-def computes(out, worker):
-    return [m["key"] for m in out.get(worker, []) if m["op"] == "compute"]
-
+from helpers.fakes import FakeAdapter
+from helpers.tasks import computes, task
 
 def test_key_prefix_groups_tasks_of_one_function():
     assert key_prefix("slow-3a9c0d1e2f3a4b5c6d7e8f90") == "slow"
@@ -106,17 +93,12 @@ def test_drain_hands_back_a_running_task_that_cannot_finish_in_time_without_char
     assert "slow-aaaaaaaaaaaa" in s.workers["old"].abandoned               # its thread stays busy
 
 
-class _FakeAdapter:
-    def render(self, spec):
-        return "#!/bin/sh\n"
-
-
 def _manager(now, walltime=60, margin=60, lifetime=None):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=margin, retire_workers=lambda *a: None,
                                   drain=lambda *a: None, halt=lambda reason: None, fail_if_stranded=lambda: None)
     clock = {"t": now}
-    jm = JobManager(sched, _FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
+    jm = JobManager(sched, FakeAdapter(), JobSpec(worker_command="true", walltime=walltime, cores=2),
                     clock=lambda: clock["t"], lifetime=lifetime)
     return jm, state, clock
 
@@ -183,22 +165,6 @@ def test_dask_keys_learn_durations_by_their_name():
     assert computes(s.take_outbox(), "w") == []
 
 
-class _CountingAdapter(_FakeAdapter):
-    """Numbers each submission; reports every job in `states` (default: running)."""
-
-    def __init__(self):
-        self.submitted, self.states = [], {}
-
-    def submit(self, script):
-        self.submitted.append(str(len(self.submitted) + 1))
-        return self.submitted[-1]
-
-    def status(self, job_ids):
-        from hpc_cluster.adapters.base import JobStatus
-        return {j: JobStatus(j, self.states.get(j, "running"), self.states.get(j, "running").upper())
-                for j in job_ids}
-
-
 def _manager_with(adapter, now=1000, **kw):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=60, retire_workers=lambda *a: None,
@@ -225,21 +191,21 @@ async def _no_log(job_id, lines=40):
 def test_renewal_submits_replacements_before_the_deadline_and_counts_them():
     import asyncio
 
-    adapter = _CountingAdapter()
+    adapter = FakeAdapter(state="running")
     jm, _, clock = _manager_with(adapter)
 
     async def run():
         await jm.scale(2)
-        assert adapter.submitted == ["1", "2"]
+        assert adapter.ids == ["1", "2"]
         await jm.poll_once()                             # both running from t = 1000, 60 s walltime
         clock["t"] = 1020
         await jm.reconcile()
-        assert adapter.submitted == ["1", "2"]           # far from the deadline: nothing to renew
+        assert adapter.ids == ["1", "2"]           # far from the deadline: nothing to renew
         clock["t"] = 1044                                # lead = 12 s margin + 0 s wait + 5 s start
         await jm.reconcile()
-        assert adapter.submitted == ["1", "2", "3", "4"] and jm.renewals == 2
+        assert adapter.ids == ["1", "2", "3", "4"] and jm.renewals == 2
         await jm.reconcile()
-        assert len(adapter.submitted) == 4               # no second round of replacements
+        assert len(adapter.ids) == 4               # no second round of replacements
 
     asyncio.run(run())
 
@@ -247,18 +213,18 @@ def test_renewal_submits_replacements_before_the_deadline_and_counts_them():
 def test_the_queue_cap_counts_pending_and_running_jobs():
     import asyncio
 
-    adapter = _CountingAdapter()
+    adapter = FakeAdapter(state="running")
     jm, _, _ = _manager_with(adapter, max_jobs_in_queue=3)
 
     async def run():
         await jm.scale(2)
         await jm.poll_once()                             # two running
         await jm.scale(5)
-        assert adapter.submitted == ["1", "2", "3"]      # 2 running + 1 pending = the cap of 3
+        assert adapter.ids == ["1", "2", "3"]      # 2 running + 1 pending = the cap of 3
         adapter.states["1"] = "completed"
         await jm.poll_once()
         await jm.reconcile()
-        assert adapter.submitted == ["1", "2", "3", "4"]  # a finished job frees a place
+        assert adapter.ids == ["1", "2", "3", "4"]  # a finished job frees a place
 
     asyncio.run(run())
 
@@ -269,7 +235,7 @@ def test_a_worker_that_joined_and_died_between_polls_is_not_a_startup_failure():
     # and three of those halted the cluster before the task's own KilledWorker.
     import asyncio
 
-    adapter = _CountingAdapter()
+    adapter = FakeAdapter(state="running")
     jm, state, _ = _manager_with(adapter)
 
     async def run():
@@ -298,7 +264,7 @@ def test_job_logs_are_found_without_a_log_directory(tmp_path):
 
     from hpc_cluster.runners.local import LocalRunner
 
-    adapter = _CountingAdapter()
+    adapter = FakeAdapter(state="running")
     adapter.runner = LocalRunner()
     (tmp_path / "slurm-42.out").write_text("starting\nModuleNotFoundError: No module named 'numpyy'\n")
     (tmp_path / "slurm-420.out").write_text("another job\n")
@@ -313,19 +279,19 @@ def test_job_logs_are_found_without_a_log_directory(tmp_path):
 def test_startup_failures_halt_submissions_and_tell_the_scheduler():
     import asyncio
 
-    adapter = _CountingAdapter()
+    adapter = FakeAdapter(state="running")
     jm, _, _ = _manager_with(adapter)
 
     async def run():
         await jm.scale(1)
         for n in range(3):
-            adapter.states[adapter.submitted[-1]] = "failed"
+            adapter.states[adapter.ids[-1]] = "failed"
             await jm.poll_once()
             await jm.reconcile()
-        assert jm.failed_starts == 3 and adapter.submitted == ["1", "2", "3"]   # no 4th job
+        assert jm.failed_starts == 3 and adapter.ids == ["1", "2", "3"]   # no 4th job
         assert jm.scheduler.halted[-1].startswith("3 jobs in a row ended before their worker started")
         await jm.scale(1)                                # the user fixed it and scales again
-        assert jm.scheduler.halted[-1] is None and adapter.submitted[-1] == "4"
+        assert jm.scheduler.halted[-1] is None and adapter.ids[-1] == "4"
 
     asyncio.run(run())
 
@@ -382,19 +348,15 @@ def test_a_job_submitted_while_the_cluster_closes_is_cancelled_too():
     import asyncio
     import threading
 
-    class SlowSubmit(_CountingAdapter):
+    class SlowSubmit(FakeAdapter):
         def __init__(self):
-            super().__init__()
-            self.entered, self.release, self.cancelled = threading.Event(), threading.Event(), []
+            super().__init__(state="running")
+            self.entered, self.release = threading.Event(), threading.Event()
 
         def submit(self, script):
             self.entered.set()
             assert self.release.wait(10)
             return super().submit(script)
-
-        def cancel(self, job_ids):
-            self.cancelled.extend(job_ids)
-            self.states.update(dict.fromkeys(job_ids, "cancelled"))
 
     adapter = SlowSubmit()
     jm, _, _ = _manager_with(adapter)
@@ -407,6 +369,6 @@ def test_a_job_submitted_while_the_cluster_closes_is_cancelled_too():
             await asyncio.sleep(0)
         adapter.release.set()
         await asyncio.wait_for(asyncio.gather(scaling, closing), 30)
-        assert adapter.submitted == ["1"] and adapter.cancelled == ["1"]
+        assert adapter.ids == ["1"] and adapter.cancelled == ["1"]
 
     asyncio.run(run())

@@ -12,7 +12,7 @@ import pytest
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.worker import fetch as fetch_module
 from hpc_cluster.worker.fetch import FETCH_AHEAD_BYTES, FETCH_REQUEST_BYTES, request_batches
-from helpers.bare_worker import bare_worker
+from helpers.bare_worker import bare_worker, compute, finish
 
 LARGE = FETCH_AHEAD_BYTES // 2 + 1          # two of them ahead are over the limit
 SMALL = 1_000
@@ -29,16 +29,6 @@ def worker(monkeypatch):
     w.executor.shutdown(wait=False)
 
 
-def compute(w, key, inputs, priority, size, batch=False):
-    """The scheduler's compute message for `key`, whose inputs are held by a peer (`batch`:
-    more messages follow in the same read)."""
-    w._add_task({"op": "compute", "key": key, "func": Opaque(b""), "args": Opaque(b""),
-                 "deps": {k: ["tcp://127.0.0.1:3"] for k in inputs}, "priority": [priority],
-                 "sizes": {k: size for k in inputs}})
-    if not batch:
-        w._run_ready()                               # as the worker does after each batch of messages
-
-
 def arrive(w, key):
     """The inputs of `key` arrived: it is ready and starts if a thread is free."""
     ts = w.tasks[key]
@@ -47,11 +37,6 @@ def arrive(w, key):
     ts.missing.clear()
     w._make_ready(ts)
     w._run_ready()
-
-
-def finish(w, key):
-    w._done.append((w.tasks[key], ("ok", 1, 28), 0.1))
-    w._drain_done()
 
 
 def test_large_inputs_are_fetched_for_the_task_a_thread_is_free_for_not_ahead(worker):

@@ -17,7 +17,7 @@ from hpc_cluster.worker.logs import LogBuffer
 from hpc_cluster.worker.threads import TaskThreads
 from hpc_cluster.worker.worker import Worker
 
-from helpers.wait import wait_until
+from helpers.wait import wait_for_file, wait_until, wait_until_async
 
 
 def test_task_threads_live_on_and_take_what_was_queued_while_they_ran():
@@ -93,10 +93,8 @@ def test_a_worker_hands_started_tasks_to_its_threads_after_task_started_is_flush
             args, _ = serialize.dumps_args((f"k{i}",), {})
             w._add_task({"op": "compute", "key": f"k{i}", "func": func, "args": Opaque(args), "priority": [i]})
         w._run_ready()
-        deadline = time.monotonic() + 30
-        while len([m for m in w.scheduler.sent if m["op"] == "task-finished"]) < 30:
-            assert time.monotonic() < deadline, w.scheduler.sent[-5:]
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: len([m for m in w.scheduler.sent if m["op"] == "task-finished"]) >= 30, 30,
+                               "the 30 tasks to finish")
 
     try:
         asyncio.run(run())
@@ -113,9 +111,7 @@ def gated(gate: str, runs: str) -> str:
     """Record a run, then wait (up to 60 s) until the test opens the gate."""
     with open(runs, "a") as f:
         f.write("run\n")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_file(gate, 60)
     return "done"
 
 

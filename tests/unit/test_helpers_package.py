@@ -1,0 +1,86 @@
+"""The shared test helpers do what the tests lean on (tests/helpers: wait, fakes, tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import types
+
+import pytest
+
+from hpc_cluster.adapters.base import BatchError
+from hpc_cluster.scheduler.state import SchedulerState
+from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
+from helpers.tasks import computes, sent, task
+from helpers.wait import WaitTimeout, wait_for_file, wait_until, wait_until_async
+
+
+def test_wait_until_returns_the_value_and_fails_naming_what_it_waited_for():
+    seen = iter([0, None, "here"])
+    assert wait_until(lambda: next(seen), 5, interval=0.001) == "here"
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeout, match=r"after 0.05 s waiting for the moon") as caught:
+        wait_until(lambda: False, 0.05, "the moon")
+    assert 0.05 <= time.monotonic() - t0 < 2
+    # Callers catch either to add what they saw (the SLURM scenarios TimeoutError, SGE's AssertionError).
+    assert isinstance(caught.value, AssertionError) and isinstance(caught.value, TimeoutError)
+
+
+def test_wait_until_async_lets_the_loop_run_meanwhile():
+    async def run():
+        box = []
+        asyncio.get_running_loop().call_later(0.02, box.append, 7)
+        return await wait_until_async(lambda: box and box[0], 5)
+
+    assert asyncio.run(run()) == 7
+    with pytest.raises(WaitTimeout):
+        asyncio.run(wait_until_async(lambda: None, 0.02))
+
+
+def test_wait_for_file_returns_when_it_appears_or_at_the_deadline(tmp_path):
+    gate = tmp_path / "gate"
+    t0 = time.monotonic()
+    assert wait_for_file(str(gate), 0.05) == str(gate) and not gate.exists()
+    assert time.monotonic() - t0 >= 0.05
+    gate.touch()
+    assert wait_for_file(str(gate), 30) == str(gate)
+
+
+def test_fake_adapter_numbers_jobs_reports_states_and_fails_when_told():
+    spec = types.SimpleNamespace(worker_command="w", worker_index=3, memory=10)
+    adapter = FakeAdapter(first_id=101)
+    assert [adapter.submit(adapter.render(spec)) for _ in range(2)] == ["101", "102"]
+    assert adapter.scripts == ["w #3 mem=10"] * 2
+    adapter.states["102"] = "running"
+    assert {j: s.state for j, s in adapter.status(["101", "102"], within=5).items()} == {
+        "101": "pending", "102": "running"}
+    assert adapter.status_calls[0][1:] == (["101", "102"], 5)
+    adapter.cancel(["101"])
+    assert adapter.cancelled == ["101"] and adapter.status(["101"])["101"].raw_state == "CANCELLED"
+    adapter.fail = 1
+    with pytest.raises(BatchError, match="Socket timed out"):
+        adapter.status(["101"])
+    assert STATUS_ERROR.startswith("squeue") and adapter.status(["101"])
+    with pytest.raises(BatchError, match="too large"):
+        FakeAdapter(refuse="array too large").submit("x")
+
+
+def test_scripted_runner_answers_by_prefix_records_and_refuses_the_unexpected():
+    runner = ScriptedRunner([(["qstat", "-f"], (0, "out", "")), (["qstat"], (1, "", "err"))])
+    assert runner.run(["qstat", "-f", "1"]).stdout == "out"
+    assert runner.run(["qstat", "2"], input="x").returncode == 1
+    assert runner.calls == [(["qstat", "-f", "1"], None), (["qstat", "2"], "x")]
+    assert runner.commands == [["qstat", "-f", "1"], ["qstat", "2"]]
+    with pytest.raises(AssertionError, match="unexpected command"):
+        runner.run(["qdel", "1"])
+
+
+def test_task_builds_an_update_graph_entry_the_state_machine_places():
+    assert task("b", ["a"], memory=None, retries=2) == {"key": "b", "func": task("x")["func"], "args": task("x")["args"],
+                                                         "deps": ["a"], "priority": 0, "retries": 2}
+    s = SchedulerState(prefetch=0)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("a"), task("b", ["a"])], ["b"])
+    out = s.take_outbox()
+    # b goes ahead to wait for a on w (state/ahead.py): sent, but not placed yet
+    assert [m["key"] for m in sent(out, "w")] == ["a", "b"] and computes(out, "w") == ["a"]
