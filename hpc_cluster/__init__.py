@@ -15,7 +15,8 @@ _EXPORTS = {
     "Security": "protocol.tls",
     "progress": "client.progress",
     "futures_of": "client.dask_collections",
-    **{name: "client.subtasks" for name in ("get_client", "worker_client", "secede", "rejoin")},
+    **{name: "client.subtasks" for name in ("get_client", "worker_client")},
+    **{name: "client.seceding" for name in ("secede", "rejoin")},
     **{name: "client.exceptions" for name in (
         "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "NoPoolError", "TaskCrashedError",
         "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},
