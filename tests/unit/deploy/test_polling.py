@@ -19,9 +19,9 @@ from hpc_cluster.deploy.daemon.polling import (BudgetedRunner, CallBudget, Pacer
                                         needs_fast, poll_backoff, poll_forever, transient)
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
-
 from helpers.fakes import FakeAdapter
 from helpers.wait import wait_until, wait_until_async
+
 
 class FakeClock:
     def __init__(self, t=1000.0):
@@ -34,7 +34,8 @@ class FakeClock:
         self.t += s
 
 
-def job(submitted=0.0, registered=False, retiring=False, state="pending"):
+def watched_job(submitted=0.0, registered=False, retiring=False, state="pending"):
+    """A job as the pacer looks at it."""
     return types.SimpleNamespace(submitted=submitted, registered=registered, retiring=retiring, state=state,
                                  final=state in ("completed", "failed", "cancelled"))
 
@@ -103,12 +104,12 @@ def test_budgeted_runner_counts_batch_commands_and_leaves_file_reads_alone():
 def test_fast_only_while_a_job_starts_or_ends_or_just_after_an_event():
     clock = FakeClock(1000.0)
     pacer = Pacer(PollSettings(fast=2, steady=30), clock)
-    running = job(submitted=900, registered=True, state="running")
+    running = watched_job(submitted=900, registered=True, state="running")
     assert pacer.interval([running]) == 30                             # steady: its worker reported
-    assert pacer.interval([running, job(submitted=990)]) == 2          # one starting
-    assert pacer.interval([running, job(submitted=600)]) == 30         # pending 400 s: the queue holds it
-    assert pacer.interval([job(registered=True, retiring=True, state="running")]) == 2   # being retired
-    assert pacer.interval([job(state="cancelled")]) == 30              # finished: nothing to learn
+    assert pacer.interval([running, watched_job(submitted=990)]) == 2          # one starting
+    assert pacer.interval([running, watched_job(submitted=600)]) == 30         # pending 400 s: the queue holds it
+    assert pacer.interval([watched_job(registered=True, retiring=True, state="running")]) == 2   # being retired
+    assert pacer.interval([watched_job(state="cancelled")]) == 30              # finished: nothing to learn
     pacer.polled()
     assert pacer.delay([running]) == 30
     clock.t += 1
@@ -122,8 +123,8 @@ def test_fast_only_while_a_job_starts_or_ends_or_just_after_an_event():
 
 
 def test_needs_fast_ignores_finished_jobs():
-    assert not needs_fast([job(submitted=0, state="failed")], now=1)
-    assert needs_fast([job(submitted=0)], now=1)
+    assert not needs_fast([watched_job(submitted=0, state="failed")], now=1)
+    assert needs_fast([watched_job(submitted=0)], now=1)
 
 
 def test_backoff_doubles_with_jitter_caps_and_resets():

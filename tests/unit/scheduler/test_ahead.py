@@ -15,6 +15,7 @@ from hpc_cluster.scheduler.state import SchedulerState
 from helpers.bare_worker import bare_worker, compute, finish
 from helpers.tasks import sent, task
 
+
 def chain_on_one_worker(length=3, **worker):
     s = SchedulerState(prefetch=0)
     s.add_worker("w", nthreads=1, now=0, **worker)

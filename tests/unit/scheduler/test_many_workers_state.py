@@ -11,6 +11,7 @@ from hpc_cluster.scheduler.state.records import TaskState
 from hpc_cluster.scheduler.state import SchedulerState
 from helpers.tasks import task
 
+
 class Counting:
     """Counts placement's looks at a worker (its memory room, its root slot) while in effect."""
 

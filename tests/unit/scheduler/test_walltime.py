@@ -12,6 +12,7 @@ from hpc_cluster.scheduler.state import SchedulerState
 from helpers.fakes import FakeAdapter
 from helpers.tasks import computes, task
 
+
 def test_key_prefix_groups_tasks_of_one_function():
     assert key_prefix("slow-3a9c0d1e2f3a4b5c6d7e8f90") == "slow"
     assert key_prefix("my-task-name") == "my-task-name"
