@@ -29,6 +29,7 @@ from .chart import memory_chart
 from .views import dur, fmt_clock, indent, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, control
+from ..deploy.plan import Plan
 from ..config import ConfigError
 from ..deploy.remote import job_log_names, job_logs
 from ..runners.ssh import SSHRunner
@@ -303,11 +304,11 @@ def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
     if info.get("ssh"):
         # The files are on the cluster, which may share no filesystem with us: read them
         # over SSH, as the daemon does (the plan holds the ssh settings and the login node).
-        plan = json.loads(plan_file(name).read_text())
-        directory = info.get("job_log_directory") or log_dir or plan["login"]["cwd"]
-        host = f" on {plan['ssh']['host']}"
+        plan = Plan.load(plan_file(name))
+        directory = info.get("job_log_directory") or log_dir or plan.login["cwd"]
+        host = f" on {plan.ssh['host']}"
         try:
-            with SSHRunner(**plan["ssh"]) as runner:
+            with SSHRunner(**plan.ssh) as runner:
                 found = job_logs(runner, directory, job_id, tail)
         except BatchError as e:
             raise CommandError(f"could not read the logs of job {job_id}{host}: {e}") from None
@@ -394,7 +395,7 @@ def _death_matches(d: dict, target: str) -> bool:
 
 
 def cmd_job_script(args, out, err) -> int:
-    from ..deploy.launch import for_submission, render_job_script
+    from ..deploy.plan import for_submission, render_job_script
     from ..config import resolve
     cfg = resolve(site=args.site, config=args.config)
     batch = cfg.values["batch"]

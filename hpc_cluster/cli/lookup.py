@@ -5,13 +5,13 @@ error those commands raise, so both modules share them.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for, read_cluster_file
 from ..lifeline import alive
+from ..deploy.plan import Plan
 from ..deploy.daemon.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
@@ -39,7 +39,7 @@ class CommandError(Exception):
 # ----------------------------------------------------------------------------- finding clusters
 
 def plan_file(name: str) -> Path:
-    return clusters_dir() / f".{name}.plan.json"   # written by launch.launch next to the cluster file
+    return clusters_dir() / f".{name}.plan.json"   # written by launch() next to the cluster file (deploy/plan.py)
 
 
 def cluster_names() -> list[str]:
@@ -145,9 +145,9 @@ def _remove_leftovers(name: str) -> list[Path]:
 
 def _processes(name: str, pool: str | None = None) -> int:
     try:
-        plan = json.loads(plan_file(name).read_text())
-        job = plan["pools"][pool]["job"] if pool else plan["job"]
-        return int(job["processes"]) or 1
+        plan = Plan.load(plan_file(name))
+        job = plan.pools[pool].job if pool else plan.job
+        return int(job.processes) or 1
     except (OSError, ValueError, KeyError, TypeError):
         return 1
 
@@ -155,7 +155,6 @@ def _processes(name: str, pool: str | None = None) -> int:
 def _pool_limits(name: str) -> dict[str, int | None] | None:
     """A running cluster's pools and their max_jobs (from its plan), or None when it cannot be read."""
     try:
-        pools = json.loads(plan_file(name).read_text()).get("pools") or {"default": {}}
-        return {pool: p.get("max_jobs") for pool, p in pools.items()}
-    except (OSError, ValueError, AttributeError):
+        return {pool: p.max_jobs for pool, p in Plan.load(plan_file(name)).pools.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

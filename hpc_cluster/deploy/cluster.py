@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import math
 import signal
 import subprocess
@@ -33,7 +32,8 @@ from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
-from .launch import ClusterError, cluster_id, control, job_spec, launch  # noqa: F401  (ClusterError: public)
+from .launch import ClusterError, cluster_id, control, launch  # noqa: F401  (ClusterError: public)
+from .plan import Plan, job_spec
 
 
 class Status(str, enum.Enum):
@@ -194,8 +194,8 @@ class JobQueueCluster:
         self.security = None                  # protocol/tls.py's Security once started, with security=
         self._proc: subprocess.Popen | None = None
         self._keeper: DaemonKeeper | None = None       # restarts a daemon that died, once (keeper.py)
-        self._job: dict | None = None
-        self._pool_jobs: dict[str, dict] = {}
+        self._job: JobSpec | None = None
+        self._pool_jobs: dict[str, JobSpec] = {}
         self._starting: asyncio.Future | None = None
         self._pending: list[asyncio.Future] = []
         self._n_workers = v["n_workers"] if n_workers is None else n_workers
@@ -247,15 +247,15 @@ class JobQueueCluster:
         except BaseException:
             self.status = Status.failed
             raise
-        plan = json.loads((path.parent / f".{self.id}.plan.json").read_text())
-        self._job = plan["job"]
-        self._pool_jobs = {name: p["job"] for name, p in (plan.get("pools") or {}).items()}
+        plan = Plan.load(path.parent / f".{self.id}.plan.json")
+        self._job = plan.job
+        self._pool_jobs = {name: p.job for name, p in plan.pools.items()}
         info = read_cluster_file(path)
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
         self.daemon_log = info.get("daemon_log")
         # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
-        self.owner_file = plan.get("owner_file")
+        self.owner_file = plan.owner_file
         self.status = Status.running
         self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
         self._keeper.start()
@@ -306,9 +306,9 @@ class JobQueueCluster:
     def _spec(self, pool: str | None = None) -> JobSpec:
         pool = self._pool(pool)
         if pool in self._pool_jobs:           # what the jobs get (with ssh: the login node's paths)
-            return JobSpec(**self._pool_jobs[pool])
+            return self._pool_jobs[pool]
         if self._job is not None and pool == DEFAULT_POOL:
-            return JobSpec(**self._job)
+            return self._job
         return job_spec(self.config, str(self.cluster_file), self.name, pool)
 
     def job_script(self, pool: str | None = None) -> str:
@@ -425,7 +425,7 @@ class JobQueueCluster:
         if self.scheduler_address is None:
             return None
         plan = self.cluster_file.parent / f".{self.id}.plan.json"
-        host = json.loads(plan.read_text())["scheduler"]["host"] if plan.exists() else None
+        host = Plan.load(plan).scheduler.host if plan.exists() else None
         return SchedulerInfo(self.scheduler_address, host or self.scheduler_address.split("://")[-1].rsplit(":", 1)[0])
 
     @property

@@ -1,6 +1,6 @@
-"""Starting a cluster daemon and talking to it, for both `hpc-cluster up` and the cluster
-classes (cluster.py): the worker command and job spec a configuration makes, the plan the
-daemon reads, `launch()` and `control()`.
+"""Starting a cluster daemon, resuming one and talking to it, for both `hpc-cluster up` and the
+cluster classes (cluster.py): `launch()`, `cluster_id()` (which also finds a stopped daemon to
+resume) and `control()`. What the daemon and its jobs are told is made in plan.py.
 
 The cluster daemon (scheduler + job manager, `deploy/daemon/run.py`) runs as a child process of
 SLURMCluster(...), or detached under `hpc-cluster up`: the very same process either way.
@@ -8,21 +8,15 @@ SLURMCluster(...), or detached under `hpc-cluster up`: the very same process eit
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
-import warnings
 from pathlib import Path
-
-from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
@@ -31,13 +25,10 @@ from ..protocol.clusterfile import (cluster_file_for, clusters_dir, journal_for,
 from ..lifeline import alive
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
-from ..config import ConfigError, ResolvedConfig
-from ..config.pools import DEFAULT_POOL
-from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
-from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
-from .batch_options import batch_options
+from ..config import ResolvedConfig
 from .daemon.scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
+from .plan import ClusterError, Plan, SchedulerJobPlan, make_plan, render_job_script, shell_word, worker_python
 
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -73,268 +64,6 @@ def cluster_id(name: str, explicit: bool) -> str:
 
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not start, or a request to it failed; the message says what to do."""
-
-
-# What a job runs when `python` is unset and jobs are submitted over SSH: the laptop's own
-# interpreter path means nothing on the cluster, the login shell's python3 usually does.
-REMOTE_DEFAULT_PYTHON = "python3"
-
-
-def worker_python(cfg: ResolvedConfig) -> str:
-    """The interpreter the job script starts: `python`, else this one, else (ssh) python3."""
-    v = cfg.values
-    if v["python"]:
-        return v["python"]
-    return REMOTE_DEFAULT_PYTHON if v["ssh"] else sys.executable
-
-
-def shell_word(path: str) -> str:
-    """`path` quoted for the job's shell, keeping a leading '~/' unquoted so the node expands it."""
-    # bash expands '~' only when nothing up to the first slash is quoted.
-    if path == "~":
-        return path
-    if path.startswith("~/"):
-        return "~/" + shlex.quote(path[2:]) if path[2:] else "~/"
-    return shlex.quote(path)
-
-
-def double_quoted(text: str) -> str:
-    """`text` in double quotes for the job's shell: spaces and quotes stay literal, but
-    $VARIABLES expand there, as they do in dask-jobqueue's (unquoted) worker names, so a name
-    like 'run-$SLURM_ARRAY_TASK_ID' or one set by the prologue works the same."""
-    return '"' + re.sub(r'(["\\`])', r"\\\1", text) + '"'
-
-
-def worker_name_prefix(name: str) -> str:
-    if "\n" in name or "\r" in name:
-        raise ConfigError(f"name={name!r} must be one line: it names the workers")
-    return name
-
-
-def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str, pool: str = DEFAULT_POOL) -> str:
-    """The command a job runs: its worker(s), each under a nanny unless nanny=False.
-
-    The flags and their order are dask-jobqueue's (name, threads, memory per process,
-    processes, nanny, death timeout, local directory, then the user's worker_extra_args, which
-    win over ours); the scheduler's address and secret come from the cluster file. Workers
-    are named NAME-<index of the job in this cluster>, and NAME-<index>-<i> with several
-    processes per job, as dask-jobqueue names them. A pool's workers (other than the
-    default pool's) are told their pool with --pool NAME.
-    """
-    v = cfg.values
-    processes = v["processes"]
-    nthreads = max(1, v["cores"] // processes)
-    head = [shell_word(worker_python(cfg)), "-m", "hpc_cluster.worker", "--cluster-file", shlex.quote(cluster_file),
-            "--name", double_quoted(worker_name_prefix(name) + "-")[:-1] + '${HPC_CLUSTER_WORKER_INDEX:-0}"']
-    args = ["--nthreads", str(nthreads), "--memory-limit", memory_limit_flag(v)]
-    if processes > 1:
-        args += ["--nworkers", str(processes)]
-    args.append("--nanny" if v["nanny"] else "--no-nanny")
-    args += ["--death-timeout", f"{v['death_timeout']:g}"]
-    if v.get("reconnect_window") is not None:      # else the worker's own default (worker/reattach.py)
-        args += ["--reconnect-window", f"{v['reconnect_window']:g}"]
-    if v["local_directory"]:
-        # Expanded ('~', $TMPDIR) and created by the worker on the node, not here.
-        args += ["--local-directory", v["local_directory"]]
-    if v["interface"]:
-        args += ["--interface", v["interface"]]
-    else:
-        args += ["--host", "0.0.0.0"]
-    args += ["--heartbeat-interval", f"{v['heartbeat_interval']:g}",
-             *memory_fraction_args(v),
-             "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
-    if pool != DEFAULT_POOL:
-        args += ["--pool", pool]
-    args += list(v["worker_extra_args"])
-    return " ".join(head) + " " + shlex.join(args)
-
-
-def pool_config(cfg: ResolvedConfig, pool: str = DEFAULT_POOL) -> ResolvedConfig:
-    """`cfg` as one pool's jobs see it: the cluster's settings with the pool's changes."""
-    if pool == DEFAULT_POOL:
-        return cfg
-    pools = cfg.pools()
-    if pool not in pools:
-        raise ConfigError(unknown_pool(pool, pools))
-    return dataclasses.replace(cfg, values=pools[pool].values)
-
-
-def unknown_pool(pool: str, pools) -> str:
-    return f"no pool named {pool!r}; this cluster's pools: {', '.join(pools)} (pools= or the site's `pools:`)"
-
-
-def memory_limit_flag(v: dict) -> str:
-    """The workers' --memory-limit: memory_limit, or the job's memory / processes, as dask-jobqueue writes it."""
-    return format_bytes(v["memory_limit"] or (v["memory"] or 0) // v["processes"]).replace(" ", "")
-
-
-def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool: str = DEFAULT_POOL) -> JobSpec:
-    cfg = pool_config(cfg, pool)
-    v = cfg.values
-    return JobSpec(worker_command=worker_command(cfg, cluster_file, name, pool), job_name=v["job_name"],
-                   cores=v["cores"], memory=v["memory"], processes=v["processes"], walltime=v["walltime"],
-                   queue=v["queue"], account=v["account"], extra_directives=list(v["job_extra_directives"]),
-                   directives_skip=list(v["job_directives_skip"]), prologue=list(v["job_script_prologue"]),
-                   epilogue=list(v["job_script_epilogue"]), log_directory=v["log_directory"],
-                   python=worker_python(cfg), nanny=v["nanny"], env=dict(v["env"]),
-                   working_directory=v["working_directory"], template=v["template"],
-                   resource_spec=v["resource_spec"], shebang=v["shebang"], job_cpu=v["job_cpu"],
-                   job_mem=v["job_mem"], job_array=v["job_array"], worker_name=name,
-                   batch_options=batch_options(v))
-
-
-
-def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worker",
-                      pool: str = DEFAULT_POOL) -> str:
-    """The job script `cfg` makes (for `pool`); a template or value the adapter refuses is a ConfigError."""
-    try:
-        return get_adapter(cfg.values["batch"]).render(job_spec(cfg, cluster_file, name, pool))
-    except BatchError as e:
-        raise ConfigError([f"site {cfg.site or '(defaults)'}: {e}"]) from None
-
-
-def scheduler_host(cfg: ResolvedConfig) -> str:
-    """Where the scheduler listens: scheduler_options' host or interface, else the workers'
-    interface (as dask-jobqueue shares it), else every interface."""
-    options = cfg.values["scheduler_options"] or {}
-    if options.get("host"):
-        return options["host"]
-    interface = options.get("interface") or cfg.values["interface"]
-    if interface:
-        from ..worker.__main__ import interface_address
-        try:
-            return interface_address(interface)
-        except SystemExit as e:               # its message names the interfaces this host has
-            raise ConfigError(f"scheduler interface: {e}") from None
-    return "0.0.0.0"
-
-
-def shared_cluster_file(cfg: ResolvedConfig, name: str) -> str | None:
-    """With shared_temp_directory (dask-jobqueue's directory that the scheduler's machine and
-    the workers' share), the jobs read their copy of the cluster file from there."""
-    shared = cfg.values["shared_temp_directory"]
-    return os.path.join(shared, f".hpc-cluster-{name}.json") if shared else None
-
-
-def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
-                   create: bool = True) -> tuple[ResolvedConfig, str, dict | None]:
-    """(config, cluster file path, login node) as the jobs will see them.
-
-    Locally that is `cfg` and `cluster_file` (or its copy in shared_temp_directory). With
-    `ssh`, the jobs run on a cluster that may share no filesystem with this machine: paths
-    are resolved on the login node (its home, not ours), the cluster file goes under its
-    config directory (or its shared_temp_directory), and with `create` the directories are
-    made there (the log directory too).
-    """
-    v = cfg.values
-    if not v["ssh"]:
-        if create:
-            for d in (v["log_directory"], v["shared_temp_directory"]):
-                if d:
-                    Path(d).expanduser().mkdir(parents=True, exist_ok=True)
-        return cfg, shared_cluster_file(cfg, name) or str(cluster_file), None
-    if not v["python"]:
-        warnings.warn(f"site {cfg.site or '(defaults)'} submits over SSH and sets no `python`: jobs will "
-                      f"start workers with `{REMOTE_DEFAULT_PYTHON}` from the compute node's PATH (after "
-                      "job_script_prologue); set `python` to the cluster's interpreter that has hpc_cluster "
-                      "installed, e.g. python: ~/venv/bin/python", UserWarning, stacklevel=3)
-    from .remote import make_directories, on_login_node, probe
-    from ..runners.ssh import SSHRunner
-    try:
-        with SSHRunner(**v["ssh"]) as runner:
-            login = probe(runner)
-            cfg = on_login_node(cfg, login)
-            if create:
-                make_directories(runner, login, name, [d for d in [cfg.values["log_directory"],
-                                                                   cfg.values["shared_temp_directory"]] if d])
-    except BatchError as e:
-        raise ClusterError(f"site {cfg.site or '(defaults)'}: preparing the login node over SSH failed: "
-                           f"{e}") from None
-    return cfg, shared_cluster_file(cfg, name) or login.cluster_file(name), login.as_dict()
-
-
-def pool_table(cfg: ResolvedConfig) -> dict[str, dict]:
-    """What the scheduler is told of each pool (state.set_pools, docs/pools-and-retries.md):
-    memory per worker process (0: no limit), walltime in seconds, threads per worker,
-    workers per job, the workers' resources, max_jobs and escalation_only."""
-    out = {}
-    for name, pool in cfg.pools().items():
-        v = pool.values
-        processes = v["processes"] or 1
-        settings, _ = read_worker_args(list(v["worker_extra_args"]))
-        # What the workers register with: the --memory-limit as written (1.40GiB for 1.5 GB).
-        out[name] = {"memory": parse_bytes(memory_limit_flag(v)),
-                     "walltime": float(v["walltime"]) if v["walltime"] else None,
-                     "nthreads": max(1, (v["cores"] or 1) // processes), "processes": processes,
-                     "resources": parse_resources(settings.get("resources") or ""),
-                     "max_jobs": pool.max_jobs, "escalation_only": pool.escalation_only}
-    return out
-
-
-def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
-              worker_prefix: str | None = None, pool_jobs: dict[str, int] | None = None) -> dict:
-    """The daemon's plan. `pool_jobs`: jobs to start per extra pool, over the pools' own
-    n_workers/jobs settings."""
-    cfg, job_cluster_file, login = for_submission(cfg, name, cluster_file)
-    v = cfg.values
-    spec = job_spec(cfg, job_cluster_file, worker_prefix or name)
-    pools = cfg.pools()
-    for pool in pool_jobs or {}:
-        if pool not in pools:
-            raise ConfigError(unknown_pool(pool, pools))
-    table = pool_table(cfg)
-    plan_pools = {}
-    for pool_name, pool in pools.items():
-        pspec = spec if pool_name == DEFAULT_POOL else job_spec(cfg, job_cluster_file, worker_prefix or name, pool_name)
-        start = (pool_jobs or {}).get(pool_name, n_jobs if pool_name == DEFAULT_POOL else pool.start_jobs)
-        plan_pools[pool_name] = {"job": {k: getattr(pspec, k) for k in pspec.__dataclass_fields__},
-                                 "max_jobs": pool.max_jobs, "escalation_only": pool.escalation_only,
-                                 "n_jobs": start, "scheduler": table[pool_name],
-                                 "job_lifetime": job_lifetime(pool.values["worker_extra_args"])}
-    return {
-        "name": name, "site": cfg.site, "batch": v["batch"], "ssh": v["ssh"], "login": login,
-        "cluster_file": str(cluster_file), "remote_cluster_file": job_cluster_file if v["ssh"] else None,
-        # The jobs' own copy (shared_temp_directory), written and removed by the daemon.
-        "job_cluster_file": job_cluster_file if not v["ssh"] and job_cluster_file != str(cluster_file) else None,
-        "scheduler": {"host": scheduler_host(cfg), "port": (v["scheduler_options"] or {}).get("port") or 0,
-                      "allowed_failures": v["allowed_failures"],
-                      "heartbeat_ttl": v["heartbeat_ttl"], "versions": v["versions"],
-                      "walltime_margin": v["walltime_margin"],
-                      "max_message_bytes": v["max_message_bytes"], "max_frame_bytes": v["max_frame_bytes"],
-                      "dashboard": dashboard_bind(v["scheduler_options"] or {})},
-        "job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
-        "n_jobs": n_jobs, "max_jobs_in_queue": v["max_jobs_in_queue"],
-        "pools": plan_pools, "escalate": v["escalate"],
-        "poll_interval": v["poll_interval"], "poll_interval_fast": v["poll_interval_fast"],
-        "batch_calls_per_minute": v["batch_calls_per_minute"],
-        "startup_failures": v["startup_failures"], "journal": v["journal"], "job_lifetime": job_lifetime(v["worker_extra_args"]),
-    }
-
-
-def dashboard_bind(options: dict) -> list | None:
-    """[host, port] the daemon's dashboard listens on ('' host: where the scheduler does), or
-    None: scheduler_options' dashboard_address (dask's ':8787' by default) and dashboard=False."""
-    if options.get("dashboard") is False:
-        return None
-    bind = parse_dashboard_address(options.get("dashboard_address", DEFAULT_DASHBOARD_ADDRESS),
-                                   "scheduler_options['dashboard_address']")
-    return list(bind) if bind else None
-
-
-def job_lifetime(worker_extra_args: list[str]) -> float | None:
-    """How long a job lasts when its workers have a --lifetime and no --lifetime-restart: its
-    workers retire at their lifetime (the earliest draw, lifetime - stagger) and the job ends,
-    so the job manager renews it ahead of that, not of the walltime."""
-    from ..worker.flags import read_worker_args
-    settings, _ = read_worker_args(list(worker_extra_args))
-    lifetime = settings.get("lifetime")
-    if not lifetime or settings.get("lifetime_restart"):
-        return None
-    return max(1.0, lifetime - (settings.get("lifetime_stagger") or 0))
 
 
 def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
@@ -401,30 +130,27 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
             _forget(cluster_file, tls_dir)
         raise
     if old is not None:
-        plan["resume"] = True
-        plan["scheduler"]["prefer_port"] = port_of(old.get("address"))
+        plan.resume = True
+        plan.scheduler.prefer_port = port_of(old.get("address"))
     log_path = run_dir / f"{name}.log"
     in_job = bool(cfg.values.get("scheduler_in_job"))
-    plan.update(daemon_log=str(log_path), plan_file=str(plan_path), tls_directory=tls_dir and str(tls_dir),
-                # A daemon on another node cannot watch our pid: it watches our heartbeat file instead.
-                owner_pid=None if detach or in_job else os.getpid())
+    plan.daemon_log, plan.plan_file, plan.tls_directory = str(log_path), str(plan_path), tls_dir and str(tls_dir)
+    # A daemon on another node cannot watch our pid: it watches our heartbeat file instead.
+    plan.owner_pid = None if detach or in_job else os.getpid()
     if in_job:
         v = cfg.values
         if not detach:                         # the Python owner's heartbeat (scheduler_job.py)
-            plan["owner_file"] = str(owner_path(cluster_file))
-            touch_owner(plan["owner_file"])
+            plan.owner_file = str(owner_path(cluster_file))
+            touch_owner(plan.owner_file)
         command = daemon_command(shell_word(worker_python(cfg)), str(plan_path), str(log_path))
-        spec = scheduler_spec(plan["job"], command, v["scheduler_job_walltime"] or v["walltime"],
+        spec = scheduler_spec(plan.job, command, v["scheduler_job_walltime"] or v["walltime"],
                               v["scheduler_job_memory"], f"{v['job_name']}-scheduler")
-        plan["scheduler_job"] = {"job": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
-                                 "submitted": time.time()}
+        plan.scheduler_job = SchedulerJobPlan(job=spec, submitted=time.time())
         options = v["scheduler_options"] or {}
         if not options.get("host") and (options.get("interface") or v["interface"]):
             # The interface's address is the compute node's, known only there: the daemon reads it.
-            plan["scheduler"]["interface"] = options.get("interface") or v["interface"]
-    fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(plan, f)
+            plan.scheduler.interface = options.get("interface") or v["interface"]
+    plan.save(plan_path)
     if in_job:
         return _start_in_job(cfg, name, cluster_file, plan, spec, old, secret, tls_dir, progress, job_timeout)
     env = dict(os.environ)
@@ -459,12 +185,12 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         time.sleep(0.05)
 
 
-def _start_in_job(cfg: ResolvedConfig, name: str, cluster_file: Path, plan: dict, spec: JobSpec, old: dict | None,
+def _start_in_job(cfg: ResolvedConfig, name: str, cluster_file: Path, plan: Plan, spec: JobSpec, old: dict | None,
                   secret: bytes, tls_dir: Path | None, progress, timeout: float) -> tuple[SchedulerJob, Path]:
     """Submit the daemon as a batch job, then wait for its address in the cluster file,
     saying how its job stands meanwhile."""
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    plan_path, log_path = Path(plan["plan_file"]), Path(plan["daemon_log"])
+    plan_path, log_path = Path(plan.plan_file), Path(plan.daemon_log)
     adapter = get_adapter(cfg.values["batch"])
     handover_path(cluster_file).unlink(missing_ok=True)     # a renewal's, from an earlier run of this name
 

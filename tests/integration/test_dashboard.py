@@ -49,7 +49,7 @@ def test_scheduler_options_dashboard_address_is_checked_with_the_config():
 
 
 def test_the_daemons_plan_carries_the_dashboards_bind_or_none():
-    from hpc_cluster.deploy.launch import dashboard_bind
+    from hpc_cluster.deploy.plan import dashboard_bind
     assert dashboard_bind({}) == ["", 8787]                              # dask's default
     assert dashboard_bind({"dashboard_address": ":0"}) == ["", 0]
     assert dashboard_bind({"dashboard_address": "127.0.0.1:8000"}) == ["127.0.0.1", 8000]

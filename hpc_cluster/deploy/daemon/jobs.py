@@ -3,6 +3,7 @@
 Runs inside the cluster daemon, next to the scheduler, on its event loop. Batch commands
 (sbatch, squeue, sacct ...) block, so they run in a thread and never stall the scheduler.
 A job's state is what the batch system says (pending, running, finished), never assumed.
+How many jobs to keep is decided apart, purely (policy.py); this module carries it out.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from ...config.pools import DEFAULT_POOL
 from ...retry import Backoff
 from ...scheduler.state.placement import workload
 from .arrays import submit_array, use_array
+from .policy import DEMAND_WAIT_COUNT, AdaptPolicy, JobPolicy, adaptive_jobs
 from .polling import Pacer, PollSettings, poll_forever
 from ..remote import job_logs
 
 UNHEARD = "SUBMITTED"          # a job's raw_state until the batch system's first word on it
 STARTUP_SECONDS = 5.0          # a worker's start inside a running job, before it can take tasks
-DEMAND_WAIT_COUNT = 3          # rounds in a row without demand before a pool's idle jobs go (as adapt's)
 # placement.workload(state, pool=...) once the scheduler knows pools; before, the whole queue.
 _WORKLOAD_BY_POOL = "pool" in inspect.signature(workload).parameters
 
@@ -56,17 +57,6 @@ class Job:
 class SubmitError:
     time: float
     message: str
-
-
-@dataclass
-class AdaptPolicy:
-    """adapt()'s settings, with dask's meanings and defaults (distributed's Adaptive)."""
-
-    minimum: int = 0                       # jobs
-    maximum: int | None = None             # jobs; None: no limit
-    interval: float = 1.0                  # seconds between decisions
-    wait_count: int = 3                    # decisions in a row that must agree before shrinking
-    target_duration: float = 5.0           # size the cluster to finish the queued work in about this
 
 
 async def read_statuses(adapter: BatchAdapter, ids: list[str], within: float | None = None) -> dict:
@@ -108,9 +98,10 @@ class JobManager:
         self.clock = clock
         self.submit_directory = submit_directory   # where batch commands run (their cwd)
         self.jobs: dict[str, Job] = {}
-        self.target = 0                       # the jobs we keep: scale()'s, adapt's or the demand's
+        # How many jobs to keep, decided each round (policy.py); its target is scale()'s, adapt's
+        # or the pool's demand's.
+        self.policy = JobPolicy()
         self.scaled = 0                       # what scale() asked for
-        self.demand_seen = False              # jobs were started for the scheduler's pool_demand()
         self.errors: list[SubmitError] = []
         self.failed_starts = 0                # jobs in a row that ended before a worker joined
         self.halted: str | None = None        # why we stopped submitting
@@ -119,11 +110,19 @@ class JobManager:
         self.closing = False                           # close() began: nothing more is submitted
         self._poller: asyncio.Task | None = None
         self._adapter_task: asyncio.Task | None = None
-        self._lower_rounds = 0
         self._next_index = 0                  # the next job's number (worker names NAME-<index>)
         self.renewals = 0
 
     # -- views -------------------------------------------------------------------------
+    @property
+    def target(self) -> int:
+        """The jobs we keep (the policy's)."""
+        return self.policy.target
+
+    @target.setter
+    def target(self, jobs: int) -> None:
+        self.policy = dataclasses.replace(self.policy, target=jobs)
+
     def active(self) -> list[Job]:
         return [j for j in self.jobs.values() if not j.final and not j.retiring]
 
@@ -182,8 +181,8 @@ class JobManager:
         if self.max_jobs is not None and jobs > self.max_jobs:
             raise ValueError(f"cannot scale pool {self.pool!r} to {jobs} jobs: its max_jobs is {self.max_jobs} "
                              f"(raise max_jobs in pools={{{self.pool!r}: {{'max_jobs': ...}}}})")
-        self.target = self.scaled = int(jobs)
-        self._lower_rounds = 0
+        self.scaled = int(jobs)
+        self.policy = dataclasses.replace(self.policy, target=int(jobs), lower_rounds=0)
         self.stop_adapting()                  # an explicit size ends adapt()
         if self.halted and jobs > len(self.active()):
             logger.info("scale(%d): resuming submissions after: %s", jobs, self.halted)
@@ -214,7 +213,7 @@ class JobManager:
             raise ValueError(f"adapt(minimum={minimum}, maximum={maximum}): need 0 <= minimum <= maximum")
         self.adaptive = AdaptPolicy(minimum, maximum, max(0.05, interval), max(1, wait_count),
                                     max(0.001, target_duration))
-        self._lower_rounds = 0
+        self.policy = dataclasses.replace(self.policy, lower_rounds=0)
         self.poke()
         if self._adapter_task is None or self._adapter_task.done():
             self._adapter_task = asyncio.ensure_future(self._adapt_forever())
@@ -256,42 +255,25 @@ class JobManager:
         return sum(1 for j in self.active()
                    if any(state.workers[a].processing for a in workers.get(j.job_id, []) if a in state.workers))
 
-    def desired(self) -> int:
-        """How many (non-expiring) jobs we want now: the target, or adapt()'s choice, raised
-        to what the pool's demand needs (within max_jobs)."""
-        policy = self.adaptive
-        if policy:
-            threads = max(1, self.spec.cores)
-            seconds = workload(self.scheduler.state, pool=self.pool) if _WORKLOAD_BY_POOL else \
-                workload(self.scheduler.state)
-            want = math.ceil(seconds / (policy.target_duration * threads))
-            want = max(policy.minimum, want if policy.maximum is None else min(policy.maximum, want))
-        else:
-            want = self.scaled
-        demand = self.demand_jobs()
-        if demand:
-            self.demand_seen = True
-        if self.demand_seen:
-            # Jobs started for demand stay while they run its tasks; idle ones go after the cooldown.
-            busy = self.busy_jobs()
-            want = max(want, demand, busy)
-            if not demand and not busy:
-                self.demand_seen = False
-        if self.max_jobs is not None:
-            want = min(want, self.max_jobs)
-        # Up at once, down only when several decisions agree: no submit/cancel churn. An
-        # explicit scale() lowers the target itself, at once.
-        if want < self.target:
-            self._lower_rounds += 1
-            if self._lower_rounds < (policy.wait_count if policy else DEMAND_WAIT_COUNT):
-                return self.target
-        self._lower_rounds = 0
-        self.target = want
-        return want
+    def workload(self) -> float:
+        """Seconds of queued work this pool could run (placement.workload)."""
+        state = self.scheduler.state
+        return workload(state, pool=self.pool) if _WORKLOAD_BY_POOL else workload(state)
+
+    def update_target(self) -> int:
+        """Decide this round (policy.py) and keep the decision: returns the (non-expiring) jobs
+        we want now, the target or adapt()'s choice, raised to what the pool's demand needs
+        (within max_jobs), lowered only after rounds agree."""
+        adapt = self.adaptive
+        want = adaptive_jobs(adapt, self.workload(), self.spec.cores) if adapt else self.scaled
+        self.policy = self.policy.decide(want, demand=self.demand_jobs(), busy=self.busy_jobs(),
+                                         max_jobs=self.max_jobs,
+                                         wait_count=adapt.wait_count if adapt else DEMAND_WAIT_COUNT)
+        return self.policy.target
 
     async def reconcile(self) -> None:
         async with self._lock:
-            desired = self.desired()
+            desired = self.update_target()
             current = [j for j in self.active() if not self.expiring(j)]
             if len(current) < desired and not self.halted and not self.closing:
                 renewing = sum(1 for j in self.active() if self.expiring(j))

@@ -78,10 +78,11 @@ class PollSettings:
                              "(a poll, a submit and an accounting query must fit in a minute); give 6 or more")
 
     @classmethod
-    def from_plan(cls, plan: dict) -> "PollSettings":
-        return cls(fast=float(plan.get("poll_interval_fast") or FAST_INTERVAL),
-                   steady=float(plan.get("poll_interval") or STEADY_INTERVAL),
-                   calls_per_minute=int(plan.get("batch_calls_per_minute") or CALLS_PER_MINUTE))
+    def from_plan(cls, plan) -> "PollSettings":
+        """The plan's poll_interval, poll_interval_fast and batch_calls_per_minute (deploy/plan.py)."""
+        return cls(fast=float(plan.poll_interval_fast or FAST_INTERVAL),
+                   steady=float(plan.poll_interval or STEADY_INTERVAL),
+                   calls_per_minute=int(plan.batch_calls_per_minute or CALLS_PER_MINUTE))
 
 
 # -- pacing ---------------------------------------------------------------------------------

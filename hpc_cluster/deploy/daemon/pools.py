@@ -14,29 +14,30 @@ import asyncio
 import logging
 import time
 
-from ...adapters.base import BatchAdapter, BatchError, JobSpec
+from ...adapters.base import BatchAdapter, BatchError
 from ...config.pools import DEFAULT_POOL
+from ..plan import PoolPlan
 from .jobs import UNHEARD, JobManager, read_statuses
 from .polling import Pacer, PollSettings, budget_adapter, poll_forever
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
 
-def announce(state, pools: dict[str, dict], escalate: dict | None) -> bool:
+def announce(state, pools: dict[str, PoolPlan], escalate: dict | None) -> bool:
     """Tell the scheduler's state of the pools (`state.set_pools(table, escalate)`, the table's
-    rows as launch.pool_table makes them); False when this scheduler has no such call."""
+    rows as plan.pool_table makes them); False when this scheduler has no such call."""
     set_pools = getattr(state, "set_pools", None)
     if not callable(set_pools):
         return False
-    set_pools({name: p["scheduler"] for name, p in pools.items() if "scheduler" in p}, escalate)
+    set_pools({name: p.scheduler for name, p in pools.items() if p.scheduler is not None}, escalate)
     return True
 
 
 class PoolManager:
-    def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, dict], poll: PollSettings | None = None,
+    def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, PoolPlan], poll: PollSettings | None = None,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
                  submit_directory: str | None = None):
-        """`pools`: name -> {"job": JobSpec fields, "max_jobs", "job_lifetime"} (the plan's, launch.py)."""
+        """`pools`: name -> the plan's PoolPlan (its job spec, max_jobs, job_lifetime; deploy/plan.py)."""
         if DEFAULT_POOL not in pools:
             raise ValueError("the pools must include 'default', the cluster's own job spec")
         self.scheduler, self.adapter, self.clock = scheduler, adapter, clock
@@ -47,12 +48,12 @@ class PoolManager:
         self.pacer = Pacer(poll, clock)
         self.wakeup = asyncio.Event()
         self.poll_error: str | None = None
-        self.escalation_only = {name: bool(p.get("escalation_only")) for name, p in pools.items()}
+        self.escalation_only = {name: bool(p.escalation_only) for name, p in pools.items()}
         self.managers: dict[str, JobManager] = {
-            name: JobManager(scheduler, adapter, JobSpec(**p["job"]), poll=poll,
+            name: JobManager(scheduler, adapter, p.job, poll=poll,
                              max_jobs_in_queue=max_jobs_in_queue, startup_failures=startup_failures, clock=clock,
-                             submit_directory=submit_directory, lifetime=p.get("job_lifetime"), pool=name,
-                             max_jobs=p.get("max_jobs"), pools=self)
+                             submit_directory=submit_directory, lifetime=p.job_lifetime, pool=name,
+                             max_jobs=p.max_jobs, pools=self)
             for name, p in pools.items()}
         self._index = 0
         self._poller: asyncio.Task | None = None

@@ -1,16 +1,18 @@
 """The cluster daemon: a scheduler and a job manager in one long-lived process.
 
 `hpc-cluster up` starts it detached; `SLURMCluster(...)` starts it as a child. Either way
-it reads a plan (JSON, written by `deploy/cluster.py`), listens, writes the address into
-the cluster file, submits the jobs, and serves `scale`, `jobs`, `adapt` and `shutdown`
-requests from clients. On SIGTERM or `shutdown` it retires every worker, cancels every job
-and removes its cluster file, so nothing of it is left in the queue or the process table.
+it reads a plan (deploy/plan.py's Plan, written by `deploy/launch.py`), listens, writes the
+address into the cluster file, submits the jobs, and serves `scale`, `jobs`, `adapt` and
+`shutdown` requests from clients (handlers.py). On SIGTERM or `shutdown` it retires every
+worker, cancels every job and removes its cluster file, so nothing of it is left in the queue
+or the process table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -31,12 +33,13 @@ from ...protocol.clusterfile import journal_for, read_cluster_file, write_cluste
 from ...protocol.tls import Security
 from ...scheduler.journal import Journal, resume_from
 from ...scheduler.server import Scheduler
+from ..plan import Plan, SchedulerPlan
+from .handlers import SHUTDOWN, WALLTIME, Daemon, hand_over, jobs_record, let_go, on_signal, register
 from .polling import PollSettings
 from .pools import PoolManager, announce
 from ...runners.local import LocalRunner
 from ...runners.ssh import SSHRunner
-from .scheduler_job import (Renewal, await_predecessor, handover_path, is_walltime_sigterm, own_job, owner_path,
-                            watch_owner_file)
+from .scheduler_job import Renewal, await_predecessor, handover_path, own_job, owner_path, watch_owner_file
 
 logger = logging.getLogger("hpc_cluster.daemon")
 
@@ -51,70 +54,69 @@ def make_runner(ssh: dict | None):
     return SSHRunner(**ssh)
 
 
-async def run(plan: dict) -> int:
-    cluster_file = Path(plan["cluster_file"])
+async def run(plan: Plan) -> int:
+    cluster_file = Path(plan.cluster_file)
     info = read_cluster_file(cluster_file)
     secret, security = info["secret"], Security.from_dict(info.get("tls"))
-    sc = plan["scheduler"]
-    runner = make_runner(plan.get("ssh"))
-    adapter = get_adapter(plan["batch"], runner)
+    sc = plan.scheduler
+    runner = make_runner(plan.ssh)
+    adapter = get_adapter(plan.batch, runner)
     # How to submit and cancel (LSF's use_stdin, HTCondor's command extras) is the jobs' own
     # setting, not the script's: the default pool's (pools share the batch system's commands).
-    default_job = ((plan.get("pools") or {}).get("default") or {}).get("job") or plan.get("job") or {}
-    adapter.configure(default_job.get("batch_options") or {})
+    default_pool = plan.pools.get("default")
+    adapter.configure((default_pool.job if default_pool else plan.job).batch_options or {})
     # Run as a scheduler job (scheduler_in_job, deploy/daemon/scheduler_job.py): this job's id and times.
-    in_job = own_job() if plan.get("scheduler_job") else None
-    if in_job and plan.get("successor_of"):
+    in_job = own_job() if plan.scheduler_job else None
+    if in_job and plan.successor_of:
         # A successor: the old daemon lets go of the journal and the port before we read and bind them.
-        how = await await_predecessor(adapter, cluster_file, in_job["id"], str(plan["successor_of"]))
-        logger.info("taking over from scheduler job %s (%s)", plan["successor_of"], how)
-    if in_job and sc.get("interface"):
+        how = await await_predecessor(adapter, cluster_file, in_job["id"], str(plan.successor_of))
+        logger.info("taking over from scheduler job %s (%s)", plan.successor_of, how)
+    if in_job and sc.interface:
         from ...worker.__main__ import interface_address    # this node's address on it, not the login node's
-        sc = {**sc, "host": interface_address(sc["interface"])}
+        sc = dataclasses.replace(sc, host=interface_address(sc.interface))
     # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
     journal = recovered = None
-    if plan.get("journal"):
+    if plan.journal:
         path = journal_for(cluster_file)
-        recovered = resume_from(path, plan["name"]) if plan.get("resume") else None
-        journal = Journal(path, cluster=plan["name"])
+        recovered = resume_from(path, plan.name) if plan.resume else None
+        journal = Journal(path, cluster=plan.name)
     inherited = dict(recovered.jobs) if recovered is not None and isinstance(recovered.jobs, dict) else {}
 
     def scheduler(port: int) -> Scheduler:
-        return Scheduler(secret, host=sc["host"], port=port,
-                         allowed_failures=sc["allowed_failures"], heartbeat_ttl=sc["heartbeat_ttl"],
-                         versions=sc["versions"], walltime_margin=sc.get("walltime_margin", 60.0),
-                         limits=Limits(max_frame_bytes=sc["max_frame_bytes"],
-                                       max_message_bytes=sc["max_message_bytes"]),
+        return Scheduler(secret, host=sc.host, port=port,
+                         allowed_failures=sc.allowed_failures, heartbeat_ttl=sc.heartbeat_ttl,
+                         versions=sc.versions, walltime_margin=sc.walltime_margin,
+                         limits=Limits(max_frame_bytes=sc.max_frame_bytes,
+                                       max_message_bytes=sc.max_message_bytes),
                          security=security, journal=journal, recovered=recovered,
                          # Resumed: nothing is placed until the workers that kept running have
                          # said what they hold and run (scheduler/state/reattach.py).
-                         reattach_grace=float(plan.get("reattach_grace", RESUME_GRACE)) if plan.get("resume") else 0.0)
-    sched = scheduler(sc.get("prefer_port") or sc.get("port", 0))
+                         reattach_grace=float(RESUME_GRACE if plan.reattach_grace is None else plan.reattach_grace)
+                         if plan.resume else 0.0)
+    sched = scheduler(sc.prefer_port or sc.port)
     try:
         address = await sched.start()
     except OSError as exc:                     # the old address is taken: the cluster file names the new one
-        logger.warning("could not listen on the old port %s again (%s); taking another", sc.get("prefer_port"), exc)
-        sched = scheduler(sc.get("port", 0))
+        logger.warning("could not listen on the old port %s again (%s); taking another", sc.prefer_port, exc)
+        sched = scheduler(sc.port)
         address = await sched.start()
-    meta = {"name": plan["name"], "pid": os.getpid(), "pid_started": process_start(os.getpid()),
-            "batch": plan["batch"], "site": plan.get("site"),
-            "log_directory": plan["job"].get("log_directory"), "ssh": bool(plan.get("ssh")),
-            "daemon_log": plan.get("daemon_log"), "processes": plan["job"].get("processes", 1)}
+    meta = {"name": plan.name, "pid": os.getpid(), "pid_started": process_start(os.getpid()),
+            "batch": plan.batch, "site": plan.site,
+            "log_directory": plan.job.log_directory, "ssh": bool(plan.ssh),
+            "daemon_log": plan.daemon_log, "processes": plan.job.processes}
     if in_job:                                 # status shows it; down cancels it if the daemon does not answer
         meta.update(scheduler_job=in_job["id"], host=socket.gethostname())
     if security is not None:                   # the workers and clients that read the file use it
         meta["tls"] = security.to_dict()
-    pools = plan.get("pools") or {"default": {"job": plan["job"], "job_lifetime": plan.get("job_lifetime"),
-                                              "n_jobs": plan.get("n_jobs", 0)}}
-    meta["pools"] = {name: {"processes": p["job"].get("processes", 1), "max_jobs": p.get("max_jobs")}
-                     for name, p in pools.items()}
+    pools = plan.pools
+    meta["pools"] = {name: {"processes": p.job.processes, "max_jobs": p.max_jobs} for name, p in pools.items()}
     jm = PoolManager(sched, adapter, pools, poll=PollSettings.from_plan(plan),
-                     max_jobs_in_queue=plan.get("max_jobs_in_queue"), startup_failures=plan.get("startup_failures", 3),
+                     max_jobs_in_queue=plan.max_jobs_in_queue, startup_failures=plan.startup_failures,
                      # Without a log_directory the batch system writes job logs where it was
                      # asked to submit: our cwd, or the login node's over SSH.
-                     submit_directory=(plan.get("login") or {}).get("cwd") if plan.get("ssh") else os.getcwd())
-    announce(sched.state, pools, plan.get("escalate"))   # placement and escalation by pool (issue 15)
+                     submit_directory=plan.submit_directory)
+    announce(sched.state, pools, plan.escalate)   # placement and escalation by pool (issue 15)
     sched.deaths.source = jm               # accounting and job logs for the diagnosis (every pool's jobs)
     dashboard = start_dashboard(sched, secret, sc, jm)
     if dashboard is not None:
@@ -122,63 +124,29 @@ async def run(plan: dict) -> int:
     sched.expecting_workers = lambda: bool(jm.active())
     sched.worker_events.append(jm.worker_event)   # registrations and deaths replace polls
     meta["job_log_directory"] = jm.log_directory()
-    stop = asyncio.Event()
-    # Why we stop: "shutdown" (down, SIGTERM, the owner gone: the cluster ends), or "handover" /
-    # "walltime" (a scheduler job's end: everything is kept for the next daemon).
-    reason = {"why": "shutdown"}
-    renewal: Renewal | None = None
-
-    async def scale(msg):
-        return await jm.scale(int(msg["jobs"]), msg.get("pool"))
-
-    async def jobs(msg):
-        await jm.refresh()                     # the batch system's word when it may have changed
-        return jm.table()
-
-    async def shutdown(msg):
-        if renewal is not None:
-            renewal.cancel_successor()
-        await jm.close()
-        asyncio.get_running_loop().call_soon(stop.set)
-        return jm.table()
-
-    async def adapt(msg):
-        if msg.get("stop"):
-            jm.stop_adapting(msg.get("pool"))
-        else:
-            jm.adapt(int(msg["minimum"]), None if msg.get("maximum") is None else int(msg["maximum"]), msg.get("pool"),
-                     interval=float(msg.get("interval") or 1.0), wait_count=int(msg.get("wait_count") or 3),
-                     target_duration=float(msg.get("target_duration") or 5.0))
-        return jm.table()
-
-    sched.handlers.update({"scale": scale, "jobs": jobs, "shutdown": shutdown, "adapt": adapt})
+    daemon = Daemon(pools=jm, stop=asyncio.Event(), name=plan.name, scheduler=sched, journal=journal,
+                    dashboard=dashboard, in_job=in_job)
+    register(sched, daemon)
     # The address in the cluster file tells clients we are ready, so it is written only once
     # the handlers exist: a `scale` arriving while the remote copy is written over SSH
     # (an await) would otherwise be refused as an unknown op.
     write_cluster_file(cluster_file, address, secret, **meta)
-    shared = plan.get("job_cluster_file")
+    shared = plan.job_cluster_file
     if shared:
         write_cluster_file(shared, address, secret, **meta)     # the jobs' copy (shared_temp_directory)
-    remote = plan.get("remote_cluster_file")
-    if plan.get("ssh") and remote:
+    remote = plan.remote_cluster_file
+    if plan.ssh and remote:
         # Workers read the secret from the login node's copy (its home, shared with the
         # compute nodes); launch() made its directory there (deploy/remote.py).
         text = json.dumps({"address": address, "secret": secret.hex(), **meta})
         await asyncio.to_thread(runner.write_file, remote, text, 0o600)
     loop = asyncio.get_running_loop()
-    def on_signal(sig):
-        if in_job and sig == signal.SIGTERM and is_walltime_sigterm(time.time(), in_job["started"], in_job["walltime"]):
-            logger.warning("scheduler job %s reached its walltime before a successor took over; leaving the "
-                           "journal and the worker jobs for the next daemon (`hpc-cluster up --name %s`)",
-                           in_job["id"], plan["name"])
-            reason["why"] = "walltime"
-        stop.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    if plan.get("owner_pid"):
-        asyncio.create_task(_watch_owner(int(plan["owner_pid"]), stop))
-    elif in_job and plan.get("owner_file"):    # on another node: the owner's heartbeat file instead
-        asyncio.create_task(watch_owner_file(plan["owner_file"], stop))
+        loop.add_signal_handler(sig, lambda sig=sig: on_signal(daemon, sig, time.time()))
+    if plan.owner_pid:
+        asyncio.create_task(_watch_owner(int(plan.owner_pid), daemon.stop))
+    elif in_job and plan.owner_file:           # on another node: the owner's heartbeat file instead
+        asyncio.create_task(watch_owner_file(plan.owner_file, daemon.stop))
     adopted = jm.adopt(inherited) if inherited else {}
     if adopted:
         logger.warning("resumed from the journal: adopted %s", ", ".join(
@@ -189,29 +157,23 @@ async def run(plan: dict) -> int:
         journal.jobs = lambda: jobs_record(jm)
     for name, p in pools.items():
         # A resumed cluster keeps the jobs it adopted; it submits only what the command adds.
-        if p.get("n_jobs") and int(p["n_jobs"]) > adopted.get(name, 0):
-            await jm.scale(int(p["n_jobs"]), name)
+        if p.n_jobs and p.n_jobs > adopted.get(name, 0):
+            await jm.scale(p.n_jobs, name)
     if in_job and in_job.get("walltime"):
-        async def hand_over():
-            reason["why"] = "handover"
-            if dashboard is not None:
-                dashboard.stop()               # its port too is the successor's to take
-            await _let_go(sched, journal, jm)
-            stop.set()
-        renewal = Renewal(adapter, plan, in_job, port_of(address), hand_over)
-        renewal_task = asyncio.create_task(renewal.run())
+        daemon.renewal = Renewal(adapter, plan, in_job, port_of(address), lambda: hand_over(daemon))
+        renewal_task = asyncio.create_task(daemon.renewal.run())
         renewal_task.add_done_callback(_log_failure)
-    logger.info("cluster %s up at %s (%s%s)", plan["name"], address, plan["batch"],
+    logger.info("cluster %s up at %s (%s%s)", plan.name, address, plan.batch,
                 f", scheduler job {in_job['id']}" if in_job else "")
-    await stop.wait()
-    if reason["why"] != "shutdown":
-        if reason["why"] == "walltime":
-            await _let_go(sched, journal, jm)
+    await daemon.stop.wait()
+    if daemon.why != SHUTDOWN:
+        if daemon.why == WALLTIME:
+            await let_go(sched, journal, jm)
         await asyncio.sleep(0.1)
-        logger.info("cluster %s: scheduler job %s let go (%s)", plan["name"], in_job and in_job["id"], reason["why"])
+        logger.info("cluster %s: scheduler job %s let go (%s)", plan.name, in_job and in_job["id"], daemon.why)
         return 0
-    if renewal is not None:
-        renewal.cancel_successor()
+    if daemon.renewal is not None:
+        daemon.renewal.cancel_successor()
     await jm.close()
     if dashboard is not None:
         dashboard.stop()
@@ -219,38 +181,45 @@ async def run(plan: dict) -> int:
     if journal is not None:
         journal.remove()                      # shut down on purpose: nothing to resume
     await asyncio.sleep(0.1)                  # let the last replies leave
-    for path in (cluster_file, shared):
-        if path:
-            Path(path).unlink(missing_ok=True)
-    if plan.get("ssh") and remote:
-        try:
-            await asyncio.to_thread(runner.run, ["rm", "-f", remote], None, 30, False)
-        except Exception as exc:
-            logger.warning("could not remove %s on the login node: %s", remote, exc)
-    if plan.get("plan_file"):
-        Path(plan["plan_file"]).unlink(missing_ok=True)
-    handover_path(cluster_file).unlink(missing_ok=True)
-    owner_path(cluster_file).unlink(missing_ok=True)
-    if plan.get("tls_directory"):              # certificates made for this cluster alone
-        shutil.rmtree(plan["tls_directory"], ignore_errors=True)
-    logger.info("cluster %s down", plan["name"])
+    await _remove_files(plan, runner)
+    logger.info("cluster %s down", plan.name)
     return 0
 
 
-def start_dashboard(sched, secret: bytes, sc: dict, jm) -> Dashboard | None:
+async def _remove_files(plan: Plan, runner) -> None:
+    """A cluster shut down on purpose leaves nothing: its cluster files (ours, the jobs' and
+    the login node's copies), plan, handover and owner files, and the TLS files made for it."""
+    cluster_file = Path(plan.cluster_file)
+    for path in (cluster_file, plan.job_cluster_file):
+        if path:
+            Path(path).unlink(missing_ok=True)
+    if plan.ssh and plan.remote_cluster_file:
+        try:
+            await asyncio.to_thread(runner.run, ["rm", "-f", plan.remote_cluster_file], None, 30, False)
+        except Exception as exc:
+            logger.warning("could not remove %s on the login node: %s", plan.remote_cluster_file, exc)
+    if plan.plan_file:
+        Path(plan.plan_file).unlink(missing_ok=True)
+    handover_path(cluster_file).unlink(missing_ok=True)
+    owner_path(cluster_file).unlink(missing_ok=True)
+    if plan.tls_directory:                     # certificates made for this cluster alone
+        shutil.rmtree(plan.tls_directory, ignore_errors=True)
+
+
+def start_dashboard(sched, secret: bytes, sc: SchedulerPlan, jm) -> Dashboard | None:
     """The dashboard (issue 17) on this process's loop, beside the scheduler, where the
     scheduler listens unless dashboard_address names a host; it reads the job manager's table
     (no batch command per request: the table is what the last poll saw). A dashboard that
     cannot listen is logged, not fatal: the cluster works without it."""
-    if not sc.get("dashboard"):
+    if not sc.dashboard:
         return None
-    host, port = sc["dashboard"]
-    dashboard = Dashboard(sched, secret, host=host or sc["host"], port=int(port), jobs=lambda: jm.table(demand=False))
+    host, port = sc.dashboard
+    dashboard = Dashboard(sched, secret, host=host or sc.host, port=int(port), jobs=lambda: jm.table(demand=False))
     try:
         dashboard.start()
     except OSError as exc:
         logger.error("the dashboard could not listen on %s:%s (%s); the cluster runs without it. Change "
-                     "scheduler_options' dashboard_address", host or sc["host"], port, exc)
+                     "scheduler_options' dashboard_address", host or sc.host, port, exc)
         return None
     return dashboard
 
@@ -268,32 +237,6 @@ async def _end_grace_when_back(sched, jobs: dict, poll: float = 0.2) -> None:
             sched._flush()
             return
         await asyncio.sleep(poll)
-
-
-def jobs_record(jm) -> dict:
-    """The journal's jobs record: job id -> what adopting it takes (jobs.py's Job fields), for
-    every unfinished job; read at each journal flush, so a job submitted is in it within 0.2 s."""
-    names: dict[str, list] = {}
-    for ws in jm.scheduler.state.workers.values():
-        if ws.info.get("job_id"):
-            names.setdefault(str(ws.info["job_id"]), []).append(ws.name)
-    return {jid: {"pool": m.pool, "index": j.index, "state": j.state, "submitted": j.submitted,
-                  "started": j.started, "registered": j.registered, "retiring": j.retiring,
-                  "workers": sorted(set(names.get(jid, ())) | set(j.worker_names))}
-            for m in jm.managers.values() for jid, j in m.jobs.items() if not j.final}
-
-
-async def _let_go(sched, journal, jm) -> None:
-    """A scheduler job's end: the next daemon takes over. The job manager stops watching (its
-    jobs stay in the queue: the next daemon adopts them from the journal's jobs record), the
-    journal gets the last changes, and the scheduler closes without telling its workers and
-    clients to leave, so they reattach to the successor."""
-    if sched.closed.is_set():
-        return
-    jm.stop_watching()
-    if journal is not None:
-        journal.jobs = jobs_record(jm)
-    await sched.close(restarting=True)        # flushes and closes the journal, frees the port
 
 
 def _log_failure(task: asyncio.Task) -> None:
@@ -317,13 +260,12 @@ async def _watch_owner(pid: int, stop: asyncio.Event) -> None:
 def main(argv=None) -> int:
     raise_open_file_limit()          # a soft 1024 under a far higher hard limit is common
     p = argparse.ArgumentParser(prog="python -m hpc_cluster.deploy.daemon")
-    p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.launch")
+    p.add_argument("plan", help="JSON plan written by hpc_cluster.deploy.launch (deploy/plan.py's Plan)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    plan = json.loads(Path(args.plan).read_text())
-    return asyncio.run(run(plan))
+    return asyncio.run(run(Plan.load(args.plan)))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from ...adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
+from ..plan import Plan
 
 logger = logging.getLogger("hpc_cluster.daemon")
 
@@ -46,13 +47,12 @@ STATUS_INTERVAL = 2.0          # seconds between squeue/qstat calls of a handle 
 
 
 # -- pure ------------------------------------------------------------------------------------
-def scheduler_spec(worker_job: dict, command: str, walltime: int, memory: int, job_name: str) -> JobSpec:
+def scheduler_spec(worker_job: JobSpec, command: str, walltime: int, memory: int, job_name: str) -> JobSpec:
     """The scheduler job: the workers' spec (queue, account, directives, prologue, env, log
     directory, template) with 1 core, `memory`, `walltime` and the daemon's command. The
     epilogue is the workers' own; SLURM's job_cpu/job_mem and PBS's resource_spec size the
     workers' jobs, not this one."""
-    spec = JobSpec(**worker_job)
-    return spec.replace(worker_command=command, job_name=job_name, cores=1, memory=int(memory), processes=1,
+    return worker_job.replace(worker_command=command, job_name=job_name, cores=1, memory=int(memory), processes=1,
                         walltime=int(walltime), nanny=False, job_cpu=None, job_mem=None, resource_spec=None,
                         epilogue=[], worker_index=0)
 
@@ -256,33 +256,33 @@ class Renewal:
     """Runs in a daemon that is a scheduler job: submits its successor in time, waits until it
     is ready, then calls `hand_over` (the daemon lets go) and writes "done"."""
 
-    def __init__(self, adapter: BatchAdapter, plan: dict, job: dict, address_port: int,
+    def __init__(self, adapter: BatchAdapter, plan: Plan, job: dict, address_port: int,
                  hand_over: Callable[[], Awaitable[None]], clock=time.time):
         self.adapter, self.plan, self.job, self.port = adapter, plan, job, address_port
         self.hand_over, self.clock = hand_over, clock
-        self.cluster_file = Path(plan["cluster_file"])
-        sj = plan["scheduler_job"]
-        self.walltime = float(job.get("walltime") or sj["job"]["walltime"])
+        self.cluster_file = Path(plan.cluster_file)
+        sj = plan.scheduler_job
+        self.walltime = float(job.get("walltime") or sj.job.walltime)
         self.started = float(job.get("started") or clock())
-        submitted = sj.get("submitted")
+        submitted = sj.submitted
         self.queue_wait = max(0.0, self.started - float(submitted)) if submitted else 10.0
         self.successor: str | None = None
         self.handed_over = False
 
     def due(self) -> float:
-        return renew_at(self.started, self.walltime, float(self.plan["scheduler"].get("walltime_margin", 60.0)),
+        return renew_at(self.started, self.walltime, float(self.plan.scheduler.walltime_margin),
                         self.queue_wait)
 
-    def successor_plan(self) -> dict:
-        plan = json.loads(json.dumps(self.plan))
-        plan["resume"] = True
-        plan["successor_of"] = self.job["id"]
-        plan["scheduler"]["prefer_port"] = self.port
-        plan["scheduler_job"]["submitted"] = self.clock()
+    def successor_plan(self) -> Plan:
+        plan = self.plan.copy()
+        plan.resume = True
+        plan.successor_of = self.job["id"]
+        plan.scheduler.prefer_port = self.port
+        plan.scheduler_job.submitted = self.clock()
         # The successor keeps the jobs it adopts from the journal, and submits none of its own.
-        plan["n_jobs"] = 0
-        for pool in (plan.get("pools") or {}).values():
-            pool["n_jobs"] = 0
+        plan.n_jobs = 0
+        for pool in plan.pools.values():
+            pool.n_jobs = 0
         return plan
 
     async def run(self) -> None:
@@ -303,14 +303,9 @@ class Renewal:
 
     async def _submit(self) -> bool:
         plan = self.successor_plan()
-        path = Path(plan["plan_file"])
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(plan, f)
-        os.replace(tmp, path)
+        plan.save(plan.plan_file)
         try:
-            script = self.adapter.render(JobSpec(**plan["scheduler_job"]["job"]))
+            script = self.adapter.render(plan.scheduler_job.job)
             self.successor = await asyncio.to_thread(self.adapter.submit, script)
         except BatchError as exc:
             logger.error("could not submit the successor of scheduler job %s: %s", self.job["id"], exc)

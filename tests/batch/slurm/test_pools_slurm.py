@@ -16,7 +16,7 @@ import pytest
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, SLURMCluster  # noqa: E402
-from hpc_cluster.deploy.launch import pool_table  # noqa: E402
+from hpc_cluster.deploy.plan import pool_table  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 

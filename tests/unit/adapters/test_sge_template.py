@@ -8,7 +8,7 @@ import pytest
 
 from hpc_cluster.adapters import get_adapter
 from hpc_cluster.config import resolve
-from hpc_cluster.deploy.launch import job_spec
+from hpc_cluster.deploy.plan import job_spec
 
 CASES = [
     dict(cores=2, memory="4GB", walltime="01:00:00"),

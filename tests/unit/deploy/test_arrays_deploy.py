@@ -13,7 +13,7 @@ import pytest
 
 from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.cluster import SLURMCluster
-from hpc_cluster.deploy.launch import job_spec
+from hpc_cluster.deploy.plan import PoolPlan, job_spec
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
 from helpers.fakes import FakeAdapter
@@ -42,7 +42,8 @@ def manager(adapter, job_array=True, pools=None, **job):
     sched.drain = lambda addrs, why: sched.drained.append((tuple(addrs), why))
     sched.halt = sched.halts.append
     spec = {"worker_command": "w", "cores": 1, "memory": 300_000_000, "walltime": 600, "job_array": job_array, **job}
-    pm = PoolManager(sched, adapter, {"default": {"job": spec}, **(pools or {})})
+    pools = {"default": {"job": spec}, **(pools or {})}
+    pm = PoolManager(sched, adapter, {name: PoolPlan.from_json(p) for name, p in pools.items()})
     return pm, sched
 
 

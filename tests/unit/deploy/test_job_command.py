@@ -1,4 +1,4 @@
-"""Keywords -> the job: what `deploy/launch.py` puts in the worker command and the JobSpec,
+"""Keywords -> the job: what `deploy/plan.py` puts in the worker command and the JobSpec,
 read back the way the job's shell and the worker's own argument parser read it. Pure,
 except the last test, which runs a rendered job script with bash and checks that real
 workers (under their nannies) joined a real scheduler from their local_directory.
@@ -20,7 +20,7 @@ import pytest
 from hpc_cluster import Client, LocalCluster  # noqa: E402
 from hpc_cluster.adapters.slurm import SLURMAdapter  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
-from hpc_cluster.deploy.launch import REMOTE_DEFAULT_PYTHON, job_spec, worker_command  # noqa: E402
+from hpc_cluster.deploy.plan import REMOTE_DEFAULT_PYTHON, job_spec, worker_command  # noqa: E402
 from hpc_cluster.config import ConfigError, resolve  # noqa: E402
 from hpc_cluster.protocol.clusterfile import write_cluster_file  # noqa: E402
 from hpc_cluster.worker.__main__ import build_parser  # noqa: E402

@@ -18,6 +18,7 @@ from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.daemon.polling import (BudgetedRunner, CallBudget, Pacer, PollSettings,
                                         needs_fast, poll_backoff, poll_forever, transient)
 from hpc_cluster.deploy.daemon.pools import PoolManager
+from hpc_cluster.deploy.plan import PoolPlan
 from hpc_cluster.scheduler.state import SchedulerState
 from helpers.fakes import FakeAdapter
 from helpers.wait import wait_until, wait_until_async
@@ -166,7 +167,7 @@ def pool_manager(settings):
                                   halt=lambda r: None, fail_if_stranded=lambda: None, drain=lambda *a: None)
     adapter = FakeAdapter()
     job_spec = {"worker_command": "w", "cores": 1, "memory": 300_000_000, "walltime": 600}
-    return PoolManager(sched, adapter, {"default": {"job": job_spec}}, poll=settings), adapter
+    return PoolManager(sched, adapter, {"default": PoolPlan.from_json({"job": job_spec})}, poll=settings), adapter
 
 
 def test_a_registration_marks_the_job_running_and_a_death_wakes_the_poller():

@@ -20,7 +20,7 @@ from hpc_cluster.cli.views import pools_tables, print_deaths
 from hpc_cluster.config import ConfigError, parse_config_text, resolve
 from hpc_cluster.config.pools import ESCALATE_DEFAULTS
 from hpc_cluster.deploy.cluster import PBSCluster, SLURMCluster
-from hpc_cluster.deploy.launch import make_plan, pool_table
+from hpc_cluster.deploy.plan import PoolPlan, make_plan, pool_table
 from hpc_cluster.deploy.daemon.pools import PoolManager, announce
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.worker.__main__ import build_parser, registration_info
@@ -137,13 +137,13 @@ def test_the_scheduler_is_told_each_pools_size_and_policy(tmp_path):
         "big": {"memory": 7_999_376_588, "walltime": 7200.0, "nthreads": 1, "processes": 2,
                 "resources": {"GPU": 1.0}, "max_jobs": 2, "escalation_only": True}}
     plan = make_plan(cfg, "t", tmp_path / "t.json", n_jobs=1, pool_jobs=None)
-    assert {n: p["n_jobs"] for n, p in plan["pools"].items()} == {"default": 1, "big": 2}   # 3 workers: 2 jobs
-    assert plan["pools"]["big"]["job"]["memory"] == 16_000_000_000 and plan["escalate"]["margin"] == 1.5
-    assert "--pool big --resources GPU=1" in plan["pools"]["big"]["job"]["worker_command"]
+    assert {n: p.n_jobs for n, p in plan.pools.items()} == {"default": 1, "big": 2}   # 3 workers: 2 jobs
+    assert plan.pools["big"].job.memory == 16_000_000_000 and plan.escalate["margin"] == 1.5
+    assert "--pool big --resources GPU=1" in plan.pools["big"].job.worker_command
     told = []
     state = types.SimpleNamespace(set_pools=lambda pools, escalate: told.append((pools, escalate)))
-    assert announce(state, plan["pools"], plan["escalate"]) and told == [(table, ESCALATE_DEFAULTS)]
-    assert announce(types.SimpleNamespace(), plan["pools"], None) is False     # a scheduler without pools
+    assert announce(state, plan.pools, plan.escalate) and told == [(table, ESCALATE_DEFAULTS)]
+    assert announce(types.SimpleNamespace(), plan.pools, None) is False     # a scheduler without pools
     with pytest.raises(ConfigError, match="no pool named 'huge'"):
         make_plan(cfg, "t", tmp_path / "t.json", n_jobs=0, pool_jobs={"huge": 1})
 
@@ -168,7 +168,8 @@ def manager(max_jobs_in_queue=None, big_max=2):
              "big": {"job": {**job, "worker_command": "w --pool big", "memory": 1_500_000_000, "cores": 2},
                      "max_jobs": big_max, "escalation_only": True}}
     adapter = FakeAdapter()
-    pm = PoolManager(sched, adapter, pools, max_jobs_in_queue=max_jobs_in_queue)
+    pm = PoolManager(sched, adapter, {name: PoolPlan.from_json(p) for name, p in pools.items()},
+                     max_jobs_in_queue=max_jobs_in_queue)
     return pm, adapter, state, sched
 
 
@@ -375,8 +376,8 @@ def test_adapt_per_pool_sizes_a_pool_to_its_own_work(monkeypatch):
     policy = dict(interval=1.0, wait_count=3, target_duration=20.0)
     pm.managers["big"].adaptive = jobs.AdaptPolicy(0, 4, **policy)     # as pm.adapt(0, 4, pool="big") sets it
     pm.managers["default"].adaptive = jobs.AdaptPolicy(0, 4, **policy)
-    assert pm.managers["big"].desired() == 3                           # 120 s / (20 s x 2 cores)
-    assert pm.managers["default"].desired() == 0
+    assert pm.managers["big"].update_target() == 3                     # 120 s / (20 s x 2 cores)
+    assert pm.managers["default"].update_target() == 0
     assert asked == ["big", "default"]
     with pytest.raises(ValueError, match="no pool named 'huge'"):
         pm.adapt(0, 1, pool="huge")
@@ -395,8 +396,12 @@ def test_cli_scale_of_a_pool_is_checked_against_the_clusters_plan(capsys):
     from hpc_cluster.protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
     write_cluster_file(cluster_file_for("c"), "tcp://127.0.0.1:1", new_secret(), name="c", pid=os.getpid(),
                        batch="slurm", site="lab", log_directory=None, daemon_log=None)
-    plan_file("c").write_text(json.dumps({"job": {"processes": 1}, "pools": {
-        "default": {"job": {"processes": 1}}, "big": {"job": {"processes": 2}, "max_jobs": 2}}}))
+    job = {"worker_command": "w", "processes": 1}
+    plan_file("c").write_text(json.dumps({
+        "name": "c", "batch": "slurm", "cluster_file": str(cluster_file_for("c")), "job": job,
+        "scheduler": {"host": "0.0.0.0", "allowed_failures": 3, "heartbeat_ttl": 60, "versions": "warn",
+                      "max_message_bytes": 10**9, "max_frame_bytes": 10**8},
+        "pools": {"default": {"job": job}, "big": {"job": {**job, "processes": 2}, "max_jobs": 2}}}))
     code, _, err = run(capsys, "scale", "1", "c", "--pool", "huge")
     assert code == 2 and "--pool huge: cluster 'c' has no such pool; its pools: default, big" in err
     code, _, err = run(capsys, "scale", "6", "c", "--pool", "big")              # 6 workers: 3 jobs of 2

@@ -19,7 +19,7 @@ from hpc_cluster.adapters.slurm import SLURMAdapter
 from hpc_cluster.cli import main
 from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.daemon import scheduler_job as sj
-from hpc_cluster.deploy.launch import job_spec
+from hpc_cluster.deploy.plan import Plan, job_spec
 from hpc_cluster.protocol.clusterfile import cluster_file_for
 from helpers.wait import wait_until
 
@@ -37,9 +37,8 @@ def slurm_cfg(**kw):
 def test_the_scheduler_job_is_the_workers_job_with_one_core_and_the_daemon_command():
     cfg = slurm_cfg(scheduler_in_job=True)
     worker = job_spec(cfg, "/shared/c.json", "c")
-    fields = {k: getattr(worker, k) for k in worker.__dataclass_fields__}
     command = sj.daemon_command("/venv/bin/python", "/shared/.c.plan.json", "/shared/c 1.log")
-    spec = sj.scheduler_spec(fields, command, 3600, cfg.values["scheduler_job_memory"], "dask-worker-scheduler")
+    spec = sj.scheduler_spec(worker, command, 3600, cfg.values["scheduler_job_memory"], "dask-worker-scheduler")
     assert (spec.cores, spec.processes, spec.walltime, spec.job_cpu, spec.job_mem) == (1, 1, 3600, None, None)
     assert (spec.queue, spec.account, spec.prologue) == ("debug", "lab", ["module load python"])
     script = SLURMAdapter().render(spec)
@@ -48,7 +47,7 @@ def test_the_scheduler_job_is_the_workers_job_with_one_core_and_the_daemon_comma
     assert "#SBATCH -J dask-worker-scheduler" in script
     assert ("exec /venv/bin/python -m hpc_cluster.deploy.daemon /shared/.c.plan.json >> '/shared/c 1.log' 2>&1"
             in script)
-    pbs = PBSAdapter().render(sj.scheduler_spec({**fields, "job_cpu": None, "job_mem": None}, command, 600,
+    pbs = PBSAdapter().render(sj.scheduler_spec(worker.replace(job_cpu=None, job_mem=None), command, 600,
                                                 10**9, "s"))
     assert "ncpus=1" in pbs and "walltime=00:10:00" in pbs
 
@@ -167,10 +166,14 @@ def test_job_alive_knows_queued_running_and_ended_scheduler_jobs(home):
     assert sj.job_alive({"scheduler_job": "3"}, path, failing) is True
 
 
-def plan_for(home) -> dict:
-    return {"name": "c", "cluster_file": str(home / "c.json"), "plan_file": str(home / ".c.plan.json"),
-            "n_jobs": 2, "pools": {"default": {"n_jobs": 2}}, "scheduler": {"walltime_margin": 60, "port": 0},
-            "scheduler_job": {"job": {"worker_command": "x", "walltime": 60}, "submitted": 990.0}}
+def plan_for(home) -> Plan:
+    job = {"worker_command": "x", "walltime": 60}
+    return Plan.from_json({
+        "name": "c", "batch": "slurm", "cluster_file": str(home / "c.json"), "plan_file": str(home / ".c.plan.json"),
+        "job": job, "n_jobs": 2, "pools": {"default": {"job": job, "n_jobs": 2}},
+        "scheduler": {"host": "0.0.0.0", "allowed_failures": 3, "heartbeat_ttl": 60, "versions": "warn",
+                      "max_message_bytes": 10**9, "max_frame_bytes": 10**8, "walltime_margin": 60, "port": 0},
+        "scheduler_job": {"job": job, "submitted": 990.0}})
 
 
 def test_the_successors_plan_resumes_on_the_old_port_and_submits_no_jobs(home):
@@ -178,10 +181,11 @@ def test_the_successors_plan_resumes_on_the_old_port_and_submits_no_jobs(home):
                          hand_over=None, clock=lambda: 1030.0)
     assert renewal.queue_wait == 10.0
     assert renewal.due() == sj.renew_at(1000, 60, 60, 10)
-    plan = renewal.successor_plan()
+    plan = renewal.successor_plan().to_json()
     assert plan["resume"] is True and plan["successor_of"] == "9"
     assert plan["scheduler"]["prefer_port"] == 4321 and plan["scheduler_job"]["submitted"] == 1030.0
     assert plan["n_jobs"] == 0 and plan["pools"]["default"]["n_jobs"] == 0
+    assert renewal.plan.n_jobs == 2 and not renewal.plan.resume          # its own plan is left as it was
 
 
 def test_a_successor_waits_for_done_or_for_its_predecessors_end(home):

@@ -107,7 +107,7 @@ def _manager(now, walltime=60, margin=60, lifetime=None):
 def test_renewal_runs_ahead_of_the_workers_lifetime_when_it_ends_the_job_first():
     # dask-jobqueue's recipe: --lifetime 55m --lifetime-stagger 4m in 1-hour jobs. Without
     # --lifetime-restart the job ends with its workers, at 51 minutes at the earliest.
-    from hpc_cluster.deploy.launch import job_lifetime
+    from hpc_cluster.deploy.plan import job_lifetime
     lifetime = job_lifetime(["--lifetime", "55m", "--lifetime-stagger", "4m"])
     assert lifetime == 51 * 60 and job_lifetime(["--lifetime", "55m", "--lifetime-restart"]) is None
     jm, _, clock = _manager(now=0, walltime=3600, lifetime=lifetime)
@@ -136,19 +136,19 @@ def test_adapt_grows_at_once_and_shrinks_only_when_polls_agree():
     jm, state, _ = _manager(now=0)
     jm.adaptive, jm.target = AdaptPolicy(1, 5, target_duration=30, wait_count=3), 1
     state.update_graph("c", [task(f"t{i}", duration=10) for i in range(30)], [f"t{i}" for i in range(30)])
-    assert jm.desired() == 5                                           # 300 s of work / (30 s x 2 threads)
+    assert jm.update_target() == 5                                     # 300 s of work / (30 s x 2 threads)
     state.client_releases("c", [f"t{i}" for i in range(30)])
-    assert [jm.desired() for _ in range(3)] == [5, 5, 1]               # down after 3 agreeing polls
+    assert [jm.update_target() for _ in range(3)] == [5, 5, 1]         # down after 3 agreeing polls
 
 
 def test_adapt_follows_dasks_target_duration_wait_count_and_no_maximum():
     jm, state, _ = _manager(now=0)
     jm.adaptive, jm.target = AdaptPolicy(0, None), 0                    # dask's defaults: 5 s, 3 rounds
     state.update_graph("c", [task(f"t{i}", duration=10) for i in range(30)], [f"t{i}" for i in range(30)])
-    assert jm.desired() == 30                                          # 300 s / (5 s x 2 threads), no cap
+    assert jm.update_target() == 30                                    # 300 s / (5 s x 2 threads), no cap
     jm.adaptive.wait_count = 1
     state.client_releases("c", [f"t{i}" for i in range(30)])
-    assert jm.desired() == 0                                           # down at the first decision
+    assert jm.update_target() == 0                                     # down at the first decision
 
 
 def test_dask_keys_learn_durations_by_their_name():
