@@ -45,16 +45,44 @@ def parse_memory(value: int | float | str, what: str = "memory") -> int:
     return n
 
 
-def format_memory(nbytes: int | float | None) -> str:
-    """Human form with binary units: 1.02 GiB."""
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+_DECIMAL = ("B", "kB", "MB", "GB", "TB")
+
+
+def format_memory(nbytes: int | float | None, unit: str | None = None, digits: int = 2, *,
+                  decimal: bool = False, significant: int | None = None, sep: str = " ",
+                  unknown: str = "?") -> str:
+    """The one byte formatter. By default binary units, two decimals: '1.02 GiB', '512 B'.
+
+    unit: the unit to write it in ('MiB', 'GB'), for numbers that share an axis or a sentence;
+        else the largest one the size reaches.
+    digits: decimals (bytes are always whole); or `significant`: at most that many significant
+        digits, the whole part always, no trailing zeros (2: '16', '1.5', '300').
+    decimal: powers of 1000 (kB, MB, GB), as users write sizes in configs (memory: 16GB).
+    sep: between the number and the unit ('' gives '16GB'); unknown: the text for None.
+    """
     if nbytes is None:
-        return "?"
+        return unknown
+    names, step = (_DECIMAL, 1000) if decimal else (_BINARY, 1024)
     n = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"  # pragma: no cover
+    if unit is None:
+        power = 0
+        while abs(n) >= step and power < len(names) - 1:
+            n /= step
+            power += 1
+        unit = names[power]
+    elif unit in names:
+        n /= step ** names.index(unit)
+    else:
+        raise ValueError(f"unit={unit!r}: use one of {', '.join(names)}")
+    if unit == "B":
+        text = f"{n:.0f}"
+    elif significant is not None:
+        text = f"{n:.{max(0, significant - len(str(int(abs(n)))))}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+    else:
+        text = f"{n:.{digits}f}"
+    return f"{text}{sep}{unit}"
 
 
 _WALL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

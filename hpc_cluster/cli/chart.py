@@ -27,6 +27,7 @@ its death, which is marked at the right end.
 from __future__ import annotations
 
 from ..memseries import downsample
+from ..units import format_memory
 from .views import dur
 
 GiB, MiB = 2**30, 2**20
@@ -42,8 +43,8 @@ def _unit(top: float) -> tuple[int, str]:
 
 
 def _fmt(value: float, unit: tuple[int, str]) -> str:
-    size, name = unit
-    return f"{value / size:.{2 if name == 'GiB' else 0}f} {name}" if value else f"0 {name}"
+    name = unit[1]
+    return format_memory(value or 0, name, 2 if name == "GiB" and value else 0)      # 0 is '0 MiB'
 
 
 def memory_chart(memory: dict, width: int = 60, height: int = 10) -> str:

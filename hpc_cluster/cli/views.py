@@ -11,6 +11,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..units import format_memory
+
 LIVE = ("pending", "running")
 
 
@@ -29,15 +31,8 @@ def dur(seconds) -> str:
 
 
 def mem(nbytes) -> str:
-    """Decimal units, as users write them in configs (memory: 16GB)."""
-    if nbytes is None:
-        return "-"
-    n = float(nbytes)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f}{unit}" if n >= 10 or unit == "B" else f"{n:.1f}".rstrip("0").rstrip(".") + unit
-        n /= 1000
-    return f"{n:.0f}TB"  # pragma: no cover
+    """Decimal units, as users write them in configs (memory: 16GB): '16GB', '1.5GB', '300MB'."""
+    return format_memory(nbytes, decimal=True, significant=2, sep="", unknown="-")
 
 
 def fmt_clock(t) -> str:

@@ -15,6 +15,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from ..units import format_memory
+
 CAUSES = ("retired", "walltime", "memory-batch", "memory-nanny", "crash", "startup", "cancelled",
           "preempted", "node-failure", "connection-lost", "scheduler-lost", "heartbeat-lost", "unknown")
 BLAMED = frozenset({"memory-batch", "memory-nanny", "crash"})
@@ -98,17 +100,6 @@ def signal_name(num) -> str:
         return f"signal {num}"
 
 
-def fmt_bytes(n) -> str:
-    if not n:
-        return "?"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return "?"
-
-
 def fmt_seconds(s) -> str:
     if s is None:
         return "?"
@@ -176,9 +167,9 @@ def _memory_numbers(ev: Evidence) -> str:
     a = _acct(ev)
     rss = a.get("max_rss") or _nanny(ev).get("peak_rss")
     req = a.get("requested_memory")
-    shown = fmt_bytes(rss) if rss else "not recorded"
+    shown = format_memory(rss) if rss else "not recorded"
     name = "MaxRSS" if a.get("max_rss") else "peak RSS"        # sacct's name, or the nanny's
-    return f"{name} {shown} of {fmt_bytes(req)} requested" if req else f"{name} {shown}"
+    return f"{name} {shown} of {format_memory(req)} requested" if req else f"{name} {shown}"
 
 
 def _memory_enforcer(ev: Evidence) -> str:
@@ -212,9 +203,9 @@ RULES = [
     (lambda ev: _nanny(ev).get("killed_by_nanny"),
      lambda ev: ("memory-nanny",
                  f"the nanny stopped the worker {_running(ev)}: memory reached "
-                 f"{fmt_bytes(_nanny(ev).get('peak_rss'))}, over its budget of "
-                 f"{fmt_bytes(_nanny(ev).get('memory_budget'))} "
-                 f"({fmt_bytes(_nanny(ev).get('memory_limit'))} memory_limit)")),
+                 f"{format_memory(_nanny(ev).get('peak_rss') or None)}, over its budget of "
+                 f"{format_memory(_nanny(ev).get('memory_budget') or None)} "
+                 f"({format_memory(_nanny(ev).get('memory_limit') or None)} memory_limit)")),
     (lambda ev: _nanny(ev).get("cgroup_oom") or _acct_state(ev) == "out-of-memory" or _step_oom(ev)
      or (_log_says(ev, "memory-batch") and _nanny(ev).get("signal") in (None, 9)),
      lambda ev: ("memory-batch", f"the batch system's memory limit ended the worker {_running(ev)} "
@@ -364,7 +355,7 @@ def ask_for(nbytes: float) -> str:
 
 
 def _size(n) -> str:
-    return "0 B" if n == 0 else fmt_bytes(n)
+    return format_memory(n)
 
 
 def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
@@ -438,7 +429,7 @@ def facts_of(ev: Evidence) -> list[str]:
     if n:
         how = (f"signal {n['signal']} ({signal_name(n['signal'])})" if n.get("signal")
                else f"exit code {n.get('exit_code')}")
-        out.append(f"nanny: worker pid {n.get('pid')} ended with {how}, peak RSS {fmt_bytes(n.get('peak_rss'))}"
+        out.append(f"nanny: worker pid {n.get('pid')} ended with {how}, peak RSS {format_memory(n.get('peak_rss') or None)}"
                    + (", killed by the nanny over its memory budget" if n.get("killed_by_nanny") else "")
                    + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else "")
                    + (f", ended by the nanny after the scheduler lost its heartbeat (process "

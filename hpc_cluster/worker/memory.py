@@ -274,4 +274,4 @@ def trim_malloc() -> None:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
+    return format_memory(n, "MiB", 0)

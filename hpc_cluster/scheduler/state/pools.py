@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from ...units import format_memory
 from ..diagnosis import MEMORY_CAUSES, ask_for, fmt_seconds
 from .placement import FIT_FACTOR, FIT_SLACK, expected_duration, has_time, worker_pool
 
@@ -81,22 +82,22 @@ def decimal_size(n) -> str:
     """Pool sizes as users write them: '64 GB', '1.5 GB', '300 MB'."""
     if not n:
         return "no memory limit"
-    return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
+    return format_memory(n, decimal=True, significant=3)
 
 
 def _used_of(peak, limit) -> str:
     """'3.9 of 4.0 GiB', '290 of 300 MiB': the peak the way the verdict's evidence reads."""
-    unit, name, digits = (2**30, "GiB", 1) if (limit or peak or 0) >= 2**30 else (2**20, "MiB", 0)
+    name, digits = ("GiB", 1) if (limit or peak or 0) >= 2**30 else ("MiB", 0)
     if not limit:
-        return f"{peak / unit:.{digits}f} {name}"
-    return f"{peak / unit:.{digits}f} of {limit / unit:.{digits}f} {name}"
+        return format_memory(peak, name, digits)
+    return f"{format_memory(peak, name, digits).split()[0]} of {format_memory(limit, name, digits)}"   # one unit
 
 
 def _at_limit(peak, limit) -> str:
     """The kernel ended it at its cgroup limit, above the last peak the nanny sampled (a fast
     allocation falls between two samples): 'its 286 MiB limit (101 MiB sampled)'."""
-    unit, name, digits = (2**30, "GiB", 1) if limit >= 2**30 else (2**20, "MiB", 0)
-    return f"its {limit / unit:.{digits}f} {name} limit ({peak / unit:.{digits}f} {name} sampled)"
+    name, digits = ("GiB", 1) if limit >= 2**30 else ("MiB", 0)
+    return f"its {format_memory(limit, name, digits)} limit ({format_memory(peak, name, digits)} sampled)"
 
 
 def _new_name(pools: dict, name: str) -> str:
