@@ -24,7 +24,7 @@ from djq_suite import VERSION, SuiteUnavailable  # noqa: E402
 from djq_table import TableError, known_failures  # noqa: E402
 from slurm_jobs import CLUSTER_SH, cluster_is_up  # noqa: E402
 
-SGE_CLUSTER_SH = HERE.parent / "sge" / "cluster.sh"
+SGE_CLUSTER_SH = HERE.parents[1] / "batch" / "sge" / "cluster.sh"
 
 
 def pytest_terminal_summary(terminalreporter):

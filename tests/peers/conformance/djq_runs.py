@@ -34,14 +34,14 @@ from upstream import PYTEST, PytestRun, Result, indent, isolated_environ, last_l
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-PBS_SIM = REPO / "tests" / "pbs_sim"
+PBS_SIM = REPO / "tests" / "helpers" / "pbs_sim"
 # The simulators each -E run puts first on PATH: (directory, its state directory's variable,
 # the variable of the delay between its kill signals). They share pbs_sim's layout of job
 # directories and pid files, so pbssim's live_pids and cleanup serve all three.
 SIMULATORS = {
     "pbs": (PBS_SIM, "PBS_SIM_HOME", "PBS_SIM_KILL_DELAY"),
-    "lsf": (REPO / "tests" / "lsf_sim", "LSF_SIM_HOME", "LSF_SIM_KILL_DELAY"),
-    "htcondor": (REPO / "tests" / "htcondor_sim", "CONDOR_SIM_HOME", "CONDOR_SIM_KILL_DELAY"),
+    "lsf": (REPO / "tests" / "helpers" / "lsf_sim", "LSF_SIM_HOME", "LSF_SIM_KILL_DELAY"),
+    "htcondor": (REPO / "tests" / "helpers" / "htcondor_sim", "CONDOR_SIM_HOME", "CONDOR_SIM_KILL_DELAY"),
 }
 
 # A hung test fails on its own (their tests wait QUEUE_WAIT = 60 s at most per step, and
