@@ -159,7 +159,9 @@ class ClientsMixin:
             if not holders:
                 self._err(ts, {"kind": "lost-data", "text": f"scattered data {key!r} reached no live worker"})
                 continue
-            ts.state, ts.error = "memory", None
+            if ts.state != "memory":                  # (the same data scattered again: still in memory)
+                self._transition(ts, "memory", "scattered")
+            ts.error = None
             for ws in holders:
                 own(ts, "who_has").add(ws)
                 ws.has_what.add(ts)
@@ -177,6 +179,9 @@ class ClientsMixin:
         holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
         if self.touched is not None:
             self.touched.update(self.tasks)          # every one forgotten
+        if self.debug:
+            for ts in self.tasks.values():
+                self._tell_story(ts.key, ts.state, "forgotten", "cleared")
         self.tasks.clear()
         self.copying.clear()
         self._ready.clear()

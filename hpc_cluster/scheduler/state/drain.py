@@ -41,7 +41,7 @@ class DrainMixin:
                 unstarted.append(ts.key)
             elif not self._finishes_in_time(ts, ws):
                 self._abandon(ts)             # would die at walltime: run it elsewhere, uncharged
-                ts.state = "released"
+                self._transition(ts, "released", "drain")
                 self._activate(ts)
         if unstarted:
             self._send(address, {"op": "hand-back", "keys": unstarted})
@@ -54,7 +54,7 @@ class DrainMixin:
             ts = self.tasks.get(key)
             if ws is not None and ts is not None and ts.processing_on is ws and not ts.executing:
                 self._unassign(ts)
-                ts.state = "released"
+                self._transition(ts, "released", "handed-back")
                 self._activate(ts)
         self._schedule()
 

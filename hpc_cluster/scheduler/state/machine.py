@@ -37,6 +37,8 @@ from .reattach import ReattachMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
 from .timeline import TimelineMixin
+from .transitions import TransitionsMixin
+from .validate import ValidateMixin
 from .prefetch import PREFETCH_SECONDS, DeepWorkers, not_queued
 from .placement import TaskDurations, worker_pool
 from .records import EMPTY, TaskState, WorkerState, add_edge, dependency_error, drop_edge, own  # noqa: F401  (re-exported: tests and mixins use them from here)
@@ -45,9 +47,11 @@ ACTIVE = ("waiting", "queued", "processing")
 
 
 class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
-                     RecoveryMixin, TimelineMixin, AheadMixin, PlacingMixin):
+                     RecoveryMixin, TimelineMixin, AheadMixin, PlacingMixin, TransitionsMixin, ValidateMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
-                 queue_roots: bool = True, prefetch_seconds: float = PREFETCH_SECONDS):
+                 queue_roots: bool = True, prefetch_seconds: float = PREFETCH_SECONDS, debug: bool = False):
+        """`debug`: check every state change against transitions.ALLOWED and keep each task's
+        story (transitions.py); the server also runs validate() after each batch then."""
         self.tasks: dict[str, TaskState] = {}
         self.workers: dict[str, WorkerState] = {}
         self.clients: set[str] = set()
@@ -81,6 +85,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         # reads them at each flush); None: no journal, nothing noted.
         self.touched: set | None = None
         self.touched_deaths: set | None = None
+        self.debug = debug
+        self._stories: dict = {}                     # key -> its latest changes, in debug mode (transitions.py)
 
     @classmethod
     def rebuild(cls, recovered, now: float, **kwargs) -> "SchedulerState":
@@ -208,7 +214,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 # by tests/unit/scheduler/test_state_fuzz.py: it was started again, for nobody).
                 continue
             if not (ts in executing and self._over_limits(ts)):
-                ts.state = "released"
+                self._transition(ts, "released", "worker-lost")
                 self._activate(ts)
         self._schedule()
         return record
@@ -224,7 +230,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
 
     def _data_lost(self, ts: TaskState) -> None:
         """The last copy of a result is gone: recompute it if anyone needs it."""
-        ts.state = "released"
+        self._transition(ts, "released", "data-lost")
         self._touch(ts)
         for dep in ts.dependents:
             if dep.state == "processing" and not dep.executing:
@@ -232,10 +238,12 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 # waits here for the recomputed input instead (found by tests/unit/scheduler/test_state_fuzz.py).
                 # A running one has its inputs.
                 self._abandon(dep)
-                dep.state = "queued"
-            if dep.state in ("queued", "waiting"):
-                dep.state = "waiting"
-                own(dep, "waiting_on").add(ts)
+                self._transition(dep, "waiting", "input-lost")
+            elif dep.state == "queued":
+                self._transition(dep, "waiting", "input-lost")
+            elif dep.state != "waiting":
+                continue
+            own(dep, "waiting_on").add(ts)
         if ts.who_wants or ts.waiters:
             self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
             if ts.func is None:
@@ -301,7 +309,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         if ts.ahead_on is ws:
             ts.ahead_on = None           # held there ahead and run there (ahead.py): not to be freed
         self._clear_ahead(ts)
-        ts.state, ts.nbytes, ts.error = "memory", int(nbytes), None
+        ts.nbytes, ts.error = int(nbytes), None
+        self._transition(ts, "memory", "task-finished")
         ts.waiting_on = EMPTY        # a waiting task done after all (a reattached worker's thread, reattach.py)
         for dep in ts.dependencies:
             drop_edge(dep, "waiters", ts)
@@ -332,7 +341,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         if ts.retries > 0:
             ts.retries -= 1
             self._touch(ts)
-            ts.state = "released"
+            self._transition(ts, "released", "task-erred-retry")
             self._activate(ts)
         else:
             self._err(ts, dict(error, kind="exception", worker=address))
@@ -354,7 +363,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         ws = self.workers.get(address)
         if ts is not None and ws is not None and ts.processing_on is ws:
             self._unassign(ts)
-            ts.state = "released"
+            self._transition(ts, "released", "missing-data")
             self._activate(ts)
         self._schedule()
 
@@ -371,7 +380,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if ts.func is None:
                 self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
                 continue
-            ts.state = "waiting"
+            self._transition(ts, "waiting", "needed")
             ts.waiting_on = EMPTY
             # A failed input fails it before any released input is computed again for it
             # (found by tests/unit/scheduler/test_state_fuzz.py: they were, for nobody). The first by key,
@@ -396,7 +405,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
 
     def _queue(self, ts: TaskState) -> None:
         self._clear_ahead(ts)
-        ts.state = "queued"
+        self._transition(ts, "queued", "inputs-ready")
         if self.pools:
             self._unchecked.append(ts)               # one no pool can hold fails at once (_schedule)
         heapq.heappush(self._roots if not ts.dependencies else self._ready, (ts.priority, ts.key))
@@ -449,7 +458,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if ts.state == "processing":
                 self._abandon(ts)
             self._clear_ahead(ts)
-            ts.state, ts.error = "erred", err
+            self._transition(ts, "erred", err.get("kind") or "error")
+            ts.error = err
             self._touch(ts)
             ts.waiting_on = EMPTY
             for dep in ts.dependencies:
@@ -481,6 +491,8 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     continue
                 del self.tasks[ts.key]
                 self._touch(ts)
+                if self.debug:
+                    self._tell_story(ts.key, ts.state, "forgotten", "unneeded")
                 for dep in ts.dependencies:
                     drop_edge(dep, "dependents", ts)
                     drop_edge(dep, "waiters", ts)
@@ -496,17 +508,17 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     ws.has_what.discard(ts)
                     self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
                 ts.who_has.clear()
-                ts.state = "released"
+                self._transition(ts, "released", "unneeded")
                 self._touch(ts)
             elif ts.state == "held":                 # wanted by nobody now: its holders free it if they come back
                 ts.held_by.clear()
-                ts.state = "released"
+                self._transition(ts, "released", "unneeded")
                 self._touch(ts)
             elif ts.state in ACTIVE:
                 if ts.state == "processing":
                     self._abandon(ts)
                 self._clear_ahead(ts)
-                ts.state = "released"
+                self._transition(ts, "released", "unneeded")
                 ts.waiting_on = EMPTY
                 for dep in ts.dependencies:
                     drop_edge(dep, "waiters", ts)

@@ -99,7 +99,8 @@ class PlacingMixin:
             heapq.heappush(heap, (prio, key))
 
     def _assign(self, ts: TaskState, ws: WorkerState, cost_us: int, send: bool = True) -> None:
-        ts.state, ts.processing_on, ts.queued_us = "processing", ws, cost_us
+        self._transition(ts, "processing", "assigned")
+        ts.processing_on, ts.queued_us = ws, cost_us
         ws.processing.add(ts)
         ws.queued_us += cost_us
         for r, n in (ts.resources or {}).items():

@@ -151,7 +151,8 @@ class ReattachMixin:
                 holders = [(self.workers[a], n) for a, (n, _) in self.unclaimed.pop(ts.key).items()
                            if a in self.workers]
                 if holders:
-                    ts.state, ts.nbytes, ts.error = "memory", holders[0][1], None
+                    self._transition(ts, "memory", "claimed-held")
+                    ts.nbytes, ts.error = holders[0][1], None
                     self._touch(ts)
                     for ws, _ in holders:
                         own(ts, "who_has").add(ws)
@@ -187,7 +188,8 @@ class ReattachMixin:
         holders = [(self.workers[a], n) for a, (n, _) in self.unclaimed.pop(key, {}).items() if a in self.workers]
         if not holders:
             return None
-        ts = self.tasks[key] = TaskState(key, state="memory", nbytes=holders[0][1])
+        ts = self.tasks[key] = TaskState(key, nbytes=holders[0][1])
+        self._transition(ts, "memory", "adopted-held")
         ts.who_wants = shared(ts.who_wants | cids)
         self._touch(ts)
         for ws, _ in holders:
@@ -198,7 +200,8 @@ class ReattachMixin:
 
     def _adopt_running(self, ts: TaskState, ws, now: float) -> None:
         """A task the worker's thread already runs: processing and executing there, not sent."""
-        ts.state, ts.processing_on, ts.executing = "processing", ws, True
+        self._transition(ts, "processing", "adopted-running")
+        ts.processing_on, ts.executing = ws, True
         ts.started_at = now
         ws.processing.add(ts)
         ws.executing.add(ts)

@@ -57,7 +57,8 @@ class RecoveryMixin:
             ws.has_what.add(ts)
             self._touch(ts)
             if ts.state == "held":
-                ts.state, ts.held_by = "memory", set()
+                self._transition(ts, "memory", "holder-confirmed")
+                ts.held_by = set()
                 self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
                 for dts in ts.dependents:
                     if dts.state == "waiting" and ts in dts.waiting_on:
@@ -131,10 +132,12 @@ def rebuild_into(st, recovered, now: float):
                     if not a[flag]:
                         del a[flag]
             if code == "m":
-                ts.state, ts.held_by = "held", set(detail)
+                st._transition(ts, "held", "rebuilt")
+                ts.held_by = set(detail)
                 st.awaited_workers = set(st.awaited_workers) | ts.held_by
             elif code == "e":
-                ts.state, ts.error = "erred", detail
+                st._transition(ts, "erred", "rebuilt")
+                ts.error = detail
             if ts.replicas > 1:
                 st.replicated.add(key)
     st._seq = itertools.count(top + 1)          # new tasks come after the recovered ones

@@ -167,7 +167,8 @@ def replay(run, most: int):
         # comes back (their reports in flight are lost with them): every wanted result still
         # finishes or fails, recomputed from lineage.
         old = run.s
-        new = SchedulerState.rebuild(rec, run.now, allowed_failures=old.allowed_failures, prefetch=old.prefetch)
+        new = SchedulerState.rebuild(rec, run.now, allowed_failures=old.allowed_failures, prefetch=old.prefetch,
+                                     debug=True)         # the held results' changes checked too (transitions.py)
         if old.pools:                                  # the daemon tells a new scheduler its pools again
             new.set_pools(old.pools, old.escalate)
         for key, ts in old.tasks.items():
@@ -219,7 +220,7 @@ def rebuilt_workload():
     for r in recorder.collect():
         rec.apply(r)
     holder = {k: next(iter(s.tasks[k].who_has)).name for k in ("x", "y")}
-    return holder, SchedulerState.rebuild(rec, now=10.0)
+    return holder, SchedulerState.rebuild(rec, now=10.0, debug=True)      # (held -> memory checked: transitions.py)
 
 
 def test_a_rebuilt_state_holds_the_tasks_errors_deaths_and_wanted_keys(tmp_path):

@@ -6,7 +6,7 @@ from helpers.tasks import computes, sent, task
 
 
 def restarted(claim_window=10.0):
-    s = SchedulerState(prefetch=0, queue_roots=False)
+    s = SchedulerState(prefetch=0, queue_roots=False, debug=True)     # every change checked (transitions.py)
     s.claim_window = claim_window
     s.add_client("c")
     return s

@@ -4,7 +4,8 @@ Each example is a sequence of events a scheduler can meet: graphs submitted (som
 cycles or missing inputs), workers joining, leaving and dying with evidence (verdicts
 refined later), tasks started, finished and erred, worker reports delivered late, out of
 order and twice, clients releasing keys, cancelling, leaving. After every step the
-invariants below must hold; at the end, once every verdict is final and a healthy worker
+invariants must hold (SchedulerState.validate()) and every state change must be one the
+transition table allows (debug=True); at the end, once every verdict is final and a healthy worker
 runs whatever it is sent, every wanted task must be finished or failed (nothing hangs).
 
 Derandomized with a fixed budget: the same examples on every run, in well under a minute.
@@ -18,12 +19,10 @@ from hypothesis import strategies as st
 
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.placement import workload
-from hpc_cluster.scheduler.state.prefetch import budget_us
 from hpc_cluster.scheduler.state import SchedulerState, TaskState, WorkerState
 from helpers.tasks import task
 
 F, A = Opaque(b"f"), Opaque(b"a")
-STATES = {"waiting", "queued", "processing", "memory", "erred", "released"}
 ACTIVE = {"waiting", "queued", "processing"}
 WORKERS = ["tcp://w1:1", "tcp://w2:1", "tcp://w3:1"]
 CLIENTS = ["c1", "c2"]
@@ -32,59 +31,8 @@ CAUSES = [("crash", True), ("memory-nanny", True), ("connection-lost", False), (
 
 
 def check(s: SchedulerState) -> None:
-    """Every invariant of the state machine's records."""
-    for key, ts in s.tasks.items():
-        assert ts.key == key and ts.state in STATES, ts
-        for dep in ts.dependencies:
-            assert s.tasks.get(dep.key) is dep, f"{ts} depends on forgotten {dep}"
-            assert ts in dep.dependents
-        for dts in ts.dependents:
-            assert s.tasks.get(dts.key) is dts and ts in dts.dependencies, f"{ts}: stale dependent {dts}"
-        assert ts.waiters <= ts.dependents and all(w.state in ACTIVE for w in ts.waiters), (ts, ts.waiters)
-        assert ts.who_wants <= s.clients, f"{ts} wanted by gone clients {ts.who_wants - s.clients}"
-        for ws in ts.who_has:
-            assert s.workers.get(ws.address) is ws, f"{ts} held by dead {ws}"
-            assert ts in ws.has_what
-        assert bool(ts.who_has) == (ts.state == "memory"), (ts, ts.who_has)
-        if ts.state == "processing":
-            ws = ts.processing_on
-            assert ws is not None and s.workers.get(ws.address) is ws, f"{ts} on a dead worker"
-            assert ts in ws.processing and ts.executing == (ts in ws.executing)
-            assert not ts.executing or ts.queued_us == 0, ts          # started: no longer queued work
-        else:
-            assert ts.processing_on is None and not ts.executing and ts.queued_us == 0, ts
-        # held ahead on a worker (scheduler/state/ahead.py) only while it waits for its input
-        assert ts.ahead_on is None or ts.state == "waiting", (ts, ts.ahead_on)
-        if ts.state == "waiting":
-            assert ts.waiting_on and ts.waiting_on <= ts.dependencies, (ts, ts.waiting_on)
-            assert all(d.state not in ("memory", "erred") for d in ts.waiting_on), (ts, ts.waiting_on)
-        else:
-            assert not ts.waiting_on or ts.state in ("released", "erred") and not ts.waiting_on, ts
-        if ts.state == "queued" or ts.state == "processing" and not ts.executing:   # a running one has its inputs
-            assert all(d.state == "memory" for d in ts.dependencies), (ts, ts.dependencies)
-        if ts.state in ACTIVE:
-            assert ts.who_wants or ts.waiters, f"{ts} computed for nobody"
-        if ts.state in ("released", "erred"):
-            assert ts.who_wants or ts.dependents, f"{ts} kept for nothing"
-        for attempt in ts.attempts:                   # charged only where it was executing
-            assert ts.key in attempt["death"]["executing"], (ts, attempt["death"])
-    for addr, ws in s.workers.items():
-        assert ws.address == addr
-        assert ws.executing <= ws.processing
-        for ts in ws.processing:
-            assert s.tasks.get(ts.key) is ts and ts.processing_on is ws, (ws, ts)
-        for ts in ws.has_what:
-            assert s.tasks.get(ts.key) is ts and ws in ts.who_has, (ws, ts)
-        # memory= is reserved while a task is on the worker, and only then (pools.py)
-        assert ws.used_memory == sum(ts.memory for ts in ws.processing), (ws, ws.used_memory)
-        # the expected work waiting there is that of its tasks not started yet (prefetch.py)
-        assert ws.queued_us == sum(ts.queued_us for ts in ws.processing), (ws, ws.queued_us)
-    for ws in s._free:
-        assert s.workers.get(ws.address) is ws, f"dead {ws} offered tasks"
-    assert set(s._deep) <= set(s._free), (set(s._deep), set(s._free))
-    # the deep workers' most room is read from a heap kept current by every change (prefetch.py)
-    room = max((budget_us(ws.nthreads, s.prefetch_seconds) - ws.queued_us for ws in s._deep), default=-1)
-    assert s._deep.most_room() == room, (s._deep.most_room(), room)
+    """Every invariant of the state machine's records (scheduler/state/validate.py)."""
+    s.validate()
 
 
 class Run:
@@ -94,7 +42,8 @@ class Run:
 
     def __init__(self, data):
         self.data = data
-        self.s = SchedulerState(allowed_failures=1, prefetch=1)
+        # debug: every state change is checked against the transition table as it happens
+        self.s = SchedulerState(allowed_failures=1, prefetch=1, debug=True)
         self.now = 0.0
         self.n = 0
         self.in_flight: list = []          # worker reports not delivered yet: (method, args)
