@@ -41,7 +41,7 @@ ALLOWED = {
     "adapters": {"runners"},
     "config": set(),
     "dashboard": {"scheduler", "protocol"},
-    "testing": {"adapters", "runners", "scheduler", "protocol"},
+    "testing": {"adapters", "runners", "scheduler", "protocol", "config"},   # the kit checks an adapter's settings against config's
     "engines": {"scheduler", "worker", "client", "protocol", "adapters", "runners", "config"},
     "deploy": {"engines", "scheduler", "worker", "client", "protocol", "adapters", "runners", "config", "dashboard"},
     "cli": {"deploy", "engines", "scheduler", "client", "protocol", "adapters", "runners", "config"},
@@ -281,7 +281,8 @@ def parser_modules() -> list[str]:
 # memory-series leaves, and the dask-worker flag table (cluster classes check a user's
 # worker_extra_args with it before any job is submitted).
 PURE = ([str(p.relative_to(PACKAGE)) for p in STATE] + parser_modules()
-        + ["scheduler/diagnosis.py", "scheduler/stream.py", "units.py", "memseries.py", "worker/flags.py"])
+        + ["scheduler/diagnosis.py", "scheduler/stream.py", "units.py", "memseries.py", "worker/flags.py",
+           "deploy/daemon/policy.py"])
 
 
 def impurities(path: Path, module: str | None = None) -> list[str]:
@@ -397,6 +398,16 @@ def test_test_file_names_are_unique_across_the_suite():
     root = Path(__file__).resolve().parents[1]
     names = Counter(p.name for p in root.rglob("test_*.py"))
     assert not [n for n, c in names.items() if c > 1], sorted(n for n, c in names.items() if c > 1)
+
+
+def test_the_plan_is_shared_by_both_sides_and_imports_neither():
+    # deploy/plan.py (config -> Plan) is read by the daemon's room and made by the user side:
+    # it must import neither, or the daemon would drag the user side in.
+    path = PACKAGE / "deploy" / "plan.py"
+    bad = [f"line {line}: {name}" for line, name in _ours(path)
+           if name.startswith(("hpc_cluster.deploy.daemon", "hpc_cluster.deploy.local"))
+           or any(name == m or name.startswith(m + ".") for m in DEPLOY_USER_SIDE)]
+    assert not bad, f"deploy/plan.py imports a side of deploy: {bad}"
 
 
 def test_the_room_checks_can_fail(tmp_path):
