@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from typing import Awaitable, Callable
 
@@ -24,6 +25,7 @@ from .checks import Refused, _check_task, _keys, _restart_timeout, compact_paylo
 from .evidence import EvidenceCollector
 from .links import WorkerLinksMixin
 from .state.machine import SchedulerState
+from .state.validate import InvalidState
 from .stream import TaskStream
 from .workers import heartbeat_interval, worker_table
 
@@ -37,6 +39,15 @@ logger = logging.getLogger("hpc_cluster.scheduler")
 # answer, two to three turns, over 50 ms).
 PLACE_PER_TURN = 100
 
+# Set (1, true, yes, on) in the scheduler's environment: every task's state change is checked
+# against the state machine's transition table and kept in its story, and the state's
+# invariants are checked after each batch the server applies (docs/configuration.md). Slow.
+DEBUG_STATE_ENV = "HPC_CLUSTER_DEBUG_STATE"
+
+
+def debug_state_from_env(environ=os.environ) -> bool:
+    return environ.get(DEBUG_STATE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 class Scheduler(BacklogMixin, WorkerLinksMixin):
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
@@ -44,14 +55,19 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                  limits: Limits | None = None, versions: str = "warn", walltime_failures: int = 3,
                  walltime_margin: float = 60.0,
                  clock: Callable[[], float] = time.time, security=None, claim_window: float = 120.0,
-                 reattach_grace: float = 0.0, journal=None, recovered=None, recovery_window: float = 600.0):
+                 reattach_grace: float = 0.0, journal=None, recovered=None, recovery_window: float = 600.0,
+                 debug_state: bool | None = None):
         """`journal` (journal.py's Journal): keep one, flushed every journal.interval.
         `recovered` (journal.load()'s): start from that state instead of an empty one; results
-        it held wait `recovery_window` seconds for their workers to come back (recovery.py)."""
+        it held wait `recovery_window` seconds for their workers to come back (recovery.py).
+        `debug_state` (None: $HPC_CLUSTER_DEBUG_STATE): check every state change and the
+        state's invariants after each batch (state/transitions.py, state/validate.py)."""
         if versions not in ("warn", "strict"):
             raise ValueError(f"versions={versions!r}: use 'warn' or 'strict'")
         self.versions_policy = versions
-        kwargs = dict(allowed_failures=allowed_failures, prefetch=prefetch, walltime_failures=walltime_failures)
+        self.debug_state = debug_state_from_env() if debug_state is None else bool(debug_state)
+        kwargs = dict(allowed_failures=allowed_failures, prefetch=prefetch, walltime_failures=walltime_failures,
+                      debug=self.debug_state)
         self.state = (SchedulerState(**kwargs) if recovered is None
                       else SchedulerState.rebuild(recovered, clock(), **kwargs))
         self.state.place_limit = PLACE_PER_TURN
@@ -153,6 +169,8 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
     # -- plumbing --------------------------------------------------------------
     def _flush(self) -> None:
         self.collector.busy()
+        if self.debug_state:
+            self._validate_state()
         for to, msgs in self.state.take_outbox().items():
             stream = self.streams.get(to)
             if stream is not None:
@@ -161,6 +179,14 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
             with contextlib.suppress(RuntimeError):         # no loop (closing): the next event places
                 asyncio.get_running_loop().call_soon(self._place_more)
                 self._placing = True
+
+    def _validate_state(self) -> None:
+        """Debug mode: what the last batch did left the state consistent, or we say so loudly."""
+        try:
+            self.state.validate()
+        except InvalidState:
+            logger.exception("the scheduler's state is inconsistent (%s is set)", DEBUG_STATE_ENV)
+            raise
 
     def _place_more(self) -> None:
         """A new turn: refill the placement budget (PLACE_PER_TURN) and place what the last
