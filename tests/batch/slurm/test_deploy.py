@@ -21,7 +21,7 @@ from slurm_jobs import cli, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
-from hpc_cluster.deploy.launch import _alive  # noqa: E402
+from hpc_cluster.lifeline import alive  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
@@ -45,7 +45,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         up = cli("up", "--config", str(site), "-n", "2", "--name", "t-cli", "--timeout", "240")
         assert up.returncode == 0, up.stdout + up.stderr
         pid = json.loads(cluster_file.read_text())["pid"]
-        assert _alive(pid)
+        assert alive(pid)
         assert stat.S_IMODE(cluster_file.stat().st_mode) == 0o600     # it holds the secret
         job_ids = set(re.findall(r"^job (\d+): (?:pending|running)", up.stdout, re.M))
         assert len(job_ids) == 2, up.stdout
@@ -102,13 +102,13 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         assert down.returncode == 0, down.stdout + down.stderr
         assert "cluster 't-cli' is down" in down.stdout
         assert not cluster_file.exists()
-        assert not _alive(pid)
+        assert not alive(pid)
         wait_until(lambda: not (job_ids & squeue_ids()), 60, f"jobs {job_ids} to leave squeue")
         assert cli("status", "t-cli").returncode == 3
     finally:
         if cluster_file.exists():
             cli("down", "t-cli", timeout=240)
-        if pid and _alive(pid):
+        if pid and alive(pid):
             os.kill(pid, signal.SIGKILL)
         if job_ids:
             subprocess.run(["scancel", *job_ids], capture_output=True)
@@ -119,7 +119,7 @@ def test_slurm_cluster_from_python(slurm_cluster, own_home, tmp_path):
     cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(logs))
     seen: dict[str, list[str]] = {}
     try:
-        assert cluster.cluster_file.exists() and _alive(cluster._proc.pid)
+        assert cluster.cluster_file.exists() and alive(cluster._proc.pid)
         cluster.scale(2)
 
         def both_running_with_workers():

@@ -28,7 +28,7 @@ from helpers.wait import wait_until  # noqa: E402
 from slurm_jobs import cli, gather_in_background, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
 from hpc_cluster import Client  # noqa: E402
-from hpc_cluster.deploy.launch import _alive  # noqa: E402
+from hpc_cluster.lifeline import alive  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home
             waiter, got = gather_in_background(client, futures)
             wait_until(lambda: len(_runs(log)) >= KILL_AFTER, 240, f"{KILL_AFTER} tasks to have started")
             os.kill(old["pid"], signal.SIGKILL)
-            wait_until(lambda: not _alive(old["pid"]), 30, "the daemon to die")
+            wait_until(lambda: not alive(old["pid"]), 30, "the daemon to die")
             started_at_kill = len(set(_runs(log)))
             assert journal.exists(), "a SIGKILLed daemon leaves its journal"
             if reboot:                            # the daemon's machine-local state is gone
@@ -86,7 +86,7 @@ def test_a_killed_daemon_restarted_with_up_loses_nothing(slurm_cluster, own_home
             assert again.returncode == 0, again.stdout + again.stderr
             assert f"resuming cluster {name!r} from its journal" in again.stdout, again.stdout
             new = json.loads(cluster_file.read_text())
-            assert new["pid"] != old["pid"] and _alive(new["pid"])
+            assert new["pid"] != old["pid"] and alive(new["pid"])
             assert new["secret"] == old["secret"]       # what the running workers authenticate with
 
             # Placement waits for the workers of the adopted jobs, and only as long as they take.
