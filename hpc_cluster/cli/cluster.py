@@ -20,8 +20,9 @@ import warnings
 from pathlib import Path
 
 from ..protocol.clusterfile import cluster_file_for, read_cluster_file
+from ..protocol.messages import Op
 from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, USAGE,  # noqa: F401
-                         CommandError, _check_name, _liveness, _not_found, _pool_limits, _processes,
+                         CommandError, check_name, _liveness, _not_found, _pool_limits, _processes,
                          _remove_leftovers, cluster_names, find_cluster, journal_jobs, plan_file)
 from .down import cmd_down
 from .startup import watch_startup
@@ -37,7 +38,7 @@ from ..runners.ssh import SSHRunner
 
 def _jobs(path: Path, name: str, info: dict, timeout: float = 60.0) -> dict:
     try:
-        return control(path, "jobs", timeout=timeout)
+        return control(path, Op.JOBS, timeout=timeout)
     except Exception as exc:
         raise CommandError(f"cluster {name!r} (pid {info.get('pid')}) does not answer: {exc}\n"
                            f"its log: {info.get('daemon_log') or '?'}; `hpc-cluster down {name}` "
@@ -61,7 +62,7 @@ def _notes(err):
 def cmd_up(args, out, err) -> int:
     from ..deploy.launch import launch
     from ..config import resolve
-    name = _check_name(args.name)
+    name = check_name(args.name)
     if args.workers < 0:
         raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
     cfg = resolve(site=args.site, config=args.config,
@@ -214,7 +215,7 @@ def cmd_scale(args, out, err) -> int:
     if limit is not None and jobs > limit:
         raise CommandError(f"scale {args.n}{' --jobs' if args.jobs else ''}: {jobs} job(s) of pool "
                            f"{args.pool or 'default'!r} is more than its max_jobs {limit}", USAGE)
-    table = control(path, "scale", jobs=jobs, **({"pool": args.pool} if args.pool else {}))
+    table = control(path, Op.SCALE, jobs=jobs, **({"pool": args.pool} if args.pool else {}))
     live = [r for r in table["jobs"] if r["state"] in ("pending", "running") and not r.get("retiring")
             and (r.get("pool") or "default") == (args.pool or "default")]
     print(f"cluster {name!r}{f', pool {args.pool}' if args.pool else ''}: target {jobs} job(s) "
@@ -241,7 +242,7 @@ def cmd_list(args, out, err) -> int:
                  "answering": None, "jobs": None, "left_jobs": journal_jobs(name) if state == "stopped" else None}
         if state == "running":
             try:
-                t = control(cluster_file_for(name), "jobs", timeout=20)
+                t = control(cluster_file_for(name), Op.JOBS, timeout=20)
                 entry["jobs"] = {"running": sum(r["state"] == "running" for r in t["jobs"]),
                                  "pending": sum(r["state"] == "pending" for r in t["jobs"])}
                 entry["answering"] = True
@@ -402,7 +403,7 @@ def cmd_job_script(args, out, err) -> int:
     if batch in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {batch}; a job script needs "
                            "a batch system, e.g. batch: slurm, pbs or sge (pass --site or --config)", USAGE)
-    name = _check_name(args.name)
+    name = check_name(args.name)
     _require_job_size(cfg)
     pools = cfg.pools()
     if args.pool not in pools:

@@ -12,7 +12,8 @@ from ..deploy.launch import control, daemon_running
 from ..lifeline import alive
 from ..deploy.daemon.scheduler_job import job_ids
 from ..protocol.clusterfile import cluster_file_for
-from .lookup import (FAILED, OK, _check_name, _liveness, _not_found, _remove_leftovers, cluster_names,
+from ..protocol.messages import Op
+from .lookup import (FAILED, OK, check_name, _liveness, _not_found, _remove_leftovers, cluster_names,
                      find_cluster, journal_jobs)
 from .views import job_event
 
@@ -26,7 +27,7 @@ def cmd_down(args, out, err) -> int:
         if args.name is None:
             names = [find_cluster(None)[0]]
         else:
-            _check_name(args.name)
+            check_name(args.name)
             if not cluster_file_for(args.name).exists():
                 raise _not_found(args.name)
             names = [args.name]
@@ -55,7 +56,7 @@ def _down_one(name: str, timeout: float, out, err) -> int:
     table = None
     in_job = job_ids(info, path)             # a daemon in a scheduler job (scheduler_in_job)
     try:
-        table = control(path, "shutdown", timeout=timeout)
+        table = control(path, Op.SHUTDOWN, timeout=timeout)
     except Exception as exc:
         if in_job:
             # scancel's SIGTERM, far from the job's walltime, is a shutdown: the daemon ends its jobs.

@@ -50,7 +50,7 @@ def cluster_names() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
 
 
-def _check_name(name: str) -> str:
+def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
         raise CommandError(f"bad cluster name {name!r}: use letters, digits, '.', '_' and '-' "
                            "(it becomes a file name)", USAGE)
@@ -105,7 +105,7 @@ def find_cluster(name: str | None) -> tuple[str, Path, dict]:
             raise CommandError(f"several clusters are running ({', '.join(names)}); name one, "
                                f"e.g. `hpc-cluster status {names[0]}`", USAGE)
         name = names[0]
-    _check_name(name)
+    check_name(name)
     state, info = _liveness(name)
     if info is None:
         raise _not_found(name)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..deploy.launch import control
+from ..protocol.messages import Op
 from .lookup import CommandError
 from .views import job_event, status_line, tail_lines
 
@@ -25,7 +26,7 @@ def watch_startup(name, path, info, proc, want: int, timeout: float, out) -> Non
 
     while True:
         try:
-            table = control(path, "jobs", timeout=60)
+            table = control(path, Op.JOBS, timeout=60)
         except Exception as exc:
             if proc.poll() is not None:
                 log = info.get("daemon_log")

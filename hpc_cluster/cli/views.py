@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ..units import format_memory
 
+from ..protocol.messages import Cause
+
 LIVE = ("pending", "running")
 
 
@@ -147,7 +149,7 @@ def print_deaths(deaths: list[dict], out, detail: bool, tail: int = 20) -> None:
         who = d.get("name") or d.get("worker") or "?"
         blame = d.get("blame")
         blamed = "blamed on its task" if blame else ("not blamed" if blame is not None else "blame ?")
-        line = f"  {fmt_clock(d.get('time'))}  {who}  {d.get('cause', 'unknown')}  {blamed}"
+        line = f"  {fmt_clock(d.get('time'))}  {who}  {d.get('cause', Cause.UNKNOWN)}  {blamed}"
         if d.get("pool") and d["pool"] != "default":
             line += f"  (pool {d['pool']})"
         if not detail:

@@ -33,12 +33,17 @@ from .graph import task_needs
 from ..protocol import context, serialize
 from ..protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
 from ..protocol.frames import Limits, Opaque
+from ..protocol.messages import ErrorKind, Op
 from ..protocol.clusterfile import read_cluster_file, secret_from_env
 from ..protocol.versions import get_versions
 from ..retry import Backoff
 from .submission import CHUNK_TASKS, check_fits, gc_paused, release_messages, split_submission
 
 logger = logging.getLogger("hpc_cluster.client")
+
+# Plain str copies of the ops read per task: a literal's cost (an Enum attribute costs ~75 ns;
+# protocol/messages.py).
+KEY_IN_MEMORY, TASK_ERRED = Op.KEY_IN_MEMORY.value, Op.TASK_ERRED.value
 
 
 def _funcname(func) -> str:
@@ -109,7 +114,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self.status = "connecting"
         self._lt.run(self._start(timeout), timeout)
         self.status = "running"
-        versions = self._lt.run(self._request({"op": "versions"}), timeout)
+        versions = self._lt.run(self._request({"op": Op.VERSIONS}), timeout)
         self._warn_on_other_versions(versions["scheduler"], versions["workers"], stacklevel=2)
         if set_as_default:
             self._make_default()
@@ -168,7 +173,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self._connected.set()                             # requests waiting for it fail now
         for key, st in list(self._states.items()):
             if st.status == "pending":
-                self._set(key, st, "cancelled", {"kind": "cancelled", "text": text})
+                self._set(key, st, "cancelled", {"kind": ErrorKind.CANCELLED, "text": text})
 
     # -- the seam client/reattach.py works through (reattach.Reattachable): these, and the
     # public status, reconnect, cluster and scheduler_address; nothing private of the Client --
@@ -222,26 +227,26 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
 
     def _handle(self, msg: dict) -> None:
         op = msg["op"]
-        if op == "key-in-memory":
+        if op == KEY_IN_MEMORY:
             st = self._states.get(msg["key"])
             if st is not None:
                 self._set(msg["key"], st, "finished", None)
-        elif op == "task-erred":
+        elif op == TASK_ERRED:
             st = self._states.get(msg["key"])
             if st is not None:
                 err = msg["error"]
-                self._set(msg["key"], st, "cancelled" if err.get("kind") == "cancelled" else "error", err)
-        elif op == "key-recomputing":
+                self._set(msg["key"], st, "cancelled" if err.get("kind") == ErrorKind.CANCELLED else "error", err)
+        elif op == Op.KEY_RECOMPUTING:
             st = self._states.get(msg["key"])
             if st is not None and st.status == "finished":
                 st.status = "pending"
-        elif op == "scheduler-closed":                     # shut down, not crashed: nothing to reattach to
+        elif op == Op.SCHEDULER_CLOSED:                     # shut down, not crashed: nothing to reattach to
             self._closed_by_scheduler = msg.get("reason") or "the scheduler was shut down"
-        elif op == "cluster-halted":                       # reason None: it starts them again
+        elif op == Op.CLUSTER_HALTED:                       # reason None: it starts them again
             self.halted = msg.get("reason")
             if self.halted:
                 logger.error("the cluster stopped starting workers: %s", self.halted)
-        elif op == "reply":
+        elif op == Op.REPLY:
             fut = self._replies.pop(msg.get("rid"), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg.get("result"))
@@ -405,7 +410,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         fut = Future(spec["key"], self)
         with self._lock:
             self._specs.add([spec], [spec["key"]])
-        self._send({"op": "update-graph", "tasks": [spec], "keys": [spec["key"]]})
+        self._send({"op": Op.UPDATE_GRAPH, "tasks": [spec], "keys": [spec["key"]]})
         return fut
 
     def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
@@ -438,7 +443,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
     def future_error(self, key: str) -> BaseException:
         st = self._states.get(key)
         err = st.error if st is not None else None
-        return error_from_record(key, err or {"kind": "cancelled", "text": "released"},
+        return error_from_record(key, err or {"kind": ErrorKind.CANCELLED, "text": "released"},
                                  lambda o: serialize.loads(o.data if isinstance(o, Opaque) else o))
 
     def gather(self, futures, errors: str = "raise", timeout: float | None = None):
@@ -502,7 +507,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
     def cancel(self, futures, reason: str = "cancelled by the user") -> None:
         flat: list[Future] = []
         flatten_futures(futures, flat)
-        self._send({"op": "cancel", "keys": [f.key for f in flat], "reason": reason})
+        self._send({"op": Op.CANCEL, "keys": [f.key for f in flat], "reason": reason})
 
     def on_future_done(self, fut: Future, fn) -> None:
         self._loop.call_soon_threadsafe(self._states.add_callback, fut.key, lambda: fn(fut))
@@ -511,7 +516,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         return self._scheduler_info(stacklevel=2)
 
     def _scheduler_info(self, stacklevel: int) -> dict:
-        workers = self._lt.run(self._request({"op": "workers"}), self.timeout)
+        workers = self._lt.run(self._request({"op": Op.WORKERS}), self.timeout)
         self._warn_on_other_versions(None, {w["address"]: w.get("versions") for w in workers}, stacklevel + 1)
         return {"address": self.scheduler_address, "workers": {w["address"]: w for w in workers}}
 

@@ -18,13 +18,14 @@ import uuid
 from .futures import Future
 from ..protocol import serialize
 from ..protocol.frames import Limits
+from ..protocol.messages import ErrorKind, Op
 
 KEYS_PER_REQUEST = 10_000
 
 
 class WorkerDataMixin:
     async def _fetch(self, keys: list[str]) -> tuple[dict, list]:
-        who_has = await self._request({"op": "who-has", "keys": keys})
+        who_has = await self._request({"op": Op.WHO_HAS, "keys": keys})
         by_worker: dict[str, list[str]] = collections.defaultdict(list)
         missing = []
         for key in keys:
@@ -40,7 +41,7 @@ class WorkerDataMixin:
             for i in range(0, len(ks), per_request):
                 batch = ks[i:i + per_request]
                 try:
-                    replies.append((batch, await self._worker_request(w, {"op": "get-data", "keys": batch})))
+                    replies.append((batch, await self._worker_request(w, {"op": Op.GET_DATA, "keys": batch})))
                 except Exception as exc:  # this batch is asked for again (the holder may be gone)
                     replies.append((batch, exc))
             return replies
@@ -59,7 +60,7 @@ class WorkerDataMixin:
             for k, why in (reply.get("errors") or {}).items():
                 st = self._states.get(k)
                 if st is not None:
-                    self._set(k, st, "error", {"kind": "unsendable", "text": str(why)})
+                    self._set(k, st, "error", {"kind": ErrorKind.UNSENDABLE, "text": str(why)})
                     missing.append(k)
         return values, missing
 
@@ -96,7 +97,7 @@ class WorkerDataMixin:
         return futures[0]
 
     async def _scatter(self, blobs: list, broadcast: bool) -> None:
-        workers = [w["address"] for w in await self._request({"op": "workers"})]
+        workers = [w["address"] for w in await self._request({"op": Op.WORKERS})]
         if not workers:
             raise RuntimeError("no workers to scatter to; wait for workers (cluster.scale) first")
         random.shuffle(workers)
@@ -113,9 +114,9 @@ class WorkerDataMixin:
             # refused whole).
             items, n = list(data.items()), self._keys_per_request(None)
             for i in range(0, len(items), n):
-                reply = await self._worker_request(w, {"op": "put-data", "data": dict(items[i:i + n])})
+                reply = await self._worker_request(w, {"op": Op.PUT_DATA, "data": dict(items[i:i + n])})
                 nbytes.update(reply.get("nbytes") or {})
 
         await asyncio.gather(*(put(w, d) for w, d in plan.items()))
         self._flush_out()
-        self._stream.send({"op": "scatter", "who_has": dict(who_has), "nbytes": nbytes})
+        self._stream.send({"op": Op.SCATTER, "who_has": dict(who_has), "nbytes": nbytes})

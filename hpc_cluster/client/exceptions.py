@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 
+from ..protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
+
 
 class HPCClusterError(Exception):
     """Base class of this package's own errors."""
@@ -31,7 +33,7 @@ class KilledWorker(HPCClusterError):
         self.needed = (pools or {}).get("needed")
         self.largest_pool = (pools or {}).get("largest_pool")
         last = attempts[-1] if attempts else {}
-        self.cause = last.get("cause", "unknown")
+        self.cause = last.get("cause", Cause.UNKNOWN.value)   # a plain str, as the wire's are
         self.evidence = list(last.get("evidence") or [])
         self.advice = last.get("advice") or ""
         super().__init__(self._message())
@@ -80,7 +82,7 @@ class TaskWalltimeError(KilledWorker):
     """The task never finished within a job's walltime: innocent deaths, but it will never fit."""
 
     def _headline(self) -> str:
-        hits = [a for a in self.attempts if a.get("cause") == "walltime"]
+        hits = [a for a in self.attempts if a.get("cause") == Cause.WALLTIME]
         runs = ", ".join(f"{a['ran_for']:.0f} s" for a in hits if a.get("ran_for") is not None)
         limit = f"{self.walltime:.0f} s" if self.walltime else "the walltime"
         return (f"Task {self.key!r} is too long for the job's walltime ({limit}): it was still running "
@@ -129,9 +131,9 @@ def killed_worker_error(key: str, err: dict) -> KilledWorker:
     cause = attempts[-1].get("cause") if attempts else None
     if err.get("walltime_exceeded"):
         cls = TaskWalltimeError
-    elif cause in ("memory-batch", "memory-nanny"):
+    elif cause in MEMORY_CAUSES:
         cls = TaskMemoryError
-    elif cause == "crash":
+    elif cause == Cause.CRASH:
         cls = TaskCrashedError
     else:
         cls = KilledWorker
@@ -176,9 +178,9 @@ class TimeoutError(HPCClusterError, TimeoutError):  # noqa: A001 - mirrors the b
 def error_from_record(key: str, err: dict, load) -> BaseException:
     """Build the exception for a scheduler error record. `load` unpickles payloads."""
     kind = err.get("kind")
-    if kind == "dependency":
+    if kind == ErrorKind.DEPENDENCY:
         return error_from_record(err.get("origin", key), err.get("cause") or {}, load)
-    if kind == "exception":
+    if kind == ErrorKind.EXCEPTION:
         try:
             exc = load(err["exception"])
         except Exception as inner:
@@ -192,15 +194,15 @@ def error_from_record(key: str, err: dict, load) -> BaseException:
             if hasattr(exc, "add_note"):
                 exc.add_note(f"Remote traceback (task {key!r} on {err.get('worker', 'a worker')}):\n{tb}")
         return exc
-    if kind == "killed-worker":
+    if kind == ErrorKind.KILLED_WORKER:
         return killed_worker_error(key, err)
-    if kind == "lost-data":
+    if kind == ErrorKind.LOST_DATA:
         return LostDataError(key, err.get("text", ""))
-    if kind == "too-long":
+    if kind == ErrorKind.TOO_LONG:
         return TaskTooLongError(key, err.get("text", ""), err.get("walltime"), err.get("expected"))
-    if kind == "no-pool":
+    if kind == ErrorKind.NO_POOL:
         return NoPoolError(key, err.get("text", ""), err.get("need"), err.get("needed"), err.get("largest_pool"))
-    if kind == "cancelled":
+    if kind == ErrorKind.CANCELLED:
         return CancelledError(key, err.get("text", "cancelled"))
     return HPCClusterError(f"{key!r}: {err.get('text') or err}")
 

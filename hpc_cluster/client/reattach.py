@@ -27,6 +27,7 @@ import time
 from typing import Protocol
 
 from ..protocol.frames import Limits, ProtocolError
+from ..protocol.messages import Op
 from ..protocol.clusterfile import read_cluster_file
 from ..retry import Backoff
 from .submission import CHUNK_TASKS, split_submission
@@ -124,7 +125,7 @@ async def reattach_or_give_up(client: Reattachable) -> None:
         logger.exception("reconnecting to the scheduler failed")
     if client.status == "reconnecting":
         client.give_up(f"the connection to the scheduler was lost and it did not come back within "
-                     f"{client.reconnect:g} s (Client(reconnect=))")
+                       f"{client.reconnect:g} s (Client(reconnect=))")
 
 
 async def reattach(client: Reattachable) -> bool:
@@ -179,8 +180,8 @@ def resume(client: Reattachable) -> tuple[int, int]:
     keys = [k for k in refs if k not in have_spec and k not in failed]
     wanted = [s["key"] for s in specs if refs.get(s["key"], 0) > 0]
     # Submissions queued during the outage are among the specs: they would go twice.
-    queued = [m for m in queue if not (isinstance(m, dict) and m.get("op") == "update-graph")]
-    msgs = [{"op": "want-keys", "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
+    queued = [m for m in queue if not (isinstance(m, dict) and m.get("op") == Op.UPDATE_GRAPH)]
+    msgs = [{"op": Op.WANT_KEYS, "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
     parts, carried = split_submission(specs, wanted, client.limits) if specs else ([], [])
     client.requeue(list(carried) + queued)          # carried inputs are released after the last part
     client.send_now(msgs + parts)                   # one wire message each, within the limits

@@ -27,6 +27,7 @@ import heapq
 import threading
 
 from ..protocol.frames import Limits, MessageTooLargeError, nbytes
+from ..protocol.messages import Op
 from ..units import format_memory
 
 # Tasks per message. The frame limit alone would allow ~50,000 (2 frames a task, 100,000 a
@@ -109,7 +110,7 @@ def release_messages(keys: list[str]) -> list[dict]:
     """release-keys messages of at most CHUNK_TASKS keys, each sent as a wire message of its
     own: the scheduler takes a large release a part per turn of its loop (Comm.batches), where
     20,000 keys in one message held every other client's answer for 15 ms at a time."""
-    return [{"op": "release-keys", "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
+    return [{"op": Op.RELEASE_KEYS, "keys": keys[i:i + CHUNK_TASKS]} for i in range(0, len(keys), CHUNK_TASKS)]
 
 
 def split_submission(specs: list[dict], wanted: list[str], limits: Limits | None = None,
@@ -125,7 +126,7 @@ def split_submission(specs: list[dict], wanted: list[str], limits: Limits | None
     # More tasks than a part holds need parts whatever their sizes: no trial cut (a 1,000,000
     # task map measured every task twice).
     if len(specs) <= max_tasks and len(_chunks(specs, max_tasks, max_header, max_bytes)) <= 1:
-        return [{"op": "update-graph", "tasks": specs, "keys": list(wanted)}], []
+        return [{"op": Op.UPDATE_GRAPH, "tasks": specs, "keys": list(wanted)}], []
     specs = _topological(specs)
     chunks = _chunks(specs, max_tasks, max_header, max_bytes)
     part_of: dict[str, int] = {}
@@ -144,7 +145,7 @@ def split_submission(specs: list[dict], wanted: list[str], limits: Limits | None
         keys_of[part_of.get(key, len(chunks) - 1)].append(key)
     for key in carried:
         keys_of[part_of[key]].append(key)
-    msgs = [{"op": "update-graph", "tasks": chunk, "keys": keys} for chunk, keys in zip(chunks, keys_of)]
+    msgs = [{"op": Op.UPDATE_GRAPH, "tasks": chunk, "keys": keys} for chunk, keys in zip(chunks, keys_of)]
     return msgs, list(carried)
 
 

@@ -13,6 +13,7 @@ from .exceptions import TimeoutError, format_death
 from .futures import Future, flatten_futures, wait
 from ..protocol import serialize
 from ..protocol.clusterfile import dashboard_link
+from ..protocol.messages import ErrorKind, Op
 from ..protocol.versions import VersionMismatchWarning, format_grouped, get_versions, grouped_mismatches
 
 
@@ -34,19 +35,19 @@ class ClusterToolsMixin:
         in a cluster with pools, the dead worker's `pool`, and `escalation` when the death moved
         the task it was running to another pool ("attempt 2 on bigmem (64 GB) after ..."); and
         `memory`, the worker's memory over its life (docs/cli-json.md, "Death records")."""
-        return self._lt.run(self._request({"op": "deaths"}), self.timeout)
+        return self._lt.run(self._request({"op": Op.DEATHS}), self.timeout)
 
     def why(self, future: Future) -> str:
         """Explain a failed or retried future: every worker death while it ran, with evidence."""
-        info = self._lt.run(self._request({"op": "why", "key": future.key}), self.timeout)
+        info = self._lt.run(self._request({"op": Op.WHY, "key": future.key}), self.timeout)
         if info is None:
             return f"{future.key!r} is not known to the scheduler (released, or never submitted)"
         err = info["error"] or {}
         lines = []
-        if info["state"] == "erred" and err.get("kind") == "exception":
+        if info["state"] == "erred" and err.get("kind") == ErrorKind.EXCEPTION:
             lines.append(f"{future.key!r} failed with an exception in the task: {err.get('text')} "
                          "(not a worker death; .result() raises it with the remote traceback)")
-        elif info["state"] == "erred" and err.get("kind") == "dependency":
+        elif info["state"] == "erred" and err.get("kind") == ErrorKind.DEPENDENCY:
             lines.append(f"{future.key!r} failed because its input {err.get('origin')!r} failed; "
                          f"see client.why() of that one")
         elif info["state"] == "erred":
@@ -71,12 +72,12 @@ class ClusterToolsMixin:
         flatten_futures(futures, flat)
         keys = [f.key for f in flat]
         wait(flat, timeout=timeout)
-        self._send({"op": "replicate", "keys": keys, "n": int(n)})
+        self._send({"op": Op.REPLICATE, "keys": keys, "n": int(n)})
         workers = len(self.scheduler_info()["workers"])
         want = min(int(n), workers)
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
-            who_has = self._lt.run(self._request({"op": "who-has", "keys": keys}), self.timeout)
+            who_has = self._lt.run(self._request({"op": Op.WHO_HAS, "keys": keys}), self.timeout)
             if all(len(who_has.get(k) or []) >= want for k in keys):
                 return
             if time.monotonic() > deadline:
@@ -91,7 +92,7 @@ class ClusterToolsMixin:
         Outstanding futures are cancelled with a message saying so. Workers running
         without a nanny cannot be restarted; they drop their data and a warning names them.
         """
-        reply = self._lt.run(self._request({"op": "restart", "timeout": timeout}, timeout + 10), timeout + 10)
+        reply = self._lt.run(self._request({"op": Op.RESTART, "timeout": timeout}, timeout + 10), timeout + 10)
         if reply.get("error"):
             raise ValueError(reply["error"])
         if reply["not_restarted"]:
@@ -109,7 +110,7 @@ class ClusterToolsMixin:
         With check=True, raise RuntimeError (with a table) when any of them differ from
         this client's in a way that matters.
         """
-        out = self._lt.run(self._request({"op": "versions"}), self.timeout)
+        out = self._lt.run(self._request({"op": Op.VERSIONS}), self.timeout)
         out["client"] = get_versions()
         if check:
             rows = grouped_mismatches(out["client"], _peers(out["scheduler"], out["workers"]))
@@ -135,8 +136,8 @@ class ClusterToolsMixin:
     def get_worker_logs(self, n: int = 200, include_dead: bool = True) -> dict[str, list[str]]:
         """Recent log lines of each worker; with include_dead, the last lines of dead ones too."""
         async def collect():
-            workers = await self._request({"op": "workers"})
-            replies = await asyncio.gather(*(self._worker_request(w["address"], {"op": "get-logs", "n": n})
+            workers = await self._request({"op": Op.WORKERS})
+            replies = await asyncio.gather(*(self._worker_request(w["address"], {"op": Op.GET_LOGS, "n": n})
                                              for w in workers), return_exceptions=True)
             return {w["address"]: (r["lines"] if isinstance(r, dict) else [f"(unreachable: {r})"])
                     for w, r in zip(workers, replies)}
@@ -157,9 +158,9 @@ class ClusterToolsMixin:
         if st.status != "error":
             raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")
         key, err = future.key, st.error or {}
-        while err.get("kind") == "dependency":
+        while err.get("kind") == ErrorKind.DEPENDENCY:
             key, err = err.get("origin"), err.get("cause") or {}
-        spec = self._lt.run(self._request({"op": "task-spec", "key": key}), self.timeout)
+        spec = self._lt.run(self._request({"op": Op.TASK_SPEC, "key": key}), self.timeout)
         if spec is None:
             raise ValueError(f"the task {key!r} behind this error is no longer known to the scheduler")
         deps = [Future(k, self) for k in spec["deps"]]

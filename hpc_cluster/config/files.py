@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .schema import (TOP_LEVEL_KEYS, ConfigError, _LineError, aliases, option_by_name, settings_names,
+from .schema import (TOP_LEVEL_KEYS, ConfigError, LineError, aliases, option_by_name, settings_names,
                      canonical_key, did_you_mean, parse_value)
 
 # Admins put the lab's shared file here; the env var exists so tests (and sites that
@@ -160,7 +160,7 @@ def _validate_block(block: Any, path: str, where: str, allowed: set[str], proble
         given[name] = key
         try:
             value = parse_value(name, raw)
-        except _LineError as e:
+        except LineError as e:
             problems.append(f"{path}, line {e.line or line}: {e} in {where}")
             continue
         except ValueError as e:

@@ -31,7 +31,7 @@ class ConfigError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
-class _LineError(ValueError):
+class LineError(ValueError):
     """A bad value inside a nested map (ssh) that knows its own, more precise, line."""
 
     def __init__(self, message: str, line: int | None):
@@ -274,12 +274,12 @@ def _ssh(key, v):
     out = {}
     for sub, value in v.items():
         if sub not in SSH_FIELDS:
-            raise _LineError(f"unknown key '{sub}' in {key}" + did_you_mean(str(sub), SSH_FIELDS)
+            raise LineError(f"unknown key '{sub}' in {key}" + did_you_mean(str(sub), SSH_FIELDS)
                              + f" (allowed: {', '.join(SSH_FIELDS)})", lines.get(sub))
         try:
             out[sub] = SSH_FIELDS[sub](f"{key}.{sub}", value)
         except ValueError as e:
-            raise _LineError(str(e), lines.get(sub)) from None
+            raise LineError(str(e), lines.get(sub)) from None
     if "host" not in out:
         raise ValueError(f"{key} needs a host, e.g. {{host: login.cluster.org}}")
     return out
@@ -289,7 +289,7 @@ def _pools(key, v):
     try:
         return check_pools(key, v, option_by_name(), canonical_key)
     except PoolKeyError as e:
-        raise _LineError(str(e), e.line) from None
+        raise LineError(str(e), e.line) from None
 
 
 # ---------------------------------------------------------------------------- the table

@@ -28,6 +28,7 @@ from ..config import ConfigError, canonical_key, did_you_mean, option_by_name, r
 from ..config.jobqueue import DEPRECATED
 from ..config.pools import DEFAULT_POOL
 from ..protocol.clusterfile import cluster_file_for, read_cluster_file
+from ..protocol.messages import Op
 from ..protocol.tls import Security
 from ..units import UnitError, format_memory, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
@@ -72,7 +73,7 @@ class Adaptive:
 
     def stop(self):
         pool = self.policy.get("pool")
-        return self.cluster._op(lambda: control(self.cluster.cluster_file, "adapt", stop=True,
+        return self.cluster._op(lambda: control(self.cluster.cluster_file, Op.ADAPT, stop=True,
                                                 **({"pool": pool} if pool else {})))
 
     def __repr__(self) -> str:
@@ -260,7 +261,7 @@ class JobQueueCluster:
         self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
         self._keeper.start()
         if self._n_workers:
-            control(self.cluster_file, "scale", jobs=math.ceil(self._n_workers / self.processes))
+            control(self.cluster_file, Op.SCALE, jobs=math.ceil(self._n_workers / self.processes))
 
     async def _start_async(self) -> "JobQueueCluster":
         if self._starting is None:
@@ -357,7 +358,7 @@ class JobQueueCluster:
             raise ValueError(f"scale(): {target} job(s) of pool {pool!r} is more than its max_jobs={limit}; "
                              f"ask for fewer or raise max_jobs in pools={{{pool!r}: {{'max_jobs': ...}}}}")
         extra = {} if pool == DEFAULT_POOL else {"pool": pool}
-        return self._op(lambda: control(self.cluster_file, "scale", jobs=target, **extra))
+        return self._op(lambda: control(self.cluster_file, Op.SCALE, jobs=target, **extra))
 
     def adapt(self, minimum: int = 0, maximum: float | None = math.inf, minimum_jobs: int | None = None,
               maximum_jobs: int | None = None, interval: Any = "1s", wait_count: int = 3,
@@ -390,11 +391,11 @@ class JobQueueCluster:
                   "wait_count": int(wait_count), "target_duration": _seconds(target_duration, "target_duration")}
         if pool != DEFAULT_POOL:
             policy["pool"] = pool
-        self._op(lambda: control(self.cluster_file, "adapt", **policy))
+        self._op(lambda: control(self.cluster_file, Op.ADAPT, **policy))
         return Adaptive(self, **policy)
 
     def _table(self, timeout: float = 60.0) -> dict:
-        return control(self.cluster_file, "jobs", timeout=timeout)
+        return control(self.cluster_file, Op.JOBS, timeout=timeout)
 
     @property
     def jobs(self) -> dict[str, dict]:
@@ -476,7 +477,7 @@ class JobQueueCluster:
         if self._keeper is not None:
             self._keeper.stop()
         try:
-            control(self.cluster_file, "shutdown", timeout=timeout)
+            control(self.cluster_file, Op.SHUTDOWN, timeout=timeout)
         except Exception:
             if self._proc.poll() is None:
                 self._proc.send_signal(signal.SIGTERM)

@@ -32,6 +32,7 @@ from tornado.tcpserver import TCPServer
 
 from .admission import HandshakeGate
 from .frames import HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, dumps, loads, nbytes
+from .messages import Op
 from .reader import CHUNK, FrameReader
 
 logger = logging.getLogger("hpc_cluster.comm")
@@ -337,7 +338,7 @@ async def connect(address: str, secret: bytes, info: dict, limits: Limits | None
 async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
     c_nonce = os.urandom(32)
     comm.stream.write(MAGIC)
-    await comm.write({"op": "auth", "nonce": c_nonce})
+    await comm.write({"op": Op.AUTH, "nonce": c_nonce})
     try:
         reply = (await comm.read(HANDSHAKE_LIMITS))[0]
     except (CommClosedError, ProtocolError) as exc:
@@ -350,14 +351,14 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
             proof, _proof(secret, b"listener", c_nonce, s_nonce)):
         raise AuthenticationError(f"{comm.peer} did not prove the cluster secret; check that you use "
                                   "the cluster file (or secret) of the cluster you meant")
-    await comm.write({"op": "auth-proof", "proof": _proof(secret, b"connector", c_nonce, s_nonce),
+    await comm.write({"op": Op.AUTH_PROOF, "proof": _proof(secret, b"connector", c_nonce, s_nonce),
                       "info": info, "limits": _announce(comm.limits)})
     try:
         welcome = (await comm.read(HANDSHAKE_LIMITS))[0]
     except CommClosedError:
         raise AuthenticationError(f"{comm.peer} refused our proof of the cluster secret; the secret "
                                   "you passed is not this cluster's") from None
-    if welcome.get("op") == "refused":
+    if welcome.get("op") == Op.REFUSED:
         raise AuthenticationError(f"{comm.peer} refused the connection: {welcome.get('reason')}")
     comm.peer_info = welcome.get("info") or {}
     comm.peer_limits = _announced(welcome.get("limits"))
@@ -376,23 +377,23 @@ async def _handshake_listener(comm: Comm, secret: bytes, info: dict,
     started(comm)
     hello = (await comm.read(HANDSHAKE_LIMITS))[0]
     c_nonce = hello.get("nonce")
-    if hello.get("op") != "auth" or not isinstance(c_nonce, bytes) or len(c_nonce) != 32:
+    if hello.get("op") != Op.AUTH or not isinstance(c_nonce, bytes) or len(c_nonce) != 32:
         raise ProtocolError("handshake did not start with an auth message")
     s_nonce = os.urandom(32)
-    await comm.write({"op": "auth", "nonce": s_nonce, "proof": _proof(secret, b"listener", c_nonce, s_nonce)})
+    await comm.write({"op": Op.AUTH, "nonce": s_nonce, "proof": _proof(secret, b"listener", c_nonce, s_nonce)})
     msg = (await comm.read(HANDSHAKE_LIMITS))[0]
     proof = msg.get("proof")
-    if msg.get("op") != "auth-proof" or not isinstance(proof, bytes) or not hmac.compare_digest(
+    if msg.get("op") != Op.AUTH_PROOF or not isinstance(proof, bytes) or not hmac.compare_digest(
             proof, _proof(secret, b"connector", c_nonce, s_nonce)):
         raise AuthenticationError("peer failed to prove the cluster secret")
     peer_info = msg.get("info") if isinstance(msg.get("info"), dict) else {}
     reason = check(peer_info) if check else None
     if reason:
-        await comm.write({"op": "refused", "reason": reason})
+        await comm.write({"op": Op.REFUSED, "reason": reason})
         raise AuthenticationError(f"refused: {reason}")
     comm.peer_info = peer_info
     comm.peer_limits = _announced(msg.get("limits"))
-    await comm.write({"op": "welcome", "info": info, "limits": _announce(comm.limits)})
+    await comm.write({"op": Op.WELCOME, "info": info, "limits": _announce(comm.limits)})
 
 
 class Listener(TCPServer):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from ..protocol.frames import ProtocolError
+from ..protocol.messages import Op
 
 logger = logging.getLogger("hpc_cluster.scheduler")
 
@@ -30,7 +31,7 @@ class BacklogMixin:
 
     def _awaits_inputs(self, msg) -> bool:
         st = self.state
-        if not st.awaited or not isinstance(msg, dict) or msg.get("op") != "update-graph":
+        if not st.awaited or not isinstance(msg, dict) or msg.get("op") != Op.UPDATE_GRAPH:
             return False
         tasks = msg.get("tasks")
         return isinstance(tasks, list) and any(

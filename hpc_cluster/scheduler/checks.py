@@ -20,25 +20,25 @@ class Refused(ValueError):
     """A well-formed request we will not carry out; the sender is told why, nothing else changes."""
 
 
-def _keys(value, what: str) -> list[str]:
+def check_keys(value, what: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
         raise ProtocolError(f"{what} must be a list of strings")
     return value
 
 
-def _check_task(spec) -> dict:
+def check_task(spec) -> dict:
     if not isinstance(spec, dict) or not isinstance(spec.get("key"), str):
         raise ProtocolError("each task needs a string 'key'")
     if not isinstance(spec.get("func"), Opaque) or not isinstance(spec.get("args"), Opaque):
         raise ProtocolError(f"task {spec['key']!r} needs opaque 'func' and 'args' payloads")
-    _keys(spec.get("deps", []), "deps")
+    check_keys(spec.get("deps", []), "deps")
     for name in ("priority", "retries"):
         if not isinstance(spec.get(name, 0), int):
             raise ProtocolError(f"task {spec['key']!r}: {name} must be an integer")
         if not -INT64 <= spec.get(name, 0) <= INT64:
             raise Refused(f"task {spec['key']!r}: {name}={spec[name]} is out of range; give an integer "
                           f"between -(2**63 - 1) and 2**63 - 1")
-    if spec.get("duration") is not None and _number(spec["duration"]) is None:
+    if spec.get("duration") is not None and check_number(spec["duration"]) is None:
         raise ProtocolError(f"task {spec['key']!r}: duration must be a number of seconds")
     memory = spec.get("memory")
     if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or not 0 <= memory <= INT64):
@@ -71,18 +71,18 @@ def compact_payloads(tasks: list[dict]) -> None:
             spec[name] = copy
 
 
-def _held(value) -> dict[str, int]:
+def check_held(value) -> dict[str, int]:
     """A reattaching worker's results: key -> nbytes."""
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in value.items()):
         raise ProtocolError("held must map keys to byte counts")
-    return {k: _count(v, "nbytes") for k, v in value.items()}
+    return {k: check_count(v, "nbytes") for k, v in value.items()}
 
 
-def _number(value) -> float | None:
+def check_number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
-def _count(value, what: str) -> int:
+def check_count(value, what: str) -> int:
     """A byte count from a worker: it is passed on to clients, so it must fit msgpack."""
     try:
         value = int(value or 0)
@@ -93,7 +93,7 @@ def _count(value, what: str) -> int:
     return value
 
 
-def _restart_timeout(value) -> float:
+def check_restart_timeout(value) -> float:
     """client.restart(timeout=): checked before anything is cleared (a bad one used to clear
     everyone's work, then fail, and never reply)."""
     if value is None:
@@ -107,7 +107,7 @@ def _restart_timeout(value) -> float:
 MEMORY_FIELDS = ("rss", "peak_rss", "managed", "spilled", "spilled_disk", "spilled_count")
 
 
-def _memory(value) -> dict | None:
+def check_memory(value) -> dict | None:
     """A worker's memory report (heartbeat, task-started): byte counts and `paused`; None if absent."""
     if value is None:
         return None
@@ -120,7 +120,7 @@ def _memory(value) -> dict | None:
     return out
 
 
-def _fractions(value) -> dict | None:
+def check_fractions(value) -> dict | None:
     """The worker's memory fractions (target, spill, pause, terminate): numbers, or False for off."""
     if not isinstance(value, dict):
         return None
@@ -128,12 +128,12 @@ def _fractions(value) -> dict | None:
             for k, v in value.items() if k in ("target", "spill", "pause", "terminate")}
 
 
-def _deadline(info: dict) -> float | None:
+def worker_deadline(info: dict) -> float | None:
     """When the worker must be gone: the earlier of its job's end (job start + walltime, as the
     job script recorded) and its lifetime's (`lifetime_end`: --lifetime, drawn by the worker).
     Both are drained for alike: the lifetime is an earlier walltime that no one enforces by a kill."""
-    start, walltime = _number(info.get("job_start")), _number(info.get("job_walltime"))
-    ends = [_number(info.get("lifetime_end"))]
+    start, walltime = check_number(info.get("job_start")), check_number(info.get("job_walltime"))
+    ends = [check_number(info.get("lifetime_end"))]
     if start is not None and walltime is not None:
         ends.append(start + walltime)
     return min((end for end in ends if end is not None), default=None)

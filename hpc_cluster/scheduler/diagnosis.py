@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from ..units import format_memory
 
-CAUSES = ("retired", "walltime", "memory-batch", "memory-nanny", "crash", "startup", "cancelled",
-          "preempted", "node-failure", "connection-lost", "scheduler-lost", "heartbeat-lost", "unknown")
-BLAMED = frozenset({"memory-batch", "memory-nanny", "crash"})
+from ..protocol.messages import BLAMED_CAUSES, MEMORY_CAUSES, Cause, Op
+
+CAUSES = tuple(Cause)
+BLAMED = BLAMED_CAUSES
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
 # A worker's exit code when its reconnect window (--reconnect-window) ended without a scheduler
 # (worker/worker.py's EXIT_LOST_SCHEDULER; the scheduler may not import the worker).
@@ -27,25 +28,25 @@ EXIT_SCHEDULER_LOST = 4
 
 # What the user should change, per cause: the "fix" part of every explanation.
 ADVICE = {
-    "retired": "nothing to do: the worker was asked to leave",
-    "walltime": "raise walltime= (or the site's walltime), or split the work into shorter tasks",
-    "memory-batch": "raise memory= (the job's request), use fewer processes= per job, or make the task use less memory",
-    "memory-nanny": "raise memory= / memory_limit (the worker's budget) or memory_terminate_fraction, "
+    Cause.RETIRED: "nothing to do: the worker was asked to leave",
+    Cause.WALLTIME: "raise walltime= (or the site's walltime), or split the work into shorter tasks",
+    Cause.MEMORY_BATCH: "raise memory= (the job's request), use fewer processes= per job, or make the task use less memory",
+    Cause.MEMORY_NANNY: "raise memory= / memory_limit (the worker's budget) or memory_terminate_fraction, "
                     "or make the task use less memory",
-    "crash": "the task killed its worker process: run it with client.recreate_error_locally() or in a "
+    Cause.CRASH: "the task killed its worker process: run it with client.recreate_error_locally() or in a "
              "local process to debug, check C extensions and their versions",
-    "startup": "the job ended before its worker started: check python=, job_script_prologue and the "
+    Cause.STARTUP: "the job ended before its worker started: check python=, job_script_prologue and the "
                "environment in the job log (hpc-cluster logs JOB)",
-    "cancelled": "someone cancelled the job (scancel/qdel); resubmit if that was a mistake",
-    "preempted": "the job was preempted by higher-priority work; use a partition/queue without preemption",
-    "node-failure": "the node failed; nothing in your code caused it",
-    "connection-lost": "the worker's connection dropped; check the network and the worker log",
-    "scheduler-lost": "the scheduler was unreachable for longer than the worker's reconnect window (by default "
+    Cause.CANCELLED: "someone cancelled the job (scancel/qdel); resubmit if that was a mistake",
+    Cause.PREEMPTED: "the job was preempted by higher-priority work; use a partition/queue without preemption",
+    Cause.NODE_FAILURE: "the node failed; nothing in your code caused it",
+    Cause.CONNECTION_LOST: "the worker's connection dropped; check the network and the worker log",
+    Cause.SCHEDULER_LOST: "the scheduler was unreachable for longer than the worker's reconnect window (by default "
                       "the larger of 10 minutes and death_timeout): check that the scheduler runs (hpc-cluster "
                       "status) and is reachable from the nodes, or raise reconnect_window (the cluster's setting, "
                       "or --reconnect-window) to ride out longer outages",
-    "heartbeat-lost": "the worker stopped answering (hung process, stopped, or network cut); check the node",
-    "unknown": "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
+    Cause.HEARTBEAT_LOST: "the worker stopped answering (hung process, stopped, or network cut); check the node",
+    Cause.UNKNOWN: "no evidence explains this death; look at the worker's log (hpc-cluster logs WORKER)",
 }
 
 # Job states in which the batch system, not the job's own content, ended the job.
@@ -53,13 +54,13 @@ EXTERNAL_ENDS = frozenset({"timeout", "deadline", "preempted", "node-fail", "boo
 
 # Lines in a job's stdout/stderr that tell what ended it.
 LOG_PATTERNS = [
-    ("walltime", re.compile(r"DUE TO TIME LIMIT|job killed: walltime|PBS: job killed: walltime|"
+    (Cause.WALLTIME, re.compile(r"DUE TO TIME LIMIT|job killed: walltime|PBS: job killed: walltime|"
                             r"exceeded limit .*walltime", re.I)),
-    ("preempted", re.compile(r"DUE TO PREEMPTION", re.I)),
-    ("node-failure", re.compile(r"DUE TO NODE FAILURE", re.I)),
-    ("memory-batch", re.compile(r"oom[-_ ]kill event|Out Of Memory|job killed: mem|exceeded memory limit", re.I)),
-    ("crash", re.compile(r"Segmentation fault|core dumped|Fatal Python error", re.I)),
-    ("cancelled", re.compile(r"CANCELLED AT \S+\s*\*\*\*", re.I)),
+    (Cause.PREEMPTED, re.compile(r"DUE TO PREEMPTION", re.I)),
+    (Cause.NODE_FAILURE, re.compile(r"DUE TO NODE FAILURE", re.I)),
+    (Cause.MEMORY_BATCH, re.compile(r"oom[-_ ]kill event|Out Of Memory|job killed: mem|exceeded memory limit", re.I)),
+    (Cause.CRASH, re.compile(r"Segmentation fault|core dumped|Fatal Python error", re.I)),
+    (Cause.CANCELLED, re.compile(r"CANCELLED AT \S+\s*\*\*\*", re.I)),
     # Not a cause: the last line of a Python traceback (an ImportError in a job's prologue,
     # an exception in the worker) is shown as evidence.
     ("error", re.compile(r"^\s*(\w+\.)*\w*(Error|Exception)(: .*)?$")),
@@ -71,7 +72,7 @@ class Evidence:
     """Everything known about one death. Missing pieces are None / empty."""
 
     intent: str | None = None              # we asked it to leave: "scale-down", "down", "restart"
-    connection: str | None = None          # "closed", "heartbeat-lost", "goodbye"
+    connection: str | None = None          # "closed", Cause.HEARTBEAT_LOST, Op.GOODBYE
     nanny: dict | None = None              # the nanny's exit report
     accounting: dict | None = None         # the batch system's AccountingRecord, as a dict
     log_tail: list[str] = field(default_factory=list)
@@ -187,64 +188,64 @@ def _memory_enforcer(ev: Evidence) -> str:
 # on the job, then kernel/nanny facts about the process, then log lines, then timing.
 RULES = [
     (lambda ev: ev.intent is not None,
-     lambda ev: ("retired", f"asked to leave ({ev.intent})")),
+     lambda ev: (Cause.RETIRED, f"asked to leave ({ev.intent})")),
     # A job that never started its worker is a deployment fault, unless the batch system
     # itself ended it (time limit, preemption, a failed node, a cancel): then that is the cause.
     (lambda ev: not ev.registered and _acct_state(ev) not in EXTERNAL_ENDS,
-     lambda ev: ("startup", f"{_job(ev)} ended ({_acct(ev).get('raw_state') or 'finished'}) before its "
+     lambda ev: (Cause.STARTUP, f"{_job(ev)} ended ({_acct(ev).get('raw_state') or 'finished'}) before its "
                             "worker registered")),
-    (lambda ev: _acct_state(ev) in ("timeout", "deadline") or _log_says(ev, "walltime"),
-     lambda ev: ("walltime", f"{_job(ev)} reached its time limit ({fmt_seconds(_acct(ev).get('time_limit'))}) "
+    (lambda ev: _acct_state(ev) in ("timeout", "deadline") or _log_says(ev, Cause.WALLTIME),
+     lambda ev: (Cause.WALLTIME, f"{_job(ev)} reached its time limit ({fmt_seconds(_acct(ev).get('time_limit'))}) "
                              f"after {fmt_seconds(_acct(ev).get('elapsed'))} {_running(ev)}")),
-    (lambda ev: _acct_state(ev) == "preempted" or _log_says(ev, "preempted"),
-     lambda ev: ("preempted", f"{_job(ev)} was preempted by the batch system {_running(ev)}")),
-    (lambda ev: _acct_state(ev) in ("node-fail", "boot-fail") or _log_says(ev, "node-failure"),
-     lambda ev: ("node-failure", f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}")),
+    (lambda ev: _acct_state(ev) == "preempted" or _log_says(ev, Cause.PREEMPTED),
+     lambda ev: (Cause.PREEMPTED, f"{_job(ev)} was preempted by the batch system {_running(ev)}")),
+    (lambda ev: _acct_state(ev) in ("node-fail", "boot-fail") or _log_says(ev, Cause.NODE_FAILURE),
+     lambda ev: (Cause.NODE_FAILURE, f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}")),
     (lambda ev: _nanny(ev).get("killed_by_nanny"),
-     lambda ev: ("memory-nanny",
+     lambda ev: (Cause.MEMORY_NANNY,
                  f"the nanny stopped the worker {_running(ev)}: memory reached "
                  f"{format_memory(_nanny(ev).get('peak_rss') or None)}, over its budget of "
                  f"{format_memory(_nanny(ev).get('memory_budget') or None)} "
                  f"({format_memory(_nanny(ev).get('memory_limit') or None)} memory_limit)")),
     (lambda ev: _nanny(ev).get("cgroup_oom") or _acct_state(ev) == "out-of-memory" or _step_oom(ev)
-     or (_log_says(ev, "memory-batch") and _nanny(ev).get("signal") in (None, 9)),
-     lambda ev: ("memory-batch", f"the batch system's memory limit ended the worker {_running(ev)} "
+     or (_log_says(ev, Cause.MEMORY_BATCH) and _nanny(ev).get("signal") in (None, 9)),
+     lambda ev: (Cause.MEMORY_BATCH, f"the batch system's memory limit ended the worker {_running(ev)} "
                                  f"({_memory_enforcer(ev)}; {_memory_numbers(ev)})")),
     (lambda ev: _acct_state(ev) == "cancelled",
-     lambda ev: ("cancelled", f"{_job(ev)} was cancelled" + (f" by uid {_acct(ev)['cancelled_by']}"
+     lambda ev: (Cause.CANCELLED, f"{_job(ev)} was cancelled" + (f" by uid {_acct(ev)['cancelled_by']}"
                                                              if _acct(ev).get("cancelled_by") else "")
                  + f" {_running(ev)}")),
     (lambda ev: _nanny(ev).get("signal") in CRASH_SIGNALS or (not ev.nanny and _acct(ev).get("signal") in CRASH_SIGNALS),
-     lambda ev: ("crash", f"the worker died of signal {_nanny(ev).get('signal') or _acct(ev).get('signal')} "
+     lambda ev: (Cause.CRASH, f"the worker died of signal {_nanny(ev).get('signal') or _acct(ev).get('signal')} "
                           f"({signal_name(_nanny(ev).get('signal') or _acct(ev).get('signal'))}) {_running(ev)}"
                           + (f", in {site}" if (site := crash_site(ev.log_tail, 1)) else ""))),
-    (lambda ev: ev.connection == "goodbye",
-     lambda ev: ("retired", "the worker closed itself cleanly")),
+    (lambda ev: ev.connection == Op.GOODBYE,
+     lambda ev: (Cause.RETIRED, "the worker closed itself cleanly")),
     # The worker left because it could not reach us: whatever it was running, that is not the
     # task's doing (a paused or dead scheduler, a network cut), so before the exit-code rules.
     (lambda ev: _nanny(ev).get("exit_code") == EXIT_SCHEDULER_LOST and _nanny(ev).get("signal") is None
      or (not ev.nanny and _acct(ev).get("exit_code") == EXIT_SCHEDULER_LOST and not _acct(ev).get("signal")),
-     lambda ev: ("scheduler-lost", f"the worker lost the scheduler and gave up when its reconnect window "
+     lambda ev: (Cause.SCHEDULER_LOST, f"the worker lost the scheduler and gave up when its reconnect window "
                                    f"(--reconnect-window) ended {_running(ev)}")),
     (lambda ev: (_nanny(ev).get("exit_code") or 0) != 0 and _nanny(ev).get("signal") is None and ev.executing,
-     lambda ev: ("crash", f"the worker process exited with code {_nanny(ev)['exit_code']} {_running(ev)}")),
+     lambda ev: (Cause.CRASH, f"the worker process exited with code {_nanny(ev)['exit_code']} {_running(ev)}")),
     # No nanny: the worker is the batch step's process, so the job's own exit code is the
     # worker's. A job that failed with a non-zero code while running a task was ended by it.
     (lambda ev: not ev.nanny and ev.executing and _acct_state(ev) == "failed"
      and (_acct(ev).get("exit_code") or 0) != 0,
-     lambda ev: ("crash", f"the worker process (the job's batch step) exited with code "
+     lambda ev: (Cause.CRASH, f"the worker process (the job's batch step) exited with code "
                           f"{_acct(ev)['exit_code']} {_running(ev)}")),
     # The scheduler lost its heartbeat and asked the nanny to end it: the SIGKILL is ours.
     (lambda ev: _nanny(ev).get("unresponsive"),
-     lambda ev: ("heartbeat-lost", f"the worker stopped answering heartbeats {_running(ev)}; its nanny found "
+     lambda ev: (Cause.HEARTBEAT_LOST, f"the worker stopped answering heartbeats {_running(ev)}; its nanny found "
                                    f"the process {_nanny(ev)['unresponsive'].get('status', '?')} and ended it")),
     (lambda ev: _nanny(ev).get("signal") is not None,
-     lambda ev: ("unknown", f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
+     lambda ev: (Cause.UNKNOWN, f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
-    (lambda ev: ev.connection == "heartbeat-lost",
-     lambda ev: ("heartbeat-lost", f"the worker stopped answering heartbeats {_running(ev)}")),
+    (lambda ev: ev.connection == Cause.HEARTBEAT_LOST,
+     lambda ev: (Cause.HEARTBEAT_LOST, f"the worker stopped answering heartbeats {_running(ev)}")),
     (lambda ev: ev.connection == "closed",
-     lambda ev: ("connection-lost", f"the connection to the worker closed {_running(ev)}")),
+     lambda ev: (Cause.CONNECTION_LOST, f"the connection to the worker closed {_running(ev)}")),
 ]
 
 
@@ -261,11 +262,10 @@ def diagnose(ev: Evidence) -> Verdict:
                 return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)),
                                facts + memory_facts(ev), memory_advice(picture, cause, blame))
             return Verdict(cause, blame, text, facts, ADVICE[cause])
-    return Verdict("unknown", False, "no evidence about this death", facts, ADVICE["unknown"])
+    return Verdict(Cause.UNKNOWN, False, "no evidence about this death", facts, ADVICE[Cause.UNKNOWN])
 
 
 # -- memory deaths: what the running task allocated vs what the worker held ------------------
-MEMORY_CAUSES = ("memory-batch", "memory-nanny")
 # A memory death is charged to the running task(s) only when their own growth (from the
 # oldest one's start to the death, less results stored meanwhile) explains it: at least as
 # much as the stored results the worker held in memory, and at least this share of its
@@ -322,7 +322,7 @@ def memory_picture(ev: Evidence, cause: str) -> MemoryPicture:
     seen = [n.get("peak_rss")] if ev.nanny else [m.get("peak_rss"), m.get("rss")]
     if not ev.nanny and not any(seen):
         seen.append(a.get("max_rss"))
-    if cause == "memory-batch" and m.get("limit"):
+    if cause == Cause.MEMORY_BATCH and m.get("limit"):
         # The kernel ends a process when its cgroup is full, and the worker's memory_limit is
         # at most its cgroup's: samples taken before a fast allocation undercount it. Where the
         # job's own request is smaller (Grid Engine's h_vmem is asked apart from memory=), the
@@ -372,14 +372,14 @@ def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
         size = ask_for(max(1.25 * need, 1.5 * limit))
         grew = (f"the running task grew by {_size(p.growth)} (the worker reached {_size(p.at_death)})"
                 if p.growth is not None else f"the worker reached {_size(p.at_death)}")
-        if cause == "memory-batch" and p.request and p.request < limit:
+        if cause == Cause.MEMORY_BATCH and p.request and p.request < limit:
             # The batch system enforced a request below the workers' budget (Grid Engine's
             # resource_spec h_vmem, a site's default): that request is what to raise.
             return (f"{grew}; the job's memory request, what the batch system enforced, was {_size(p.request)}, "
                     f"below the workers' memory_limit of {_size(limit)}: raise the job's request (on Grid Engine "
                     f"resource_spec='h_vmem=...', or 'h_vmem={{memory}}' to ask for memory=) to '{ask_for(1.5 * p.request)}'"
                     " or more, or make the task use less memory")
-        if cause == "memory-batch":
+        if cause == Cause.MEMORY_BATCH:
             return (f"{grew}; memory= gives {_size(limit)} per worker: raise memory= to '{size}' or more "
                     "per worker process (the job's request is shared by its processes), or make the task "
                     "use less memory")

@@ -14,38 +14,50 @@ import logging
 
 from ..protocol.comm import BatchedSend, Comm
 from ..protocol.frames import ProtocolError
-from .checks import _count, _deadline, _fractions, _held, _keys, _memory, _number
+from ..protocol.messages import Op
+from .checks import (check_count, check_fractions, check_held, check_keys, check_memory, check_number,
+                     worker_deadline)
 from .workers import heartbeat_interval
 
 logger = logging.getLogger("hpc_cluster.scheduler")
+
+# Plain str copies of the ops _worker_message compares each message with: a literal's cost (an
+# Enum attribute costs ~75 ns, and a member misses str's fast compare; protocol/messages.py).
+(TASK_FINISHED, TASK_STARTED, TASK_ERRED, MISSING_DATA, HANDED_BACK, TASK_SECEDED, TASK_REJOINED, ABANDONED_DONE,
+ ADD_REPLICA, REPLICA_FAILED, HEARTBEAT, GOODBYE) = (
+    Op.TASK_FINISHED.value, Op.TASK_STARTED.value, Op.TASK_ERRED.value, Op.MISSING_DATA.value, Op.HANDED_BACK.value,
+    Op.TASK_SECEDED.value, Op.TASK_REJOINED.value, Op.ABANDONED_DONE.value, Op.ADD_REPLICA.value,
+    Op.REPLICA_FAILED.value, Op.HEARTBEAT.value, Op.GOODBYE.value)
 
 
 class WorkerLinksMixin:
     async def _serve_worker(self, comm: Comm) -> None:
         first = (await comm.read())[0]
-        if first.get("op") != "register-worker" or not isinstance(first.get("address"), str):
+        if first.get("op") != Op.REGISTER_WORKER or not isinstance(first.get("address"), str):
             raise ProtocolError("a worker must register first")
         addr = first["address"]
         nthreads = first.get("nthreads", 1)
         if not isinstance(nthreads, int) or not 1 <= nthreads <= 2**20:
             raise ProtocolError("nthreads must be a positive integer")
-        held, running = _held(first.get("held") or {}), _keys(first.get("running") or [], "running")
+        held, running = check_held(first.get("held") or {}), check_keys(first.get("running") or [], "running")
         refusal = self._registration_refusal(addr)
         if refusal:
             logger.warning("refused a worker registering as %s: %s", addr, refusal)
-            await comm.write({"op": "refused", "error": refusal})
+            await comm.write({"op": Op.REFUSED, "error": refusal})
             comm.close()
             return
         # Reply before any task can be queued for it, so "registered" travels alone.
-        await comm.write({"op": "registered", "address": addr,
+        await comm.write({"op": Op.REGISTERED, "address": addr,
                           "heartbeat_interval": heartbeat_interval(len(self.state.workers) + 1)})
         self.streams[addr] = BatchedSend(comm, self.flusher)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
                 "nanny": first.get("nanny"), "job_id": first.get("job_id"), "nanny_id": first.get("nanny_id"),
-                "job_walltime": _number(first.get("job_walltime")), "job_start": _number(first.get("job_start")),
-                "lifetime": _number(first.get("lifetime")), "lifetime_end": _number(first.get("lifetime_end")),
-                "memory_fractions": _fractions(first.get("memory_fractions")),
+                "job_walltime": check_number(first.get("job_walltime")),
+                "job_start": check_number(first.get("job_start")),
+                "lifetime": check_number(first.get("lifetime")),
+                "lifetime_end": check_number(first.get("lifetime_end")),
+                "memory_fractions": check_fractions(first.get("memory_fractions")),
                 "pool": first.get("pool") if isinstance(first.get("pool"), str) else None,
                 "spill_directory": first.get("spill_directory") if isinstance(first.get("spill_directory"), str)
                 else None}
@@ -56,7 +68,7 @@ class WorkerLinksMixin:
             if held or running or name in self.state.awaited_workers else self.state.add_worker
         join(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
              name=name, resources=first.get("resources") or {},
-             info=info, deadline=_deadline(info))
+             info=info, deadline=worker_deadline(info))
         self._flush()
         if self._backlog:
             self._replay_backlog()            # its results may be inputs a client's submission waits for
@@ -69,8 +81,8 @@ class WorkerLinksMixin:
                 now = self.clock()
                 self.state.heartbeat(addr, now)
                 for msg in msgs:
-                    if self._worker_message(addr, msg, now) == "goodbye":
-                        connection = "goodbye"
+                    if self._worker_message(addr, msg, now) == GOODBYE:
+                        connection = GOODBYE
                 self._flush()
         finally:
             if self.comms.get(addr) is comm:
@@ -94,36 +106,37 @@ class WorkerLinksMixin:
     def _worker_message(self, addr: str, msg: dict, now: float):
         op, st = msg["op"], self.state
         try:
-            if op == "task-finished":
-                st.task_finished(addr, msg["key"], _count(msg.get("nbytes"), "nbytes"), _number(msg.get("duration")))
+            if op == TASK_FINISHED:
+                st.task_finished(addr, msg["key"], check_count(msg.get("nbytes"), "nbytes"),
+                                 check_number(msg.get("duration")))
                 self.stream.finished(addr, msg["key"], now, "memory")
-            elif op == "task-started":
-                st.task_started(addr, msg["key"], now, _memory(msg.get("memory")))
+            elif op == TASK_STARTED:
+                st.task_started(addr, msg["key"], now, check_memory(msg.get("memory")))
                 ws = st.workers.get(addr)
                 if ws is not None and isinstance(msg["key"], str):
                     self.stream.started(addr, ws.name, msg["key"], now)
-            elif op == "task-erred":
+            elif op == TASK_ERRED:
                 st.task_erred(addr, msg["key"], {"exception": msg.get("exception"),
                                                   "traceback": msg.get("traceback"),
                                                   "text": str(msg.get("text", ""))})
                 self.stream.finished(addr, msg["key"], now, "erred")
-            elif op == "missing-data":
-                st.missing_data(addr, msg["key"], msg["dep"], _keys(msg.get("holders", []), "holders"))
-            elif op == "handed-back":
-                st.handed_back(addr, _keys(msg["keys"], "keys"))
-            elif op in ("task-seceded", "task-rejoined"):
-                st.task_seceded(addr, str(msg["key"]), op == "task-seceded")
-            elif op == "abandoned-done":
+            elif op == MISSING_DATA:
+                st.missing_data(addr, msg["key"], msg["dep"], check_keys(msg.get("holders", []), "holders"))
+            elif op == HANDED_BACK:
+                st.handed_back(addr, check_keys(msg["keys"], "keys"))
+            elif op in (TASK_SECEDED, TASK_REJOINED):
+                st.task_seceded(addr, str(msg["key"]), op == TASK_SECEDED)
+            elif op == ABANDONED_DONE:
                 st.abandoned_done(addr, msg["key"])
-            elif op == "add-replica":
-                st.add_replica(addr, msg["key"], _count(msg.get("nbytes"), "nbytes"))
-            elif op == "replica-failed":
+            elif op == ADD_REPLICA:
+                st.add_replica(addr, msg["key"], check_count(msg.get("nbytes"), "nbytes"))
+            elif op == REPLICA_FAILED:
                 st.replica_failed(addr, msg["key"])
-            elif op == "heartbeat":
+            elif op == HEARTBEAT:
                 if msg.get("memory") is not None:
-                    st.worker_memory(addr, _memory(msg["memory"]), now)
-            elif op == "goodbye":
-                return "goodbye"
+                    st.worker_memory(addr, check_memory(msg["memory"]), now)
+            elif op == GOODBYE:
+                return GOODBYE
             else:
                 raise ProtocolError(f"unknown op {op!r} from worker")
         except (KeyError, TypeError, ValueError) as exc:
@@ -137,7 +150,7 @@ class WorkerLinksMixin:
             while True:
                 for msg in await comm.read():
                     self._nanny_message(comm, msg)
-                    nanny_id = msg.get("nanny_id") if msg["op"] == "register-nanny" else nanny_id
+                    nanny_id = msg.get("nanny_id") if msg["op"] == Op.REGISTER_NANNY else nanny_id
         finally:
             if nanny_id and self.nannies.get(nanny_id) is not None and self.nannies[nanny_id].comm is comm:
                 del self.nannies[nanny_id]
@@ -146,11 +159,11 @@ class WorkerLinksMixin:
 
     def _nanny_message(self, comm: Comm, msg: dict) -> None:
         op = msg["op"]
-        if op == "register-nanny":
+        if op == Op.REGISTER_NANNY:
             if not isinstance(msg.get("nanny_id"), str):
                 raise ProtocolError("register-nanny needs a string nanny_id")
             self.nannies[msg["nanny_id"]] = BatchedSend(comm)
-        elif op == "exit-report" and isinstance(msg.get("report"), dict):
+        elif op == Op.EXIT_REPORT and isinstance(msg.get("report"), dict):
             self.deaths.exit_report(msg["report"])
             self._tell("exit-report", msg["report"])
         else:

@@ -18,10 +18,11 @@ from typing import Awaitable, Callable
 
 from ..protocol.comm import BatchedSend, Comm, Flusher, Listener
 from ..protocol.frames import Limits, ProtocolError
+from ..protocol.messages import Cause, Op
 from ..protocol.versions import format_table, get_versions, mismatches
 from .backlog import BacklogMixin
 from .collector import Collector
-from .checks import Refused, _check_task, _keys, _restart_timeout, compact_payloads
+from .checks import Refused, check_keys, check_restart_timeout, check_task, compact_payloads
 from .evidence import EvidenceCollector
 from .links import WorkerLinksMixin
 from .state.machine import SchedulerState
@@ -30,6 +31,10 @@ from .stream import TaskStream
 from .workers import heartbeat_interval, worker_table
 
 logger = logging.getLogger("hpc_cluster.scheduler")
+
+# Plain str copies of the ops a client sends (or is answered with) per batch of tasks: a
+# literal's cost (an Enum attribute costs ~75 ns; protocol/messages.py).
+UPDATE_GRAPH, RELEASE_KEYS, REPLY = Op.UPDATE_GRAPH.value, Op.RELEASE_KEYS.value, Op.REPLY.value
 
 # Tasks placed in one turn of the loop, by all its events together (state.place_limit). A
 # 10,000-task submission to 500 workers placed at once held the loop for a second and more
@@ -142,9 +147,9 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         if self.journal is not None:
             self.journal.close()                     # the last changes too; the owner removes it if done
         for addr in list(self.state.workers) if not restarting else ():
-            self._send_now(addr, {"op": "close", "reason": "the scheduler is shutting down"})
+            self._send_now(addr, {"op": Op.CLOSE, "reason": "the scheduler is shutting down"})
         for cid in list(self.state.clients) if not restarting else ():
-            self._send_now(cid, {"op": "scheduler-closed", "reason": "the scheduler was shut down"})
+            self._send_now(cid, {"op": Op.SCHEDULER_CLOSED, "reason": "the scheduler was shut down"})
         for stream in list(self.streams.values()):
             await stream.drain()
         for comm in list(self.comms.values()):
@@ -243,7 +248,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                 try:
                     logger.warning("worker %s silent for more than %.1fs; removing it", addr, ttl)
                     info = self.state.workers[addr].info
-                    self._remove_worker(addr, "heartbeat-lost")
+                    self._remove_worker(addr, Cause.HEARTBEAT_LOST)
                     self._end_unresponsive(info)
                     comm = self.comms.pop(addr, None)
                     if comm is not None:
@@ -301,7 +306,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         instead of after the ~90 s of asking the batch system about a job that runs on."""
         stream = self.nannies.get(info.get("nanny_id") or "")
         if stream is not None and isinstance(info.get("pid"), int):
-            stream.send({"op": "end-unresponsive", "pid": info["pid"]})
+            stream.send({"op": Op.END_UNRESPONSIVE, "pid": info["pid"]})
 
     def _tell(self, kind: str, info: dict) -> None:
         for listener in self.worker_events:
@@ -331,7 +336,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         if interval != self.beat_interval:
             self.beat_interval = interval
             for stream in self.streams.values():
-                stream.send({"op": "heartbeat-interval", "interval": interval})
+                stream.send({"op": Op.HEARTBEAT_INTERVAL, "interval": interval})
 
     def silence_ttl(self) -> float:
         """How long a worker may be silent before it is judged lost: heartbeat_ttl, or three
@@ -345,7 +350,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         if reason:
             logger.error("no more jobs will be submitted: %s", reason)
         for cid in self.state.clients:
-            self._send_now(cid, {"op": "cluster-halted", "reason": reason})
+            self._send_now(cid, {"op": Op.CLUSTER_HALTED, "reason": reason})
         self.fail_if_stranded()
         self._flush()
 
@@ -367,7 +372,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self.streams[cid] = BatchedSend(comm)
         self.comms[cid] = comm
         self.state.add_client(cid)
-        self._send_now(cid, {"op": "registered", "client": cid, "versions": get_versions(), "halted": self.halted,
+        self._send_now(cid, {"op": Op.REGISTERED, "client": cid, "versions": get_versions(), "halted": self.halted,
                              "services": self.services})
         try:
             async for msgs in comm.batches():
@@ -384,16 +389,16 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
     def _reply(self, cid: str, msg: dict, result) -> None:
         # Written now, not at the end of the loop's turn: behind 500 workers' writes that turn
         # took a client's question to the next one (what was sent to it before stays ahead).
-        self._send_now(cid, {"op": "reply", "rid": msg.get("rid"), "result": result}, flush=True)
+        self._send_now(cid, {"op": REPLY, "rid": msg.get("rid"), "result": result}, flush=True)
 
     def _client_message(self, cid: str, msg: dict) -> None:
         op, st = msg["op"], self.state
         try:
-            if op == "update-graph":
+            if op == UPDATE_GRAPH:
                 tasks = msg.get("tasks", [])
-                wanted = _keys(msg.get("keys", []), "keys")
+                wanted = check_keys(msg.get("keys", []), "keys")
                 try:
-                    tasks = [_check_task(t) for t in tasks]
+                    tasks = [check_task(t) for t in tasks]
                     compact_payloads(tasks)
                 except Refused as exc:
                     named = [t["key"] for t in tasks if isinstance(t, dict) and isinstance(t.get("key"), str)]
@@ -401,49 +406,49 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                     return
                 st.update_graph(cid, tasks, wanted)
                 self.fail_if_stranded()
-            elif op == "release-keys":
-                st.client_releases(cid, _keys(msg["keys"], "keys"))
-            elif op == "want-keys":                  # a reattached client's futures (issue 16)
-                st.client_wants(cid, _keys(msg["keys"], "keys"), self.clock())
-            elif op == "cancel":
-                st.cancel(_keys(msg["keys"], "keys"), str(msg.get("reason") or "cancelled by the client"))
-            elif op == "scatter":
+            elif op == RELEASE_KEYS:
+                st.client_releases(cid, check_keys(msg["keys"], "keys"))
+            elif op == Op.WANT_KEYS:                  # a reattached client's futures (issue 16)
+                st.client_wants(cid, check_keys(msg["keys"], "keys"), self.clock())
+            elif op == Op.CANCEL:
+                st.cancel(check_keys(msg["keys"], "keys"), str(msg.get("reason") or "cancelled by the client"))
+            elif op == Op.SCATTER:
                 who_has = msg["who_has"]
                 if not isinstance(who_has, dict):
                     raise ProtocolError("who_has must be a map")
-                st.scatter(cid, {k: _keys(v, "holders") for k, v in who_has.items()}, msg.get("nbytes") or {})
-            elif op == "who-has":
-                self._reply(cid, msg, st.who_has(_keys(msg["keys"], "keys")))
-            elif op == "workers":
+                st.scatter(cid, {k: check_keys(v, "holders") for k, v in who_has.items()}, msg.get("nbytes") or {})
+            elif op == Op.WHO_HAS:
+                self._reply(cid, msg, st.who_has(check_keys(msg["keys"], "keys")))
+            elif op == Op.WORKERS:
                 self._reply(cid, msg, self.worker_table())
-            elif op == "deaths":
+            elif op == Op.DEATHS:
                 self._reply(cid, msg, list(st.deaths))
-            elif op == "replicate":
-                st.replicate(_keys(msg["keys"], "keys"), int(msg.get("n", 2)))
-            elif op == "task-spec":
+            elif op == Op.REPLICATE:
+                st.replicate(check_keys(msg["keys"], "keys"), int(msg.get("n", 2)))
+            elif op == Op.TASK_SPEC:
                 ts = st.tasks.get(msg["key"])
                 self._reply(cid, msg, None if ts is None or ts.func is None else {
                     "func": ts.func, "args": ts.args, "deps": sorted(d.key for d in ts.dependencies)})
-            elif op == "why":
+            elif op == Op.WHY:
                 ts = st.tasks.get(msg["key"])
                 self._reply(cid, msg, None if ts is None else {
                     "state": ts.state, "error": ts.error, "attempts": st._attempts(ts),
                     "pool": ts.pool, "memory": ts.memory, "escalation": ts.escalation})
-            elif op == "versions":
+            elif op == Op.VERSIONS:
                 self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})
-            elif op == "restart":
+            elif op == Op.RESTART:
                 try:
-                    timeout = _restart_timeout(msg.get("timeout"))
+                    timeout = check_restart_timeout(msg.get("timeout"))
                 except Refused as exc:
                     self._reply(cid, msg, {"error": str(exc)})
                     return
                 asyncio.create_task(self._restart(cid, msg, timeout))
             elif op in self.handlers:
                 asyncio.create_task(self._run_handler(cid, msg))
-            elif op == "counts":
+            elif op == Op.COUNTS:
                 self._reply(cid, msg, st.counts())
-            elif op == "heartbeat":
+            elif op == Op.HEARTBEAT:
                 pass
             else:
                 raise ProtocolError(f"unknown op {op!r} from client")
@@ -472,7 +477,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         for addr in addresses:
             if addr in self.state.workers:
                 self._intents[addr] = intent
-                self._send_now(addr, {"op": "close", "reason": intent})
+                self._send_now(addr, {"op": Op.CLOSE, "reason": intent})
 
     async def _restart(self, cid: str, msg: dict, timeout: float) -> None:
         """client.restart(): forget all work, restart every worker through its nanny."""
@@ -484,10 +489,10 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
             if nid and nid in self.nannies:
                 by_nanny[nid] = addr
                 self._intents[addr] = "restart"
-                self.nannies[nid].send({"op": "restart"})
+                self.nannies[nid].send({"op": Op.RESTART})
             else:
                 without.append(addr)
-                self._send_now(addr, {"op": "free-all"})
+                self._send_now(addr, {"op": Op.FREE_ALL})
         self._flush()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,6 +12,9 @@ import logging
 import random
 
 from ..protocol import serialize
+from ..protocol.messages import Op
+
+GET_DATA = Op.GET_DATA.value            # a plain str: a literal's cost per fetch (protocol/messages.py)
 
 logger = logging.getLogger("hpc_cluster.worker")
 
@@ -102,7 +105,7 @@ class FetchMixin:
         try:
             missing = []
             for batch in request_batches(keys, sizes or {}, FETCH_REQUEST_BYTES):
-                reply = await self.request(holder, {"op": "get-data", "keys": batch})
+                reply = await self.request(holder, {"op": GET_DATA, "keys": batch})
                 for k, blob in reply["data"].items():
                     if k in self.borrowed or k in self.nbytes:    # not if every task wanting it went
                         self.data.put(k, serialize.loads_value(blob), spill=False)
@@ -147,17 +150,17 @@ class FetchMixin:
         """Keep a copy the scheduler asked for (client.replicate)."""
         for holder in random.sample(holders, len(holders)):
             try:
-                reply = await self.request(holder, {"op": "get-data", "keys": [key]})
+                reply = await self.request(holder, {"op": GET_DATA, "keys": [key]})
             except Exception as exc:
                 logger.warning("could not copy %r from %s: %s", key, holder, exc)
                 continue
             if key in reply["data"]:
                 self.nbytes[key] = self.data.put(key, serialize.loads_value(reply["data"][key]), spill=False)
                 self.memory.spill_soon()
-                self.scheduler.send({"op": "add-replica", "key": key, "nbytes": self.nbytes[key]})
+                self.scheduler.send({"op": Op.ADD_REPLICA, "key": key, "nbytes": self.nbytes[key]})
                 return
-        self.scheduler.send({"op": "replica-failed", "key": key})
+        self.scheduler.send({"op": Op.REPLICA_FAILED, "key": key})
 
     def _missing(self, ts, dep: str, holders: list[str]) -> None:
         self._forget_task(ts)
-        self.scheduler.send({"op": "missing-data", "key": ts.key, "dep": dep, "holders": holders})
+        self.scheduler.send({"op": Op.MISSING_DATA, "key": ts.key, "dep": dep, "holders": holders})

@@ -30,6 +30,9 @@ import os
 import time
 
 from ..protocol import context
+from ..protocol.messages import Op
+
+TASK_STARTED = Op.TASK_STARTED.value    # a plain str: a literal's cost per task (protocol/messages.py)
 
 INLINE_BELOW = 0.0002     # s: a run quicker than this is "tiny" (a thread hand-off costs ~40-80 us)
 INLINE_AFTER = 8          # consecutive tiny runs of a function before it runs on the loop
@@ -64,7 +67,7 @@ class InlineMixin:
         """Start `ts` and run it here, on the loop; report it before anything else starts."""
         ts.state = "executing"
         self.executing.add(ts.key)
-        self.scheduler.send({"op": "task-started", "key": ts.key, "memory": self.memory.at_task_start()})
+        self.scheduler.send({"op": TASK_STARTED, "key": ts.key, "memory": self.memory.at_task_start()})
         self.scheduler.flush()
         # The task sees no running loop, as on a thread: asyncio.run() in it works (95 us,
         # quick enough to be here) instead of "cannot be called from a running event loop".

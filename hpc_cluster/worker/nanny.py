@@ -25,6 +25,7 @@ import psutil
 from ..lifeline import watch_owner
 from ..memseries import MemoryTimeline
 from ..retry import Backoff
+from ..protocol.messages import Op
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -363,7 +364,7 @@ class SchedulerLink:
         try:
             self.comm = await connect(self.address, self.secret, {"role": "nanny", "versions": get_versions()},
                                       tls=self.tls)
-            await self.comm.write({"op": "register-nanny", "nanny_id": self.nanny.id, "pid": os.getpid(),
+            await self.comm.write({"op": Op.REGISTER_NANNY, "nanny_id": self.nanny.id, "pid": os.getpid(),
                                    "name": self.nanny.name})
             self._reader = asyncio.create_task(self._read(self.comm))
         except (OSError, ConnectionError) as exc:
@@ -375,9 +376,9 @@ class SchedulerLink:
         try:
             while True:
                 for msg in await comm.read():
-                    if msg.get("op") == "restart":
+                    if msg.get("op") == Op.RESTART:
                         self.nanny.restart()
-                    elif msg.get("op") == "end-unresponsive":
+                    elif msg.get("op") == Op.END_UNRESPONSIVE:
                         self.nanny.end_unresponsive(msg.get("pid"))
         except Exception as exc:  # the connection is gone
             logger.debug("nanny link closed: %s", exc)
@@ -401,7 +402,7 @@ class SchedulerLink:
             await self.start()
         if self.comm is not None:
             try:
-                await self.comm.write({"op": "exit-report", "report": report})
+                await self.comm.write({"op": Op.EXIT_REPORT, "report": report})
             except ConnectionError:
                 pass
 

@@ -23,6 +23,7 @@ from ..protocol import context, serialize
 from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
                              connect)
 from ..protocol.frames import Limits, Opaque, ProtocolError
+from ..protocol.messages import Op
 from ..protocol.versions import get_versions
 from .fetch import FetchMixin
 from .inline import InlineMixin, inline_allowed
@@ -34,6 +35,12 @@ from .store import MONITOR_INTERVAL, MemoryFractions
 from .threads import TaskThreads
 
 logger = logging.getLogger("hpc_cluster.worker")
+
+# Plain str copies of the ops read or sent per task: a literal's cost (an Enum attribute costs
+# ~75 ns, and a member misses str's fast compare; protocol/messages.py).
+COMPUTE, FREE_KEYS, TASK_STARTED, TASK_FINISHED, TASK_ERRED, GET_DATA, DATA = (
+    Op.COMPUTE.value, Op.FREE_KEYS.value, Op.TASK_STARTED.value, Op.TASK_FINISHED.value, Op.TASK_ERRED.value,
+    Op.GET_DATA.value, Op.DATA.value)
 
 # Threads beyond nthreads for tasks that seceded (each waits on its own subtasks): a task
 # that starts more nested levels than this waits for a thread, as in dask's own pools.
@@ -133,13 +140,13 @@ class Worker(FetchMixin, InlineMixin):
         `held`: the results kept and the tasks running, worker/reattach.py)."""
         comm = await connect(self.scheduler_address, self.secret, self.info, self.limits, tls=self._tls)
         try:
-            await comm.write({"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
+            await comm.write({"op": Op.REGISTER_WORKER, "address": self.address, "nthreads": self.nthreads,
                               "memory_limit": self.memory_limit, "name": self.name, "resources": self.resources,
                               "pid": os.getpid(), "host": socket.gethostname(), "nanny": self.nanny,
                               "memory_fractions": self.memory.fractions.as_dict(),
                               "spill_directory": self.data.directory, **self.extra_info, **(held or {})})
             reply = (await comm.read())[0]
-            if reply.get("op") != "registered":
+            if reply.get("op") != Op.REGISTERED:
                 raise ConnectionError(f"the scheduler refused this worker: {reply.get('error') or reply}")
             self._beat_floor = _seconds(reply.get("heartbeat_interval"), self._beat_floor)
         except BaseException:
@@ -188,7 +195,7 @@ class Worker(FetchMixin, InlineMixin):
         if self.closed.is_set():
             return
         if report and self.scheduler is not None and not self.scheduler_comm.closed:
-            self.scheduler.send({"op": "goodbye", "reason": reason})
+            self.scheduler.send({"op": Op.GOODBYE, "reason": reason})
             await self.scheduler.drain()
         for t in (getattr(self, "_beat", None), getattr(self, "_reader", None), getattr(self, "_monitor", None)):
             if t is not None and t is not asyncio.current_task():
@@ -205,7 +212,7 @@ class Worker(FetchMixin, InlineMixin):
         while True:
             # Ours, or the scheduler's for a cluster this size (scheduler/server.py), the longer.
             await asyncio.sleep(max(self.heartbeat_interval, self._beat_floor))
-            self.scheduler.send({"op": "heartbeat", "memory": self.memory.report()})
+            self.scheduler.send({"op": Op.HEARTBEAT, "memory": self.memory.report()})
 
     # -- memory: spill, pause (worker/store.py has the policy) ------------------------------
     async def _watch_memory(self) -> None:
@@ -228,7 +235,7 @@ class Worker(FetchMixin, InlineMixin):
                        "pausing: no new tasks start until it falls below the pause fraction "
                        f"({self.memory.fractions.pause:g})" if paused else "resuming")
         # The scheduler stops (or resumes) sending tasks at once, not at the next heartbeat.
-        self.scheduler.send({"op": "heartbeat", "memory": self.memory.report()})
+        self.scheduler.send({"op": Op.HEARTBEAT, "memory": self.memory.report()})
         if paused:
             # Tasks waiting here for a thread go back to the scheduler, for a worker with room
             # (or for this one once it resumes): none is stranded on a worker that stays paused.
@@ -242,18 +249,18 @@ class Worker(FetchMixin, InlineMixin):
             while True:
                 for msg in await self.scheduler_comm.read():
                     op = msg["op"]
-                    if op == "compute":
+                    if op == COMPUTE:
                         self._add_task(msg)
-                    elif op == "free-keys":
+                    elif op == FREE_KEYS:
                         self._free(msg["keys"])
-                    elif op == "fetch-replica":
+                    elif op == Op.FETCH_REPLICA:
                         asyncio.create_task(self._fetch_replica(msg["key"], msg["holders"]))
-                    elif op == "hand-back":
+                    elif op == Op.HAND_BACK:
                         self._hand_back(msg["keys"])
-                    elif op == "free-all":
+                    elif op == Op.FREE_ALL:
                         self._free(list(self.tasks) + list(self.data))
                         self.drop_held_ahead()
-                    elif op == "close":
+                    elif op == Op.CLOSE:
                         reason = msg.get("reason", "asked by the scheduler")
                         if self._lifetime_ended(reason):
                             # Under a nanny: it starts a fresh worker (--lifetime-restart) or
@@ -262,9 +269,9 @@ class Worker(FetchMixin, InlineMixin):
                             self.exit_code = EXIT_LIFETIME if self.nanny else 0
                         await self.close(reason, report=False)
                         return
-                    elif op == "heartbeat-interval":
+                    elif op == Op.HEARTBEAT_INTERVAL:
                         self._beat_floor = _seconds(msg.get("interval"), self._beat_floor)
-                    elif op == "registered":
+                    elif op == Op.REGISTERED:
                         pass
                     else:
                         logger.warning("unknown op %r from scheduler", op)
@@ -283,11 +290,11 @@ class Worker(FetchMixin, InlineMixin):
                 # Given up on while its thread ran, now wanted again: let that thread's
                 # result count instead of running it twice. It is executing: say so.
                 known.state = "executing"
-                self.scheduler.send({"op": "task-started", "key": key})
+                self.scheduler.send({"op": TASK_STARTED, "key": key})
                 self.scheduler.flush()
             return
         if key in self.nbytes:                   # we already hold it: say so again
-            self.scheduler.send({"op": "task-finished", "key": key, "nbytes": self.nbytes[key]})
+            self.scheduler.send({"op": TASK_FINISHED, "key": key, "nbytes": self.nbytes[key]})
             return
         after = msg.get("after")
         if after is not None and after not in self.nbytes:
@@ -346,7 +353,7 @@ class Worker(FetchMixin, InlineMixin):
                 self._forget_task(ts)
                 given.append(key)
         if given or not paused:
-            self.scheduler.send({"op": "handed-back", "keys": given})
+            self.scheduler.send({"op": Op.HANDED_BACK, "keys": given})
 
     def _forget_task(self, ts: _Task) -> None:
         self.tasks.pop(ts.key, None)
@@ -359,7 +366,7 @@ class Worker(FetchMixin, InlineMixin):
 
     # -- fetching inputs from peers -------------------------------------------------
     def _input_erred(self, ts: _Task, exc: Exception) -> None:
-        self.scheduler.send({"op": "task-erred", "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
+        self.scheduler.send({"op": TASK_ERRED, "key": ts.key, "exception": Opaque(_pickle_exception(exc)),
                              "traceback": Opaque(serialize.dumps("")), "text": str(exc)[:2000]})
 
     # -- execution -------------------------------------------------------------------
@@ -394,7 +401,7 @@ class Worker(FetchMixin, InlineMixin):
             self.executing.add(key)
             if not starting:
                 start = self.memory.at_task_start()
-            self.scheduler.send({"op": "task-started", "key": key, "memory": start})
+            self.scheduler.send({"op": TASK_STARTED, "key": key, "memory": start})
             starting.append(ts)
         self._fetch_more()                # and again, with the tasks just started running
         if starting:
@@ -419,7 +426,7 @@ class Worker(FetchMixin, InlineMixin):
     def _give_up_slot(self, key: str) -> None:
         if key in self.executing and key not in self.seceded:
             self.seceded.add(key)
-            self.scheduler.send({"op": "task-seceded", "key": key})
+            self.scheduler.send({"op": Op.TASK_SECEDED, "key": key})
             self._run_ready()
 
     def _rejoin(self, key: str) -> None:
@@ -440,7 +447,7 @@ class Worker(FetchMixin, InlineMixin):
     def _take_slot_again(self, key: str) -> None:
         if key in self.seceded:
             self.seceded.discard(key)
-            self.scheduler.send({"op": "task-rejoined", "key": key})
+            self.scheduler.send({"op": Op.TASK_REJOINED, "key": key})
 
     def _execute(self, ts: _Task) -> tuple:
         """Runs in a task thread (threads.py): the outcome and how long it took."""
@@ -491,11 +498,11 @@ class Worker(FetchMixin, InlineMixin):
         self._forget_task(ts)
         if cancelled:
             # The scheduler gave up on it but still counts this thread as busy.
-            self.scheduler.send({"op": "abandoned-done", "key": ts.key})
+            self.scheduler.send({"op": Op.ABANDONED_DONE, "key": ts.key})
             return
         if outcome[0] == "ok":
             self.nbytes[ts.key] = self.data.put(ts.key, outcome[1], outcome[2], spill=False)
-            self.scheduler.send({"op": "task-finished", "key": ts.key, "nbytes": outcome[2],
+            self.scheduler.send({"op": TASK_FINISHED, "key": ts.key, "nbytes": outcome[2],
                                  "duration": duration})
             for key in self.ahead_of.pop(ts.key, ()):
                 held = self.held_ahead.pop(key, None)
@@ -503,7 +510,7 @@ class Worker(FetchMixin, InlineMixin):
                     self._add_task(held)     # as if it arrived now: started below, no round trip
         else:
             exc, text = outcome[1], outcome[2]
-            self.scheduler.send({"op": "task-erred", "key": ts.key, "duration": duration,
+            self.scheduler.send({"op": TASK_ERRED, "key": ts.key, "duration": duration,
                                  "exception": Opaque(_pickle_exception(exc)),
                                  "traceback": Opaque(serialize.dumps(text)),
                                  "text": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -517,7 +524,7 @@ class Worker(FetchMixin, InlineMixin):
         while True:
             for msg in await comm.read():
                 op = msg["op"]
-                if op == "get-data":
+                if op == GET_DATA:
                     keys = msg.get("keys")
                     if not isinstance(keys, list):
                         raise ProtocolError("get-data needs a list of keys")
@@ -526,21 +533,21 @@ class Worker(FetchMixin, InlineMixin):
                         data, missing, errors = await self.loop.run_in_executor(None, self._payloads, keys)
                     else:
                         data, missing, errors = self._payloads(keys)
-                    await comm.write({"op": "data", "data": data, "missing": missing, "errors": errors})
-                elif op == "put-data":
+                    await comm.write({"op": DATA, "data": data, "missing": missing, "errors": errors})
+                elif op == Op.PUT_DATA:
                     items = msg.get("data")
                     if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
                         raise ProtocolError("put-data needs a map of keys to payloads")
                     for k, blob in items.items():
                         self.nbytes[k] = self.data.put(k, serialize.loads_value(blob), spill=False)
                     self.memory.spill_soon()
-                    await comm.write({"op": "ok", "nbytes": {k: self.nbytes[k] for k in items}})
-                elif op == "ping":
-                    await comm.write({"op": "pong", "address": self.address})
-                elif op == "get-logs":
+                    await comm.write({"op": Op.OK, "nbytes": {k: self.nbytes[k] for k in items}})
+                elif op == Op.PING:
+                    await comm.write({"op": Op.PONG, "address": self.address})
+                elif op == Op.GET_LOGS:
                     n = msg.get("n", 200)
                     lines = list(self.logs)[-int(n):] if isinstance(n, int) and n > 0 else []
-                    await comm.write({"op": "logs", "lines": lines})
+                    await comm.write({"op": Op.LOGS, "lines": lines})
                 else:
                     raise ProtocolError(f"unknown op {op!r} on the worker's port")
 

@@ -28,8 +28,11 @@ usual, spread over the workers.
 
 from __future__ import annotations
 
+from ...protocol.messages import Op
 from .placement import expected_duration, fits_worker, has_time
 from .prefetch import queued_cost_us
+
+FREE_KEYS = Op.FREE_KEYS.value          # a plain str: a literal's cost per task (protocol/messages.py)
 
 
 # Links of a chain held ahead on one worker. One is enough while the scheduler answers a
@@ -90,7 +93,7 @@ class AheadMixin:
             return
         ts.ahead_on = None
         if self.workers.get(ws.address) is ws:
-            self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+            self._send(ws.address, {"op": FREE_KEYS, "keys": [ts.key]})
 
     def _promote(self, ts, ws) -> bool:
         """`ts` became ready as its input finished on `ws`: if `ws` held it, it runs there now.

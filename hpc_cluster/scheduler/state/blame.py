@@ -15,6 +15,7 @@ whole walltime: it would wait forever for a worker with enough time left.
 
 from __future__ import annotations
 
+from ...protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
 from .placement import FIT_FACTOR, FIT_SLACK, ran_at_least
 
 
@@ -27,7 +28,7 @@ def _settled(ts) -> tuple[list, list, int]:
     A death that moved the task to a bigger pool (pools.py) does not count against it."""
     final = [a for a in ts.attempts if _final(a)]
     counted = [a for a in final if not a.get("moved")]
-    return ([a for a in counted if a["death"]["blame"]], [a for a in counted if a["death"]["cause"] == "walltime"],
+    return ([a for a in counted if a["death"]["blame"]], [a for a in counted if a["death"]["cause"] == Cause.WALLTIME],
             len(ts.attempts) - len(final))
 
 
@@ -52,13 +53,13 @@ class BlameMixin:
         self._consider_moves(ts)
         charged, walltime, _ = _settled(ts)
         if len(charged) > self.allowed_failures:
-            memory = charged[-1]["death"]["cause"] in ("memory-batch", "memory-nanny")
-            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts),
+            memory = charged[-1]["death"]["cause"] in MEMORY_CAUSES
+            self._err(ts, {"kind": ErrorKind.KILLED_WORKER, "attempts": self._attempts(ts),
                            "allowed_failures": self.allowed_failures,
                            "pools": self._pool_advice(ts, "memory") if memory else None})
             return True
         if len(walltime) > self.walltime_failures:
-            self._err(ts, {"kind": "killed-worker", "attempts": self._attempts(ts), "walltime_exceeded": True,
+            self._err(ts, {"kind": ErrorKind.KILLED_WORKER, "attempts": self._attempts(ts), "walltime_exceeded": True,
                            "allowed_failures": self.allowed_failures,
                            "walltime": walltime[-1]["death"].get("walltime"),
                            "ran_for": [a["ran_for"] for a in walltime],
@@ -95,7 +96,7 @@ class BlameMixin:
                 "you said it takes" if ts.duration is not None else "tasks like it took")
         what, fix = (("worker's whole lifetime (--lifetime)", "Raise --lifetime in worker_extra_args")
                      if by == "lifetime" else ("job's whole walltime", "Raise walltime= (or the site's walltime)"))
-        return {"kind": "too-long", "walltime": walltime, "expected": expected,
+        return {"kind": ErrorKind.TOO_LONG, "walltime": walltime, "expected": expected,
                 "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a {what} "
                         f"is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "
                         f"expected time + {FIT_SLACK:.0f} s left). {fix}, split the task, or correct duration=."}

@@ -4,7 +4,11 @@ clearing, who holds what. Mixed into SchedulerState (state.py), pure like it.
 
 from __future__ import annotations
 
+from ...protocol.messages import ErrorKind, Op
 from .records import add_edge, own, priority_of, TaskState, with_item, without_item
+
+# Plain str copies of the ops sent per task: a literal's cost, not an Enum lookup's (protocol/messages.py).
+KEY_IN_MEMORY, TASK_ERRED = Op.KEY_IN_MEMORY.value, Op.TASK_ERRED.value
 
 
 class ClientsMixin:
@@ -49,7 +53,7 @@ class ClientsMixin:
             for dkey in specs[ts.key].get("deps", ()):
                 dep = self.tasks.get(dkey)
                 if dep is None:
-                    ts.error = {"kind": "missing", "text": f"input {dkey!r} of {ts.key!r} was released "
+                    ts.error = {"kind": ErrorKind.MISSING, "text": f"input {dkey!r} of {ts.key!r} was released "
                                 "before the task was submitted; keep a future to it"}
                     continue
                 own(ts, "dependencies").add(dep)
@@ -76,18 +80,18 @@ class ClientsMixin:
         ts.who_wants = with_item(ts.who_wants, cid)
         self._touch(ts)
         if ts.state == "memory":
-            self._send(cid, {"op": "key-in-memory", "key": ts.key, "nbytes": ts.nbytes})
+            self._send(cid, {"op": KEY_IN_MEMORY, "key": ts.key, "nbytes": ts.nbytes})
         elif ts.state == "erred":
-            self._send(cid, {"op": "task-erred", "key": ts.key, "error": ts.error})
+            self._send(cid, {"op": TASK_ERRED, "key": ts.key, "error": ts.error})
 
     def refuse_graph(self, cid: str, keys, reason: str) -> None:
         """Tell the client its submission is refused, touching nothing else: its futures to
         keys it already held from earlier submissions (shared, already running) stay as they are."""
-        error = {"kind": "refused", "text": reason}
+        error = {"kind": ErrorKind.REFUSED, "text": reason}
         for key in dict.fromkeys(keys):
             ts = self.tasks.get(key)
             if ts is None or cid not in ts.who_wants:
-                self._send(cid, {"op": "task-erred", "key": key, "error": error})
+                self._send(cid, {"op": TASK_ERRED, "key": key, "error": error})
 
     def _cycle(self, tasks: list[dict]) -> list[str] | None:
         """A dependency cycle the submission would make, as [a, b, ..., a], or None.
@@ -146,7 +150,7 @@ class ClientsMixin:
             ts = self.tasks.get(key)
             if ts is None or ts.state in ("memory", "erred"):
                 continue
-            self._err(ts, {"kind": "cancelled", "text": reason})
+            self._err(ts, {"kind": ErrorKind.CANCELLED, "text": reason})
         self._schedule()
 
     def scatter(self, cid: str, who_has: dict[str, list[str]], nbytes: dict[str, int]) -> None:
@@ -157,7 +161,7 @@ class ClientsMixin:
             ts.nbytes = int(nbytes.get(key, 0))
             self._touch(ts)
             if not holders:
-                self._err(ts, {"kind": "lost-data", "text": f"scattered data {key!r} reached no live worker"})
+                self._err(ts, {"kind": ErrorKind.LOST_DATA, "text": f"scattered data {key!r} reached no live worker"})
                 continue
             if ts.state != "memory":                  # (the same data scattered again: still in memory)
                 self._transition(ts, "memory", "scattered")
@@ -165,7 +169,7 @@ class ClientsMixin:
             for ws in holders:
                 own(ts, "who_has").add(ws)
                 ws.has_what.add(ts)
-            self._send(cid, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+            self._send(cid, {"op": KEY_IN_MEMORY, "key": key, "nbytes": ts.nbytes})
         self._schedule()
 
     def clear(self, reason: str) -> list[str]:
@@ -174,8 +178,8 @@ class ClientsMixin:
         Returns the workers that still hold data, so the caller can have them drop it.
         """
         for ts in self.tasks.values():
-            self._tell_clients(ts, {"op": "task-erred", "key": ts.key,
-                                    "error": {"kind": "cancelled", "text": reason}})
+            self._tell_clients(ts, {"op": TASK_ERRED, "key": ts.key,
+                                    "error": {"kind": ErrorKind.CANCELLED, "text": reason}})
         holders = [ws.address for ws in self.workers.values() if ws.has_what or ws.processing]
         if self.touched is not None:
             self.touched.update(self.tasks)          # every one forgotten

@@ -9,8 +9,12 @@ task is lost or run twice because of walltime. Mixed into SchedulerState.
 
 from __future__ import annotations
 
+from ...protocol.messages import Op
 from .placement import expected_duration
 from .records import own
+
+# Plain str copies of the ops sent per key: a literal's cost (protocol/messages.py).
+FETCH_REPLICA, HAND_BACK = Op.FETCH_REPLICA.value, Op.HAND_BACK.value
 
 
 def drain_margin(ws, walltime_margin: float) -> float:
@@ -44,7 +48,7 @@ class DrainMixin:
                 self._transition(ts, "released", "drain")
                 self._activate(ts)
         if unstarted:
-            self._send(address, {"op": "hand-back", "keys": unstarted})
+            self._send(address, {"op": HAND_BACK, "keys": unstarted})
         self._schedule()
 
     def handed_back(self, address: str, keys) -> None:
@@ -90,6 +94,6 @@ class DrainMixin:
             target = targets[i % len(targets)]
             own(ts, "copying").add(target.address)
             self.copying.add(ts)
-            self._send(target.address, {"op": "fetch-replica", "key": ts.key,
+            self._send(target.address, {"op": FETCH_REPLICA, "key": ts.key,
                                         "holders": [ws.address]})
         return False

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
+from ...protocol.messages import Cause, ErrorKind, Op
 from .ahead import AheadMixin
 from .blame import BlameMixin
 from .clients import ClientsMixin
@@ -42,6 +43,9 @@ from .validate import ValidateMixin
 from .prefetch import PREFETCH_SECONDS, DeepWorkers, not_queued
 from .placement import TaskDurations, worker_pool
 from .records import EMPTY, TaskState, WorkerState, add_edge, dependency_error, drop_edge, own  # noqa: F401  (re-exported: tests and mixins use them from here)
+
+# Plain str copies of the ops sent per task: a literal's cost, not an Enum lookup's (protocol/messages.py).
+FREE_KEYS, KEY_IN_MEMORY, TASK_ERRED = Op.FREE_KEYS.value, Op.KEY_IN_MEMORY.value, Op.TASK_ERRED.value
 
 ACTIVE = ("waiting", "queued", "processing")
 
@@ -118,7 +122,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                    name: str = "", resources: dict | None = None, info: dict | None = None,
                    deadline: float | None = None) -> None:
         if address in self.workers:
-            self.remove_worker(address, now, {"cause": "connection-lost", "blame": False,
+            self.remove_worker(address, now, {"cause": Cause.CONNECTION_LOST, "blame": False,
                                               "text": "the worker registered again"})
         ws = WorkerState(address, max(1, int(nthreads)), int(memory_limit or 0), name or address,
                          dict(resources or {}), dict(info or {}), joined=now, last_seen=now, deadline=deadline)
@@ -160,7 +164,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self._deep.discard(ws)
         self.outbox.pop(address, None)
         record = {"id": len(self.deaths), "worker": address, "name": ws.name, "time": now,
-                  "cause": death.get("cause", "unknown"),
+                  "cause": death.get("cause", Cause.UNKNOWN),
                   "blame": bool(death.get("blame")), "text": death.get("text", ""),
                   "executing": sorted(ts.key for ts in ws.executing),
                   "processing": sorted(ts.key for ts in ws.processing),
@@ -245,9 +249,9 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 continue
             own(dep, "waiting_on").add(ts)
         if ts.who_wants or ts.waiters:
-            self._tell_clients(ts, {"op": "key-recomputing", "key": ts.key})
+            self._tell_clients(ts, {"op": Op.KEY_RECOMPUTING, "key": ts.key})
             if ts.func is None:
-                self._err(ts, {"kind": "lost-data", "text": f"the only worker holding scattered data "
+                self._err(ts, {"kind": ErrorKind.LOST_DATA, "text": f"the only worker holding scattered data "
                                f"{ts.key!r} died; use client.replicate() to keep copies"})
             else:
                 self._activate(ts)
@@ -289,7 +293,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         if ts is None and self._finished_unclaimed(address, key, nbytes):
             return
         if ts is None or ts.state in ("released", "erred") and ts.processing_on is not ws:
-            self._send(address, {"op": "free-keys", "keys": [key]})
+            self._send(address, {"op": FREE_KEYS, "keys": [key]})
             if freed:
                 self._schedule()
             return
@@ -321,7 +325,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                     self._queue(dts)
                 elif dts.waiting_on and dts.ahead_on is ws:
                     self._clear_ahead(dts)   # the worker starts it now, but another input is missing (ahead.py)
-        self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+        self._tell_clients(ts, {"op": KEY_IN_MEMORY, "key": key, "nbytes": ts.nbytes})
         for dep in list(ts.dependencies):
             self._maybe_release(dep)
         self._maybe_release(ts)
@@ -344,7 +348,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             self._transition(ts, "released", "task-erred-retry")
             self._activate(ts)
         else:
-            self._err(ts, dict(error, kind="exception", worker=address))
+            self._err(ts, dict(error, kind=ErrorKind.EXCEPTION, worker=address))
         self._schedule()
 
     def missing_data(self, address: str, key: str, dep: str, holders: list[str]) -> None:
@@ -378,7 +382,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                 # found by tests/unit/scheduler/test_state_fuzz.py, it was computed for nobody)
                 continue
             if ts.func is None:
-                self._err(ts, {"kind": "lost-data", "text": f"data {ts.key!r} is lost and has no lineage"})
+                self._err(ts, {"kind": ErrorKind.LOST_DATA, "text": f"data {ts.key!r} is lost and has no lineage"})
                 continue
             self._transition(ts, "waiting", "needed")
             ts.waiting_on = EMPTY
@@ -432,7 +436,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if was_executing:
                 ws.abandoned.add(ts.key)
                 self._update_free(ws)
-            self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+            self._send(ws.address, {"op": FREE_KEYS, "keys": [ts.key]})
 
     def abandoned_done(self, address: str, key: str) -> None:
         ws = self.workers.get(address)
@@ -464,7 +468,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             ts.waiting_on = EMPTY
             for dep in ts.dependencies:
                 drop_edge(dep, "waiters", ts)
-            self._tell_clients(ts, {"op": "task-erred", "key": ts.key, "error": err})
+            self._tell_clients(ts, {"op": TASK_ERRED, "key": ts.key, "error": err})
             child_err = dependency_error(ts)
             for dts in ts.dependents:
                 if dts.state in ACTIVE:
@@ -506,7 +510,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
             if ts.state == "memory":
                 for ws in ts.who_has:
                     ws.has_what.discard(ts)
-                    self._send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                    self._send(ws.address, {"op": FREE_KEYS, "keys": [ts.key]})
                 ts.who_has.clear()
                 self._transition(ts, "released", "unneeded")
                 self._touch(ts)

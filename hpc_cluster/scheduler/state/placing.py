@@ -14,7 +14,10 @@ import heapq
 
 from .placement import expected_duration, is_queued_root, wait_for_holder
 from .prefetch import has_base_slot, has_deep_room, queued_cost_us, short_enough
+from ...protocol.messages import Op
 from .records import priority_pair, TaskState, WorkerState
+
+COMPUTE = Op.COMPUTE.value              # a plain str: a literal's cost per task (protocol/messages.py)
 
 
 class PlacingMixin:
@@ -116,7 +119,7 @@ class PlacingMixin:
     def _compute_msg(self, ts: TaskState, ws: WorkerState) -> dict:
         """The message that has `ws` run `ts` (ahead.py's adds "after": held until that input is done)."""
         deps = {dep.key: [w.address for w in dep.who_has] for dep in ts.dependencies}
-        msg = {"op": "compute", "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
+        msg = {"op": COMPUTE, "key": ts.key, "func": ts.func, "args": ts.args, "deps": deps,
                "priority": priority_pair(ts.priority)}
         # The sizes of the inputs it must fetch: it fetches large ones only for a task a thread
         # is free for, not ahead (worker.py, FETCH_AHEAD_BYTES).

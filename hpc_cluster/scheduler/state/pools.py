@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 from ...units import format_memory
-from ..diagnosis import MEMORY_CAUSES, ask_for, fmt_seconds
+from ...protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
+from ..diagnosis import ask_for, fmt_seconds
 from .placement import FIT_FACTOR, FIT_SLACK, expected_duration, has_time, worker_pool
 
 INF = float("inf")
@@ -230,20 +231,20 @@ class PoolsMixin:
         pools, key = self.pools, ts.key
         usable = [n for n, w in why.items() if w != "pool"]
         if ts.pool is not None and ts.pool not in pools:
-            return {"kind": "no-pool", "need": "pool", "needed": ts.pool, "largest_pool": None,
+            return {"kind": ErrorKind.NO_POOL, "need": "pool", "needed": ts.pool, "largest_pool": None,
                     "text": f"task {key!r} names pool={ts.pool!r}, which this cluster does not have (its pools: "
                             f"{', '.join(map(repr, pools))}): name one of those, or add it: "
                             f"pools={{{ts.pool!r}: {{'memory': ..., 'walltime': ...}}}}"}
         if not usable:                    # it may use none: only escalation_only pools fit
             only = ", ".join(repr(n) for n in pools if pools[n]["escalation_only"])
-            return {"kind": "no-pool", "need": "pool", "needed": None, "largest_pool": None,
+            return {"kind": ErrorKind.NO_POOL, "need": "pool", "needed": None, "largest_pool": None,
                     "text": f"task {key!r} fits only pools kept for retries ({only}: escalation_only): name "
                             f"one with pool=, or lower its needs (memory=, resources=, duration=)"}
         reasons = {why[n] for n in usable}
         if "memory" in reasons:
             largest = max(usable, key=lambda n: (_memory_of(pools[n]), n))
             ask = ask_for(ts.memory)
-            return {"kind": "no-pool", "need": "memory", "needed": ts.memory, "largest_pool": largest,
+            return {"kind": ErrorKind.NO_POOL, "need": "memory", "needed": ts.memory, "largest_pool": largest,
                     "text": f"task {key!r} needs memory={decimal_size(ts.memory)}, but the largest pool it may "
                             f"use, {largest!r}, has {decimal_size(pools[largest]['memory'])} per worker process: "
                             f"lower memory=, or add a pool with memory >= {ask}: "
@@ -251,14 +252,14 @@ class PoolsMixin:
         if "resources" in reasons:
             shown = "; ".join(f"{n}: {pools[n]['resources'] or 'none'}" for n in usable)
             res = " ".join(f"{r}={n:g}" for r, n in sorted((ts.resources or {}).items()))
-            return {"kind": "no-pool", "need": "resources", "needed": dict(ts.resources or {}), "largest_pool": None,
+            return {"kind": ErrorKind.NO_POOL, "need": "resources", "needed": dict(ts.resources or {}), "largest_pool": None,
                     "text": f"task {key!r} asks for resources={ts.resources}, which no pool's workers have "
                             f"({shown}): lower resources=, or add a pool with them: "
                             f"pools={{{_new_name(pools, 'extra')!r}: {{'resources': {res!r}}}}}"}
         longest = max(usable, key=lambda n: (_walltime_of(pools[n]), n))
         walltime = pools[longest]["walltime"]
         ask = fmt_seconds(_seconds_for(expected))
-        return {"kind": "too-long", "walltime": walltime, "expected": expected, "largest_pool": longest,
+        return {"kind": ErrorKind.TOO_LONG, "walltime": walltime, "expected": expected, "largest_pool": longest,
                 "text": f"task {key!r} cannot fit in any pool's jobs: it is expected to run {expected:.0f} s, and "
                         f"the longest walltime of the pools it may use is {walltime:.0f} s (pool {longest!r}; a "
                         f"task is started only "
@@ -282,7 +283,7 @@ class PoolsMixin:
             self._touch(ts)
             if death["blame"] and death["cause"] in MEMORY_CAUSES and self.escalate["memory"]:
                 self._memory_move(ts, attempt)
-            elif death["cause"] == "walltime" and self.escalate["walltime"]:
+            elif death["cause"] == Cause.WALLTIME and self.escalate["walltime"]:
                 self._walltime_move(ts, attempt)
 
     def _memory_move(self, ts, attempt: dict) -> None:
@@ -291,10 +292,10 @@ class PoolsMixin:
         peak = death.get("peak_memory") or 0
         # The kernel ends a process when its cgroup is full: a peak sampled before a fast
         # allocation undercounts, the limit does not.
-        basis = max(peak, limit if death["cause"] == "memory-batch" else 0) or limit
+        basis = max(peak, limit if death["cause"] == Cause.MEMORY_BATCH else 0) or limit
         if not basis:
             return                         # nothing known of its memory: charged as before
-        sampled_low = death["cause"] == "memory-batch" and 0 < peak < 0.9 * limit
+        sampled_low = death["cause"] == Cause.MEMORY_BATCH and 0 < peak < 0.9 * limit
         need = max(ts.memory, math.ceil(basis * self.escalate["margin"]))
         attempt["needed"] = need
         expected = expected_duration(ts, self.durations)

@@ -18,7 +18,11 @@ hold before anything is computed again.
 
 from __future__ import annotations
 
+from ...protocol.messages import ErrorKind, Op
 from .records import add_edge, own, shared, TaskState
+
+# Plain str copies of the ops sent per key: a literal's cost, not an Enum lookup's (protocol/messages.py).
+FREE_KEYS, KEY_IN_MEMORY, TASK_ERRED = Op.FREE_KEYS.value, Op.KEY_IN_MEMORY.value, Op.TASK_ERRED.value
 
 
 class ReattachMixin:
@@ -81,7 +85,7 @@ class ReattachMixin:
             # free the slot): otherwise the worker would get more tasks than threads.
             ws.abandoned.add(key)
         if drop:
-            self._send(address, {"op": "free-keys", "keys": drop})
+            self._send(address, {"op": FREE_KEYS, "keys": drop})
         self._update_free(ws)
         self._schedule()
 
@@ -113,7 +117,7 @@ class ReattachMixin:
                     del holders[addr]
                 elif until <= now:
                     del holders[addr]
-                    self._send(addr, {"op": "free-keys", "keys": [key]})
+                    self._send(addr, {"op": FREE_KEYS, "keys": [key]})
             if not holders:
                 del self.unclaimed[key]
         for key, addr in list(self.unclaimed_running.items()):
@@ -124,10 +128,10 @@ class ReattachMixin:
                 del self.awaited[key]                   # known by now (a resubmission): not lost
             elif until <= now:
                 del self.awaited[key]
-                error = {"kind": "lost-data", "text": f"the scheduler restarted and no worker came back holding "
+                error = {"kind": ErrorKind.LOST_DATA, "text": f"the scheduler restarted and no worker came back holding "
                          f"{key!r} within {self.claim_window:g} s; submit it again"}
                 for cid in cids & self.clients:
-                    self._send(cid, {"op": "task-erred", "key": key, "error": error})
+                    self._send(cid, {"op": TASK_ERRED, "key": key, "error": error})
         if self.placement_held_until is not None and now >= self.placement_held_until:
             self.release_placement()
 
@@ -195,7 +199,7 @@ class ReattachMixin:
         for ws, _ in holders:
             own(ts, "who_has").add(ws)
             ws.has_what.add(ts)
-        self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+        self._tell_clients(ts, {"op": KEY_IN_MEMORY, "key": key, "nbytes": ts.nbytes})
         return ts
 
     def _adopt_running(self, ts: TaskState, ws, now: float) -> None:

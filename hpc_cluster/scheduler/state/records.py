@@ -8,6 +8,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ...memseries import MemoryTimeline
+from ...protocol.messages import ErrorKind
+
+# Plain str copies: a failed task's every dependent gets one (a literal's cost, protocol/messages.py).
+DEPENDENCY, EXCEPTION = ErrorKind.DEPENDENCY.value, ErrorKind.EXCEPTION.value
 
 MAX_STARTS = 500                # task starts kept per worker for its death record (timeline.py)
 
@@ -223,7 +227,7 @@ class WorkerState:
 
 def dependency_error(failed: TaskState) -> dict:
     """The error of a task whose input `failed` erred: the first failure's, passed down."""
-    err = failed.error or {"kind": "exception"}
-    if err.get("kind") == "dependency":
+    err = failed.error or {"kind": EXCEPTION}
+    if err.get("kind") == DEPENDENCY:
         return err
-    return {"kind": "dependency", "origin": failed.key, "cause": err}
+    return {"kind": DEPENDENCY, "origin": failed.key, "cause": err}

@@ -22,7 +22,10 @@ from __future__ import annotations
 import itertools
 
 from ...protocol.frames import Opaque
+from ...protocol.messages import Op
 from .records import add_edge, own, priority_from_pair, SEQ_SPAN, shared, TaskState
+
+KEY_IN_MEMORY = Op.KEY_IN_MEMORY.value   # a plain str: a literal's cost per key (protocol/messages.py)
 
 def opaque_in(value) -> Opaque | None:
     """A payload as journal.py stores it ([data, [buffers]]), as the state holds it."""
@@ -59,7 +62,7 @@ class RecoveryMixin:
             if ts.state == "held":
                 self._transition(ts, "memory", "holder-confirmed")
                 ts.held_by = set()
-                self._tell_clients(ts, {"op": "key-in-memory", "key": key, "nbytes": ts.nbytes})
+                self._tell_clients(ts, {"op": KEY_IN_MEMORY, "key": key, "nbytes": ts.nbytes})
                 for dts in ts.dependents:
                     if dts.state == "waiting" and ts in dts.waiting_on:
                         dts.waiting_on.discard(ts)

@@ -6,7 +6,11 @@ number when a holder dies (remove_worker calls _ensure_replicas).
 
 from __future__ import annotations
 
+from ...protocol.messages import Op
 from .records import own
+
+# Plain str copies of the ops sent per key: a literal's cost (protocol/messages.py).
+FETCH_REPLICA, FREE_KEYS = Op.FETCH_REPLICA.value, Op.FREE_KEYS.value
 
 
 class ReplicaMixin:
@@ -42,7 +46,7 @@ class ReplicaMixin:
         for ws in spare[:missing]:
             own(ts, "copying").add(ws.address)
             self.copying.add(ts)
-            self._send(ws.address, {"op": "fetch-replica", "key": ts.key, "holders": holders})
+            self._send(ws.address, {"op": FETCH_REPLICA, "key": ts.key, "holders": holders})
 
     def add_replica(self, address: str, key: str, nbytes: int) -> None:
         ws, ts = self.workers.get(address), self.tasks.get(key)
@@ -51,7 +55,7 @@ class ReplicaMixin:
         if ws is None:
             return
         if ts is None or ts.state != "memory":
-            self._send(address, {"op": "free-keys", "keys": [key]})
+            self._send(address, {"op": FREE_KEYS, "keys": [key]})
             return
         own(ts, "who_has").add(ws)
         ws.has_what.add(ts)

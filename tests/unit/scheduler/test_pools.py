@@ -285,12 +285,12 @@ def test_the_nannys_peak_reaches_the_death_record_and_moves_the_task():
 
 def test_the_wire_takes_memory_in_bytes_and_a_pool_by_name():
     from hpc_cluster.protocol.comm import ProtocolError
-    from hpc_cluster.scheduler.checks import _check_task
+    from hpc_cluster.scheduler.checks import check_task
 
-    assert _check_task(task("t", memory=2 * GiB, pool="bigmem"))["memory"] == 2 * GiB
+    assert check_task(task("t", memory=2 * GiB, pool="bigmem"))["memory"] == 2 * GiB
     for bad in ({"memory": "2GB"}, {"memory": -1}, {"memory": True}, {"pool": 3}):
         with pytest.raises(ProtocolError):
-            _check_task({**task("t"), **bad})
+            check_task({**task("t"), **bad})
 
 
 def test_why_and_the_killed_worker_error_show_each_move():
