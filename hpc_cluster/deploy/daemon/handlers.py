@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from ...protocol.messages import Op
 from .scheduler_job import is_walltime_sigterm
 
 logger = logging.getLogger("hpc_cluster.daemon")
@@ -66,7 +67,7 @@ async def adapt(daemon: Daemon, msg: dict) -> dict:
     return daemon.pools.table()
 
 
-HANDLERS = {"scale": scale, "jobs": jobs, "shutdown": shutdown, "adapt": adapt}
+HANDLERS = {Op.SCALE: scale, Op.JOBS: jobs, Op.SHUTDOWN: shutdown, Op.ADAPT: adapt}
 
 
 def register(sched, daemon: Daemon) -> None:
