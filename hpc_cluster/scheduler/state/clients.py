@@ -161,6 +161,10 @@ class ClientsMixin:
             ts.nbytes = int(nbytes.get(key, 0))
             self._touch(ts)
             if not holders:
+                if ts.state == "memory" and ts.who_has:
+                    # The same key (the same data) is held already: this copy's loss loses nothing.
+                    self._send(cid, {"op": KEY_IN_MEMORY, "key": key, "nbytes": ts.nbytes})
+                    continue
                 self._err(ts, {"kind": ErrorKind.LOST_DATA, "text": f"scattered data {key!r} reached no live worker"})
                 continue
             if ts.state != "memory":                  # (the same data scattered again: still in memory)

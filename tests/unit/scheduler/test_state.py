@@ -286,6 +286,22 @@ def test_scattered_data_lost_with_its_only_holder():
     assert errs["use"]["kind"] == "dependency" and errs["use"]["origin"] == "d"
 
 
+def test_data_scattered_again_to_no_live_worker_stays_where_it_is():
+    # A key already in memory, scattered again (same key: same data) by a client whose worker
+    # just died: the copy on w1 is still there. It used to go memory -> erred with w1 still
+    # holding it (an invalid transition: debug mode raises on it, validate() would not pass).
+    s = SchedulerState(debug=True)
+    s.add_client("c")
+    s.add_client("c2")
+    s.add_worker("w1", nthreads=1, now=0)
+    s.scatter("c", {"d": ["w1"]}, {"d": 10})
+    s.take_outbox()
+    s.scatter("c2", {"d": ["gone"]}, {"d": 10})
+    assert s.tasks["d"].state == "memory" and [w.address for w in s.tasks["d"].who_has] == ["w1"]
+    assert sent(s.take_outbox(), "c2", "key-in-memory")[0]["key"] == "d"
+    s.validate()
+
+
 def test_resources_restrict_placement():
     s = SchedulerState(prefetch=0)
     s.add_worker("cpu", nthreads=2, now=0)
