@@ -13,11 +13,11 @@ import shlex
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import jinja2
 
-from ..runners.base import BatchError, CommandResult, Runner
+from ..runners.base import BatchError, CommandResult, Runner  # noqa: F401  (CommandResult: adapters hand it on)
 from .options import AdapterOption
 
 # The closed set of job states every adapter maps its batch system's states onto.
