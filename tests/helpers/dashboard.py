@@ -11,6 +11,8 @@ import threading
 import urllib.parse
 from types import SimpleNamespace
 
+import pytest
+
 from hpc_cluster import Client, KilledWorker, LocalCluster
 from hpc_cluster.dashboard.server import Dashboard
 from hpc_cluster.scheduler.state import SchedulerState
@@ -83,6 +85,15 @@ def cluster_with_a_memory_death():
         client.wait_for_workers(1, timeout=60)
         yield cluster, client
         del kept
+
+
+@pytest.fixture(scope="module")
+def died():
+    """Module fixture: (cluster, client) of cluster_with_a_memory_death(), for the dashboard's
+    API and browser tests. Import it into a test module with
+    `from helpers.dashboard import died  # noqa: F401`."""
+    with cluster_with_a_memory_death() as (cluster, client):
+        yield cluster, client
 
 
 # -- a dashboard on a state made by hand, in this process ---------------------------------------

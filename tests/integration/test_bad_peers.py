@@ -14,6 +14,7 @@ from hpc_cluster.protocol import serialize
 from hpc_cluster.protocol.comm import connect
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.protocol.versions import get_versions
+from helpers.aio import run
 from helpers.wait import wait_until
 
 
@@ -27,10 +28,6 @@ def cluster():
         yield c
 
 # `client` (tests/conftest.py) is a Client of this module's cluster.
-
-
-def run(coro, timeout=20):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 async def _read_until(comm, pred, timeout=10.0):
@@ -82,7 +79,7 @@ def test_a_registration_reusing_a_live_workers_address_is_refused(cluster, clien
     assert len(before) == 1
     kept = client.submit(inc, 1)
     assert kept.result(timeout=20) == 2
-    reply, closed = run(_as_worker(cluster, before[0]))
+    reply, closed = run(_as_worker(cluster, before[0]), timeout=20)
     assert reply["op"] == "refused" and "connected and alive" in reply["error"] and closed
     # The real worker is still the scheduler's, holds its result and runs new work; no death.
     assert _workers(client) == before
@@ -93,7 +90,7 @@ def test_a_registration_reusing_a_live_workers_address_is_refused(cluster, clien
 
 def test_a_registration_reusing_a_clients_id_is_refused_and_the_client_carries_on(cluster, client):
     assert client.id.startswith("client-")
-    reply, closed = run(_as_worker(cluster, client.id))
+    reply, closed = run(_as_worker(cluster, client.id), timeout=20)
     assert reply["op"] == "refused" and "not a worker address" in reply["error"] and closed
     assert client.submit(inc, 20).result(timeout=20) == 21       # its stream is still its own
     assert len(_workers(client)) == 1
@@ -121,7 +118,7 @@ def test_a_priority_beyond_64_bits_is_refused_and_the_workers_batch_still_goes(c
         done, _ = await _read_until(comm, lambda m: m["op"] in ("key-in-memory", "task-erred") and m["key"] == "p-after")
         return errors, done
 
-    errors, done = run(_as_client(cluster, body))
+    errors, done = run(_as_client(cluster, body), timeout=20)
     assert set(errors) == {"p-ok-1", "p-huge", "p-ok-2"}
     assert all(e["kind"] == "refused" for e in errors.values())
     assert "priority=9223372036854775813 is out of range" in errors["p-huge"]["text"]
@@ -148,7 +145,7 @@ def test_a_dependency_cycle_is_refused_instead_of_waiting_for_ever(cluster, clie
                           is None and len(errors) == 4)
         return errors
 
-    errors = run(_as_client(cluster, body))
+    errors = run(_as_client(cluster, body), timeout=20)
     text = errors["cyc-c"]["text"]
     assert errors["cyc-c"]["kind"] == "refused" and "dependency cycle" in text
     assert "'cyc-a' -> 'cyc-c' -> 'cyc-b' -> 'cyc-a'" in text
@@ -175,7 +172,7 @@ def test_restart_with_a_bad_timeout_is_refused_and_clears_nothing(cluster, clien
         reply, _ = await _read_until(comm, lambda m: m["op"] == "reply" and m.get("rid") == 7)
         return reply["result"]
 
-    result = run(_as_client(cluster, body))
+    result = run(_as_client(cluster, body), timeout=20)
     assert "restart timeout=" in result["error"] and "nothing was restarted" in result["error"]
     assert kept.status == "finished" and kept.result(timeout=5) == 61
     assert _workers(client) == workers
@@ -201,7 +198,7 @@ def test_a_workers_memory_report_beyond_64_bits_does_not_break_what_clients_are_
         finally:
             comm.close()
 
-    memory = run(body())
+    memory = run(body(), timeout=20)
     assert memory["tcp://127.0.0.1:1"] == {"managed": 5}          # the impossible number left out
     wait_until(lambda: len(_workers(client)) == 1, 10, "the fake worker to be gone")
     assert client.submit(inc, 70).result(timeout=20) == 71

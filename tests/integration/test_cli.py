@@ -20,10 +20,11 @@ import pytest
 
 from hpc_cluster import progress
 from hpc_cluster.cli import cluster as cli_cluster
-from hpc_cluster.cli import build_parser, main
+from hpc_cluster.cli import build_parser
 from hpc_cluster.cli.lookup import plan_file
 from hpc_cluster.cli.views import job_event, jobs_table, print_deaths
 from hpc_cluster.protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
+from helpers.cli import run_cli
 
 SLURM_SITE = """\
 default: lab
@@ -45,15 +46,6 @@ def own_config_home(isolated_home):
     return isolated_home
 
 
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:          # argparse: --help and usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
@@ -68,20 +60,20 @@ def fake_cluster(name: str, pid: int, address: str = "tcp://127.0.0.1:1") -> Pat
 # -- usage errors and help ------------------------------------------------------------
 
 def test_no_command_prints_help_and_exits_2(capsys):
-    code, out, err = run(capsys)
+    code, out, err = run_cli(capsys)
     assert code == 2 and "up" in err and "exit codes:" in err
 
 
 def test_unknown_command_and_bad_numbers_are_usage_errors(capsys):
-    assert run(capsys, "launch")[0] == 2
-    code, _, err = run(capsys, "scale", "many")
+    assert run_cli(capsys, "launch")[0] == 2
+    code, _, err = run_cli(capsys, "scale", "many")
     assert code == 2 and "invalid int value" in err
-    code, _, err = run(capsys, "scale", "-5")
+    code, _, err = run_cli(capsys, "scale", "-5")
     assert code == 2 and ">= 0" in err
 
 
 def test_bad_cluster_name_is_a_usage_error(capsys):
-    code, _, err = run(capsys, "up", "--name", "../escape", "-n", "1")
+    code, _, err = run_cli(capsys, "up", "--name", "../escape", "-n", "1")
     assert code == 2 and "bad cluster name" in err
     assert not (cluster_file_for("x").parent.parent / "escape.json").exists()
 
@@ -104,7 +96,7 @@ def example_commands(help_text: str) -> list[list[str]]:
 @pytest.mark.parametrize("command", ["up", "status", "scale", "list", "logs", "why", "job-script", "down",
                                      "config", "config check", "config init", "config show"])
 def test_each_subcommand_help_has_real_examples_and_exit_codes(capsys, command):
-    code, out, _ = run(capsys, *command.split(), "--help")
+    code, out, _ = run_cli(capsys, *command.split(), "--help")
     assert code == 0
     assert "examples:" in out and f"hpc-cluster {command}" in out.split("examples:")[1]
     examples = example_commands(out)
@@ -134,7 +126,7 @@ def test_console_script_is_installed_and_documents_exit_codes():
 def test_up_with_a_local_site_is_refused_with_advice(capsys, tmp_path):
     cfg = tmp_path / "local.yaml"
     cfg.write_text("default: here\nsites:\n  here:\n    batch: local\n")
-    code, _, err = run(capsys, "up", "--config", str(cfg), "-n", "1")
+    code, _, err = run_cli(capsys, "up", "--config", str(cfg), "-n", "1")
     assert code == 2 and "batch: slurm, pbs or sge" in err
     assert not cluster_file_for("default").exists()
 
@@ -142,7 +134,7 @@ def test_up_with_a_local_site_is_refused_with_advice(capsys, tmp_path):
 def test_up_with_a_broken_config_is_exit_2_with_the_file_named(capsys, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("default: lab\nsites:\n  lab:\n    batch: slurm\n    coers: 4\n")
-    code, _, err = run(capsys, "up", "--config", str(cfg))
+    code, _, err = run_cli(capsys, "up", "--config", str(cfg))
     assert code == 2 and "bad configuration" in err and "coers" in err and "cores" in err
 
 
@@ -151,7 +143,7 @@ def test_up_with_a_broken_config_is_exit_2_with_the_file_named(capsys, tmp_path)
 @pytest.mark.parametrize("argv", [["list"], ["status"], ["status", "nope"], ["down"], ["why"],
                                   ["logs", "123"], ["scale", "2"], ["down", "nope"]])
 def test_no_cluster_is_exit_3_with_advice(capsys, argv):
-    code, out, err = run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 3, (out, err)
     assert "hpc-cluster up" in err
     if "nope" in argv:
@@ -161,9 +153,9 @@ def test_no_cluster_is_exit_3_with_advice(capsys, argv):
 def test_not_found_lists_the_running_clusters(capsys):
     fake_cluster("alpha", os.getpid())
     fake_cluster("beta", os.getpid())
-    code, _, err = run(capsys, "status", "gamma")
+    code, _, err = run_cli(capsys, "status", "gamma")
     assert code == 3 and "running clusters: alpha, beta" in err
-    code, _, err = run(capsys, "status")
+    code, _, err = run_cli(capsys, "status")
     assert code == 2 and "several clusters are running (alpha, beta)" in err
 
 
@@ -171,7 +163,7 @@ def test_list_removes_stale_cluster_files_and_says_so(capsys):
     stale = fake_cluster("old", dead_pid())
     plan = plan_file("old")
     plan.write_text("{}")
-    code, out, err = run(capsys, "list")
+    code, out, err = run_cli(capsys, "list")
     assert code == 3
     assert "removed the stale cluster file of 'old'" in err
     assert not stale.exists() and not plan.exists()
@@ -179,7 +171,7 @@ def test_list_removes_stale_cluster_files_and_says_so(capsys):
 
 def test_list_shows_a_cluster_whose_daemon_does_not_answer(capsys):
     fake_cluster("mute", os.getpid())
-    code, out, err = run(capsys, "list")
+    code, out, err = run_cli(capsys, "list")
     assert code == 0
     row = [ln for ln in out.splitlines() if ln.startswith("mute")][0]
     assert "tcp://127.0.0.1:1" in row and str(os.getpid()) in row and "not answering" in row
@@ -187,23 +179,23 @@ def test_list_shows_a_cluster_whose_daemon_does_not_answer(capsys):
 
 def test_status_of_a_stale_cluster_is_3_and_down_cleans_it(capsys):
     path = fake_cluster("gone", dead_pid())
-    code, _, err = run(capsys, "status", "gone")
+    code, _, err = run_cli(capsys, "status", "gone")
     assert code == 3 and "is not running" in err and "hpc-cluster down gone" in err
-    code, out, _ = run(capsys, "down", "gone")
+    code, out, _ = run_cli(capsys, "down", "gone")
     assert code == 0 and "removed its stale cluster file" in out
     assert not path.exists()
 
 
 def test_status_of_an_unreachable_daemon_is_1_with_advice(capsys):
     fake_cluster("mute", os.getpid())
-    code, _, err = run(capsys, "status", "mute")
+    code, _, err = run_cli(capsys, "status", "mute")
     assert code == 1 and "does not answer" in err and "hpc-cluster down mute" in err
 
 
 def test_why_alone_with_a_cluster_name_means_the_cluster(capsys):
     fake_cluster("solo", dead_pid())
     # the one positional names a cluster, so it is not taken as a worker/job/key
-    code, _, err = run(capsys, "why", "solo")
+    code, _, err = run_cli(capsys, "why", "solo")
     assert code == 3 and "cluster 'solo' is not running" in err
 
 
@@ -212,7 +204,7 @@ def test_why_alone_with_a_cluster_name_means_the_cluster(capsys):
 def test_job_script_for_a_slurm_site_is_valid_bash(capsys, tmp_path):
     cfg = tmp_path / "site.yaml"
     cfg.write_text(SLURM_SITE.format(logs=tmp_path / "logs"))
-    code, out, err = run(capsys, "job-script", "--config", str(cfg), "--name", "mine")
+    code, out, err = run_cli(capsys, "job-script", "--config", str(cfg), "--name", "mine")
     assert code == 0, err
     assert out.startswith("#!/usr/bin/env bash")
     for line in ("#SBATCH --cpus-per-task=2", "#SBATCH -t 00:10:00", "#SBATCH -p debug",
@@ -229,7 +221,7 @@ def test_job_script_for_a_slurm_site_is_valid_bash(capsys, tmp_path):
 def test_job_script_for_a_pbs_site(capsys, tmp_path):
     cfg = tmp_path / "pbs.yaml"
     cfg.write_text("default: p\nsites:\n  p:\n    batch: pbs\n    cores: 4\n    memory: 2GB\n")
-    code, out, _ = run(capsys, "job-script", "--config", str(cfg))
+    code, out, _ = run_cli(capsys, "job-script", "--config", str(cfg))
     assert code == 0 and "#PBS -l select=1:ncpus=4" in out
     assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0
 
@@ -239,7 +231,7 @@ def test_a_site_without_cores_or_memory_is_refused_with_advice(capsys, tmp_path)
     cfg = tmp_path / "site.yaml"
     cfg.write_text("default: p\nsites:\n  p:\n    batch: slurm\n    cores: 2\n")
     for command in (["job-script"], ["up", "-n", "1", "--name", "nomem"]):
-        code, out, err = run(capsys, *command, "--config", str(cfg))
+        code, out, err = run_cli(capsys, *command, "--config", str(cfg))
         assert code == 2, (command, out, err)
         assert "does not say how many cores and how much memory a job asks for (memory unset)" in err
         assert "`memory: 16GB`" in err and "jobqueue.slurm" in err
@@ -253,7 +245,7 @@ def test_a_template_with_an_undefined_variable_is_a_config_error(capsys, tmp_pat
     cfg.write_text(f"default: p\nsites:\n  p:\n    batch: slurm\n    cores: 1\n    memory: 1GB\n"
                    f"    template: {template}\n")
     for command in (["job-script"], ["up", "-n", "1", "--name", "tpl"]):
-        code, out, err = run(capsys, *command, "--config", str(cfg))
+        code, out, err = run_cli(capsys, *command, "--config", str(cfg))
         assert code == 2, (command, out, err)
         assert f"template={str(template)!r}, line 2: 'sitee_modules' is undefined" in err
     # `up` refused before starting anything.

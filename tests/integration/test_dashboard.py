@@ -11,7 +11,8 @@ import socket
 
 import pytest
 
-from helpers.dashboard import (api, cluster_with_a_memory_death, fake_scheduler, request, serving, slowinc,
+from helpers.dashboard import died  # noqa: F401  (the module fixture its tests ask for)
+from helpers.dashboard import (api, fake_scheduler, request, serving, slowinc,
                                split_link, timeline, with_deaths)
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.config.schema import parse_dashboard_address
@@ -234,12 +235,6 @@ def test_a_dashboard_turned_off_leaves_no_trace_and_none_for_links():
 
 
 # -- the JSON API of a real LocalCluster --------------------------------------------------------------
-@pytest.fixture(scope="module")
-def died():
-    with cluster_with_a_memory_death() as (cluster, client):
-        yield cluster, client
-
-
 def test_the_links_of_cluster_and_clients_agree_and_name_a_port_of_its_own(died):
     cluster, client = died
     link = cluster.dashboard_link

@@ -18,7 +18,8 @@ import re
 import pytest
 
 from helpers.browser import colour_summary, dump_dom, ensure_chromium, screenshot
-from helpers.dashboard import (api, cluster_with_a_memory_death, fake_scheduler, request, serving, split_link,
+from helpers.dashboard import died  # noqa: F401  (the module fixture its tests ask for)
+from helpers.dashboard import (api, fake_scheduler, request, serving, split_link,
                                timeline, with_deaths)
 from hpc_cluster.protocol.clusterfile import new_secret
 
@@ -31,12 +32,6 @@ def chromium():
     if path is None:
         pytest.skip("no chromium, and not root to apt-get install it (install Debian's `chromium` package)")
     return path
-
-
-@pytest.fixture(scope="module")
-def died():
-    with cluster_with_a_memory_death() as (cluster, client):
-        yield cluster, client
 
 
 def attributes(tag: str) -> dict[str, str]:

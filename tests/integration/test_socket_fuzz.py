@@ -112,7 +112,7 @@ def _ext_refs(rng):
     return _frames(header, *(rng.randbytes(8) for _ in range(rng.randrange(0, 3))))
 
 
-def _deep(rng):
+def _deep_nesting(rng):
     depth = rng.choice([100, 2000, 100_000])
     return _frames(b"\x91" * depth + b"\xc0")
 
@@ -165,8 +165,8 @@ def _shaped(rng, ops):
 PRE_AUTH = [_random_bytes, lambda r: MAGIC + _random_bytes(r), lambda r: MAGIC + _bad_prefix(r),
             lambda r: MAGIC + _truncated(r), lambda r: MAGIC + _shaped(r, ["auth", "auth-proof", "x"]),
             lambda r: MAGIC[:5] + bytes([r.randrange(256)]) + MAGIC[6:] + _random_bytes(r),
-            lambda r: MAGIC + _deep(r), lambda r: MAGIC + _huge_claims(r)]
-POST_AUTH = [_random_bytes, _bad_prefix, _truncated, _flipped, _ext_refs, _deep, _huge_claims]
+            lambda r: MAGIC + _deep_nesting(r), lambda r: MAGIC + _huge_claims(r)]
+POST_AUTH = [_random_bytes, _bad_prefix, _truncated, _flipped, _ext_refs, _deep_nesting, _huge_claims]
 
 
 def _one(rng, address: str, secret: bytes) -> str:

@@ -10,6 +10,8 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers import aio, capture
+from helpers.cli import run_cli
 from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
 from helpers.tasks import computes, sent, task
 from helpers.wait import WaitTimeout, wait_for_file, wait_until, wait_until_async
@@ -84,3 +86,29 @@ def test_task_builds_an_update_graph_entry_the_state_machine_places():
     out = s.take_outbox()
     # b goes ahead to wait for a on w (state/ahead.py): sent, but not placed yet
     assert [m["key"] for m in sent(out, "w")] == ["a", "b"] and computes(out, "w") == ["a"]
+
+
+def test_run_runs_a_coroutine_and_a_timeout_stops_a_hung_one():
+    async def answer():
+        await asyncio.sleep(0)
+        return 42
+
+    assert aio.run(answer()) == 42 and aio.run(answer(), timeout=5) == 42
+    with pytest.raises(asyncio.TimeoutError):
+        aio.run(asyncio.sleep(30), timeout=0.05)
+
+
+def test_run_cli_gives_the_exit_code_and_output_of_argparse_exits_too(capsys):
+    code, out, err = run_cli(capsys, "--help")
+    assert code == 0 and "usage" in out.lower() and err == ""
+    code, out, err = run_cli(capsys, "no-such-command")
+    assert code == 2 and "invalid choice" in err
+
+
+def test_the_capture_scripts_save_verbatim_and_say_so_unless_told(tmp_path, capsys):
+    capture.saver(tmp_path)("a.txt", "one\ntwo\n")
+    capture.saver(tmp_path, say=False)("b.txt", "x")
+    assert (tmp_path / "a.txt").read_text() == "one\ntwo\n" and (tmp_path / "b.txt").read_text() == "x"
+    assert capsys.readouterr().out == "  wrote a.txt (2 lines)\n"
+    done = capture.command(["sh", "-c", "cat; echo err >&2; exit 3"], input="in")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "in", "err\n")

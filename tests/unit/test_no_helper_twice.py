@@ -51,8 +51,6 @@ NOT_YET = {
     # the SLURM and SGE death scenarios, and the two peers' suites (dask-jobqueue's and dask's)
     "Run", "deployed", "outcomes", "known_failures", "make_run", "summary", "table_id", "extract", "sdist",
     "gridengine_is_up",
-    # same name, different things: rename one
-    "_deep", "run", "manager", "died",
 }
 
 

@@ -10,14 +10,18 @@ id had which ending, for the parser tests (tests/unit/adapters/test_sge_parsers.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))                   # tests/: helpers
+
+from helpers import capture  # noqa: E402
+
 OUT = HERE.parents[1] / "unit" / "adapters" / "fixtures" / "sge"
 # Two processes of 200 MB under h_vmem=300M: each is under the limit alone, so neither
 # allocation fails; their sum is over it, and execd kills the job (failed 37).
@@ -29,12 +33,8 @@ wait
 SEGFAULT = "import ctypes; ctypes.string_at(0)"
 
 
-def run(argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
-
-
-def save(name: str, text: str) -> None:
-    (OUT / name).write_text(text)
+run = functools.partial(capture.command, timeout=60)       # a hung qstat or qacct ends the capture
+save = capture.saver(OUT, say=False)
 
 
 def qsub(args: list[str], logs: Path, script: str | None = None) -> tuple[str, str]:

@@ -13,7 +13,6 @@ which ids these were, for the parser tests.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,8 +20,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE.parents[1]))                   # tests/: helpers
 
 from hpc_cluster.adapters.slurm import SACCT_FIELDS, SQUEUE_FORMAT  # noqa: E402
+from helpers.capture import command, saver  # noqa: E402
 
 OUT = HERE.parents[1] / "unit" / "adapters" / "fixtures" / "slurm"
 
@@ -41,40 +42,39 @@ esac
 """
 
 
-def run(argv, **kw) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True, **kw).stdout
+save = saver(OUT)
 
 
-def save(name: str, text: str) -> None:
-    (OUT / name).write_text(text)
-    print(f"  wrote {name} ({len(text.splitlines())} lines)")
+def stdout_of(argv, **kw) -> str:
+    """The command's stdout; a failing command stops the capture (check=True)."""
+    return command(argv, check=True, **kw).stdout
 
 
 def squeue(ids, header=True) -> str:
-    return run(["squeue", *([] if header else ["-h"]), "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
+    return stdout_of(["squeue", *([] if header else ["-h"]), "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
 
 
 def sacct(ids) -> str:
-    return run(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
+    return stdout_of(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
 
 
 def main() -> None:
     logs = tempfile.mkdtemp(prefix="slurm-array-capture-")
     script = SCRIPT.format(logs=logs)
-    held = run(["sbatch", "--parsable", "--hold", "--array=0-7"], input=script)
+    held = stdout_of(["sbatch", "--parsable", "--hold", "--array=0-7"], input=script)
     save("array_sbatch_parsable.txt", held)
     held = held.strip()
     time.sleep(1)
     save("array_squeue_pending.txt", squeue([held]))
     save("array_squeue_pending_some.txt", squeue([f"{held}_3", f"{held}_5"], header=False))
-    run(["scancel", held])
-    array = run(["sbatch", "--parsable", "--array=0-5"], input=script).strip()
+    stdout_of(["scancel", held])
+    array = stdout_of(["sbatch", "--parsable", "--array=0-5"], input=script).strip()
     deadline = time.time() + 60
     while time.time() < deadline:
         if squeue([f"{array}_4"], header=False).count("RUNNING") and "OUT_OF_MEMORY" in squeue([array]):
             break
         time.sleep(0.5)
-    run(["scancel", f"{array}_4"])
+    stdout_of(["scancel", f"{array}_4"])
     elements = [f"{array}_{i}" for i in range(6)]
     deadline = time.time() + 60
     while time.time() < deadline and "CANCELLED" not in sacct([f"{array}_4"]):
@@ -82,7 +82,7 @@ def main() -> None:
     save("array_squeue_elements.txt", squeue(elements, header=False))
     save("array_sacct_whole.txt", sacct([array]))
     save("array_sacct_elements.txt", sacct([f"{array}_2", f"{array}_4"]))
-    run(["scancel", array])
+    stdout_of(["scancel", array])
     manifest = json.loads((OUT / "manifest.json").read_text())
     manifest["array"] = {"held": held, "array": array, "completed": f"{array}_0", "exit3": f"{array}_1",
                          "oom": f"{array}_2", "cancelled": f"{array}_4", "running": [f"{array}_3", f"{array}_5"],

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,54 +28,49 @@ from slurm_jobs import (fail_node, restore_node, scenarios, wait_final,  # noqa:
 from hpc_cluster.adapters.slurm import (SACCT_FIELDS, SQUEUE_FORMAT,  # noqa: E402
                                         SLURMAdapter)
 from hpc_cluster.runners.local import LocalRunner  # noqa: E402
+from helpers.capture import command, saver  # noqa: E402
 
 OUT = HERE.parents[1] / "unit" / "adapters" / "fixtures" / "slurm"
 
 
-def run(argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, **kw)
-
-
-def save(name: str, text: str) -> None:
-    (OUT / name).write_text(text)
-    print(f"  wrote {name} ({len(text.splitlines())} lines)")
+save = saver(OUT)
 
 
 def sacct(ids) -> str:
-    return run(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)],
-               check=True).stdout
+    return command(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)],
+                   check=True).stdout
 
 
 def squeue(ids) -> str:
     # With the header: the parser must cope with it, and the fixture says what it holds.
-    return run(["squeue", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT], check=True).stdout
+    return command(["squeue", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT], check=True).stdout
 
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     adapter = SLURMAdapter(LocalRunner())
-    node = run(["sinfo", "-h", "-N", "-o", "%N"], check=True).stdout.split()[0]
+    node = command(["sinfo", "-h", "-N", "-o", "%N"], check=True).stdout.split()[0]
     logs = tempfile.mkdtemp(prefix="slurm-capture-")
     specs = scenarios(logs)
     ids: dict[str, str] = {}
     try:
         print("submitting scenario jobs")
-        first = run(["sbatch", "--parsable"], input=adapter.render(specs["completed"]), check=True)
+        first = command(["sbatch", "--parsable"], input=adapter.render(specs["completed"]), check=True)
         save("sbatch_parsable.txt", first.stdout)
         ids["completed"] = first.stdout.strip()
         for name in ("exit3", "segfault", "oom", "timeout", "cancelled", "preempted"):
             ids[name] = adapter.submit(adapter.render(specs[name]))
-        plain = run(["sbatch"], input=adapter.render(specs["exit3"].replace(job_name="t-plain")),
-                    check=True)
+        plain = command(["sbatch"], input=adapter.render(specs["exit3"].replace(job_name="t-plain")),
+                        check=True)
         save("sbatch_plain.txt", plain.stdout)
         ids["plain"] = plain.stdout.split()[-1]
-        federated = run(["sbatch", "--parsable", "--clusters", "hpctest"],
-                        input=adapter.render(specs["exit3"].replace(job_name="t-cluster")), check=True)
+        federated = command(["sbatch", "--parsable", "--clusters", "hpctest"],
+                            input=adapter.render(specs["exit3"].replace(job_name="t-cluster")), check=True)
         save("sbatch_parsable_cluster.txt", federated.stdout)
         ids["cluster"] = federated.stdout.strip().split(";")[0]
 
         wait_running(adapter, ids["cancelled"])
-        run(["scancel", ids["cancelled"]], check=True)
+        command(["scancel", ids["cancelled"]], check=True)
         wait_running(adapter, ids["preempted"])
         ids["preemptor"] = adapter.submit(adapter.render(specs["preemptor"]))
         # Right away: the preemptor is usually still pending, others running or done.
@@ -87,9 +81,9 @@ def main() -> None:
         print("waiting for the quick jobs")
         wait_final(adapter, quick, timeout=120)
         # Before MinJobAge lets the controller forget them.
-        save("scontrol_show_job.txt", run(["scontrol", "show", "job", ids["oom"]], check=True).stdout
-             + "\n" + run(["scontrol", "show", "job", ids["timeout"]], check=True).stdout)
-        save("scontrol_show_job_oneline.txt", run(["scontrol", "-o", "show", "job"], check=True).stdout)
+        save("scontrol_show_job.txt", command(["scontrol", "show", "job", ids["oom"]], check=True).stdout
+             + "\n" + command(["scontrol", "show", "job", ids["timeout"]], check=True).stdout)
+        save("scontrol_show_job_oneline.txt", command(["scontrol", "-o", "show", "job"], check=True).stdout)
         save("squeue_all.txt", squeue(ids.values()))
 
         print("waiting for the time limit (70-80 s)")
@@ -107,7 +101,7 @@ def main() -> None:
         conf = Path(logs) / "slurm.conf"
         conf.write_text(Path("/etc/slurm/slurm.conf").read_text().replace(
             "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageType=accounting_storage/none"))
-        disabled = run(["sacct", "-P", "-j", ids["completed"]], env={**os.environ, "SLURM_CONF": str(conf)})
+        disabled = command(["sacct", "-P", "-j", ids["completed"]], env={**os.environ, "SLURM_CONF": str(conf)})
         save("sacct_disabled_stderr.txt", disabled.stderr)
         save("manifest.json", json.dumps({"node": node, "jobs": ids}, indent=2) + "\n")
     finally:

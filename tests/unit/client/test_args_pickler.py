@@ -17,7 +17,7 @@ def double(x):
     return 2 * x
 
 
-def _deep(n):
+def _nested_lists(n):
     value = []
     for _ in range(n):
         value = [value]
@@ -50,7 +50,7 @@ def test_a_failure_names_its_argument_and_spoils_no_later_task():
         with pytest.raises(SerializationError, match=r"argument 1 \(lock"):
             pickler.dumps((1, threading.Lock()), {})
         blob, _ = pickler.dumps((2, [3]), {})
-        deep, _ = pickler.dumps((_deep(3000),), {})               # past pickle's recursion: flat
+        deep, _ = pickler.dumps((_nested_lists(3000),), {})               # past pickle's recursion: flat
     assert serialize.loads_args(blob, None) == ((2, [3]), {})
     value = serialize.loads_args(deep, None)[0][0]
     for _ in range(3000):

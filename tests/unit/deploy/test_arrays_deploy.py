@@ -5,7 +5,6 @@ fake adapter numbers submissions; tests/batch/slurm/test_job_arrays_slurm.py run
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import types
 
@@ -16,6 +15,7 @@ from hpc_cluster.deploy.cluster import SLURMCluster
 from hpc_cluster.deploy.plan import PoolPlan, job_spec
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.aio import run
 from helpers.fakes import FakeAdapter
 
 
@@ -35,7 +35,7 @@ def fake(**kw) -> FakeAdapter:
     return FakeAdapter(first_id=101, script=array_script, **kw)
 
 
-def manager(adapter, job_array=True, pools=None, **job):
+def array_pool_manager(adapter, job_array=True, pools=None, **job):
     state = SchedulerState()
     sched = types.SimpleNamespace(state=state, walltime_margin=60, retire_workers=lambda *a: None,
                                   drained=[], halts=[], fail_if_stranded=lambda: None)
@@ -47,13 +47,9 @@ def manager(adapter, job_array=True, pools=None, **job):
     return pm, sched
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
 def test_a_scale_up_is_one_array_of_jobs_with_consecutive_indices():
     adapter = fake()
-    pm, _ = manager(adapter)
+    pm, _ = array_pool_manager(adapter)
 
     async def go():
         await pm.scale(4)
@@ -69,7 +65,7 @@ def test_a_scale_up_is_one_array_of_jobs_with_consecutive_indices():
 
 def test_scale_down_cancels_elements_one_by_one():
     adapter = fake()
-    pm, _ = manager(adapter)
+    pm, _ = array_pool_manager(adapter)
 
     async def go():
         await pm.scale(4)
@@ -85,7 +81,7 @@ def test_scale_down_cancels_elements_one_by_one():
 def test_indices_stay_unique_across_pools_with_arrays():
     adapter = fake()
     big = {"job": {"worker_command": "w --pool big", "cores": 1, "memory": 1, "walltime": 600, "job_array": True}}
-    pm, _ = manager(adapter, pools={"big": big})
+    pm, _ = array_pool_manager(adapter, pools={"big": big})
 
     async def go():
         await pm.scale(3)
@@ -98,7 +94,7 @@ def test_indices_stay_unique_across_pools_with_arrays():
 
 def test_without_array_support_jobs_go_one_by_one_and_it_is_said_once(caplog):
     adapter = fake(supports_arrays=False)
-    pm, _ = manager(adapter)
+    pm, _ = array_pool_manager(adapter)
 
     async def go():
         await pm.scale(3)
@@ -113,7 +109,7 @@ def test_without_array_support_jobs_go_one_by_one_and_it_is_said_once(caplog):
 
 def test_a_site_template_that_ignores_the_array_index_gets_single_jobs(caplog, tmp_path):
     adapter = fake()
-    pm, _ = manager(adapter, template=str(tmp_path / "site.sh.j2"))
+    pm, _ = array_pool_manager(adapter, template=str(tmp_path / "site.sh.j2"))
     with caplog.at_level(logging.WARNING, logger="hpc_cluster.jobs"):
         run(pm.scale(2))
     assert adapter.scripts == ["#0 x0", "#1 x0"]
@@ -122,14 +118,14 @@ def test_a_site_template_that_ignores_the_array_index_gets_single_jobs(caplog, t
 
 def test_without_job_array_nothing_changes():
     adapter = fake()
-    pm, _ = manager(adapter, job_array=False)
+    pm, _ = array_pool_manager(adapter, job_array=False)
     run(pm.scale(3))
     assert adapter.scripts == ["#0 x0", "#1 x0", "#2 x0"]
 
 
 def test_a_refused_array_is_a_submission_error_and_no_jobs():
     adapter = fake(refuse="fakesub: array too large")
-    pm, _ = manager(adapter)
+    pm, _ = array_pool_manager(adapter)
     run(pm.scale(3))
     m = pm.default
     assert m.jobs == {} and [e.message for e in m.errors] == ["fakesub: array too large"]

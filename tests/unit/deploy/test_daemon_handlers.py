@@ -11,6 +11,7 @@ import pytest
 
 from hpc_cluster.deploy.daemon import handlers as h
 from hpc_cluster.deploy.daemon.jobs import Job
+from helpers.aio import run
 
 
 class FakePools:
@@ -59,10 +60,6 @@ class FakeScheduler:
 
 def daemon(**kw) -> h.Daemon:
     return h.Daemon(pools=FakePools(), stop=asyncio.Event(), name="c", **kw)
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def test_scale_asks_the_pools_for_a_whole_number_of_jobs():

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.cli import main
 from hpc_cluster.cli.views import pools_tables, print_deaths
 from hpc_cluster.config import ConfigError, parse_config_text, resolve
 from hpc_cluster.config.pools import ESCALATE_DEFAULTS
@@ -24,6 +23,7 @@ from hpc_cluster.deploy.plan import PoolPlan, make_plan, pool_table
 from hpc_cluster.deploy.daemon.pools import PoolManager, announce
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.worker.__main__ import build_parser, registration_info
+from helpers.cli import run_cli
 from helpers.fakes import FakeAdapter
 
 POOLS = {"bigmem": {"memory": "64GB", "queue": "bigmem", "max_jobs": 2}, "long": {"walltime": "24:00:00"}}
@@ -277,27 +277,18 @@ sites:
 """
 
 
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_job_script_of_a_pool_and_up_refuses_an_unknown_pool(capsys, tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text(SITE)
-    code, out, _ = run(capsys, "job-script", "--config", str(site), "--pool", "bigmem")
+    code, out, _ = run_cli(capsys, "job-script", "--config", str(site), "--pool", "bigmem")
     assert code == 0 and "#SBATCH --mem=4G" in out and "#SBATCH -p bigmem" in out and "--pool bigmem" in out
-    code, _, err = run(capsys, "job-script", "--config", str(site), "--pool", "huge")
+    code, _, err = run_cli(capsys, "job-script", "--config", str(site), "--pool", "huge")
     assert code == 2 and "no such pool; the site's pools: default, bigmem" in err
-    code, _, err = run(capsys, "up", "--config", str(site), "-n", "1", "--pool", "huge=1")
+    code, _, err = run_cli(capsys, "up", "--config", str(site), "-n", "1", "--pool", "huge=1")
     assert code == 2 and "no pool named 'huge'; the site's pools: bigmem" in err
-    code, _, err = run(capsys, "up", "--config", str(site), "--pool", "bigmem=3")
+    code, _, err = run_cli(capsys, "up", "--config", str(site), "--pool", "bigmem=3")
     assert code == 2 and "pool 'bigmem' has max_jobs 2" in err
-    code, _, err = run(capsys, "up", "--config", str(site), "--pool", "bigmem")
+    code, _, err = run_cli(capsys, "up", "--config", str(site), "--pool", "bigmem")
     assert code == 2 and "write NAME=JOBS" in err
 
 
@@ -346,7 +337,7 @@ def test_status_json_carries_the_pools(capsys, monkeypatch, tmp_path):
         def deaths(self):
             return []
     monkeypatch.setattr("hpc_cluster.client.client.Client", FakeClient)
-    code, out, _ = run(capsys, "status", "--json")
+    code, out, _ = run_cli(capsys, "status", "--json")
     data = json.loads(out)
     assert code == 0 and data["pools"] == {"big": {"jobs": ["1"]}} and data["jobs"][0]["pool"] == "big"
 
@@ -402,7 +393,7 @@ def test_cli_scale_of_a_pool_is_checked_against_the_clusters_plan(capsys):
         "scheduler": {"host": "0.0.0.0", "allowed_failures": 3, "heartbeat_ttl": 60, "versions": "warn",
                       "max_message_bytes": 10**9, "max_frame_bytes": 10**8},
         "pools": {"default": {"job": job}, "big": {"job": {**job, "processes": 2}, "max_jobs": 2}}}))
-    code, _, err = run(capsys, "scale", "1", "c", "--pool", "huge")
+    code, _, err = run_cli(capsys, "scale", "1", "c", "--pool", "huge")
     assert code == 2 and "--pool huge: cluster 'c' has no such pool; its pools: default, big" in err
-    code, _, err = run(capsys, "scale", "6", "c", "--pool", "big")              # 6 workers: 3 jobs of 2
+    code, _, err = run_cli(capsys, "scale", "6", "c", "--pool", "big")              # 6 workers: 3 jobs of 2
     assert code == 2 and "3 job(s) of pool 'big' is more than its max_jobs 2" in err
