@@ -17,19 +17,10 @@ from hpc_cluster import Client, KilledWorker, LocalCluster
 from hpc_cluster.dashboard.server import Dashboard
 from hpc_cluster.scheduler.state import SchedulerState
 from hpc_cluster.scheduler.stream import TaskStream
+from helpers.funcs import hog
 from helpers.wait import wait_until
 
 MB = 2**20
-
-
-def hog(nbytes):
-    """Hold `nbytes` of touched memory for long enough that the nanny sees it."""
-    import time
-    block = bytearray(nbytes)
-    for i in range(0, nbytes, 4096):
-        block[i] = 1
-    time.sleep(5)
-    return len(block)
 
 
 def slowinc(x, delay=0.02):

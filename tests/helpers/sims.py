@@ -1,11 +1,10 @@
 """What the LSF and HTCondor simulator tests share: putting a simulator on PATH for one test,
-running an adapter's job to its end, and, for the deploy tests, the tasks (pickled by value:
-the workers cannot import test modules) and the wait for a final verdict."""
+running an adapter's job to its end, and, for the deploy tests, the wait for a final verdict
+(the tasks they submit are helpers/funcs.py's)."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import cloudpickle
@@ -47,25 +46,7 @@ def cancel_running(adapter, job_id: str):
     return wait_until(lambda: (r := adapter.accounting([job_id])[job_id]).final and r, 10, "the cancel", interval=0.1)
 
 
-# -- tasks and verdicts for the deploy tests --------------------------------------------------------
-def square(x):
-    return x * x
-
-
-def sleep_then(value, seconds):
-    time.sleep(seconds)
-    return value
-
-
-def grow(limit_bytes, chunk=8 << 20, pause=0.02):
-    """Take memory a few MiB at a time up to `limit_bytes`, in the worker's own process."""
-    held = []
-    while len(held) * chunk < limit_bytes:
-        held.append(b"x" * chunk)
-        time.sleep(pause)
-    return len(held) * chunk
-
-
+# -- verdicts for the deploy tests ----------------------------------------------------------------
 def final_death(client, predicate, timeout=90) -> dict:
     """The first death matching `predicate`, once its verdict is final (accounting read)."""
     def final():

@@ -15,11 +15,8 @@ from hpc_cluster.protocol.comm import connect
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.protocol.versions import get_versions
 from helpers.aio import run
+from helpers.funcs import inc
 from helpers.wait import wait_until
-
-
-def inc(x):
-    return x + 1
 
 
 @pytest.fixture(scope="module")

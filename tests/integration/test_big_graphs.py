@@ -10,15 +10,8 @@ import pytest
 
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Limits, MessageTooLargeError
+from helpers.funcs import add_all, inc
 from helpers.wait import wait_until
-
-
-def inc(x):
-    return x + 1
-
-
-def add(*xs):
-    return sum(xs)
 
 
 def _counts(client) -> dict:
@@ -50,7 +43,7 @@ def test_dask_graph_over_the_frame_limit_reaches_the_scheduler_whole(idle_cluste
     n = Limits().max_frames + 5_000
     # Two layers: each sum depends on inputs that land in other parts of the submission.
     graph = {("x", i): (inc, i) for i in range(n - 1000)}
-    graph.update({("s", j): (add, *[("x", i) for i in range(j, n - 1000, 1000)]) for j in range(1000)})
+    graph.update({("s", j): (add_all, *[("x", i) for i in range(j, n - 1000, 1000)]) for j in range(1000)})
     with Client(idle_cluster) as client:
         futures = client.get(graph, [("s", j) for j in range(1000)], sync=False)
         wait_until(lambda: sum(_counts(client).values()) >= n or client.status != "running", 60,
@@ -82,7 +75,7 @@ def test_parts_run_right_when_later_parts_need_earlier_tasks(small_cluster, monk
             width += 1
             nxt = []
             for j in range(0, len(level), 2):
-                graph[("node", width, j)] = (add, level[j], level[j + 1])
+                graph[("node", width, j)] = (add_all, level[j], level[j + 1])
                 nxt.append(("node", width, j))
             level = nxt
         graph = dict(reversed(list(graph.items())))
@@ -161,7 +154,7 @@ def test_graphs_with_shared_functions_compute_right_on_workers(small_cluster):
     graph = {
         "a": DataNode("a", 5),
         "b": Task("b", _kw, TaskRef("a"), b=3, scale=10),                    # (5 + 3) * 10
-        "c": Task("c", add, TaskRef("b"), Task("c-in", inc, TaskRef("a"))),   # 80 + 6
+        "c": Task("c", add_all, TaskRef("b"), Task("c-in", inc, TaskRef("a"))),   # 80 + 6
         "d": Task("d", double, TaskRef("c")),                                 # 172
         "e": Task("e", lambda v: -v, TaskRef("d")),
         "f": Alias("f", "e"),

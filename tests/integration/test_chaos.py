@@ -13,16 +13,12 @@ import psutil
 import pytest
 
 from hpc_cluster import Client, LocalCluster
+from helpers.funcs import slow_square
 
 
 # 3 ms per task: long enough for several kills (at 2 ms on a map-then-reduce the
 # computation ended after about 3); each kill also costs the recompute of what it held.
-def square(x):
-    time.sleep(0.003)
-    return x * x
-
-
-def total(xs):
+def slow_total(xs):
     time.sleep(0.003)
     return sum(xs)
 
@@ -40,13 +36,13 @@ def build(client, n_leaves=4000, fan_in=5, first=0):
     def tree(lo, hi):
         nonlocal count
         if hi - lo <= fan_in:
-            inputs = client.map(square, range(lo, hi))
+            inputs = client.map(slow_square, range(lo, hi), seconds=0.003)
         else:
             step = -(-(hi - lo) // fan_in)
             inputs = [tree(a, min(a + step, hi)) for a in range(lo, hi, step)]
         count += len(inputs) if hi - lo <= fan_in else 0
         count += 1
-        return client.submit(total, inputs)
+        return client.submit(slow_total, inputs)
 
     return tree(first, first + n_leaves), count
 

@@ -15,7 +15,7 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.cli import cluster as cli_cluster
 from hpc_cluster.cli.chart import memory_chart
 from hpc_cluster.protocol.clusterfile import cluster_file_for, write_cluster_file
-from test_cli import run          # main() with argv, its exit code and output
+from helpers.cli import run_cli
 from helpers.wait import wait_until
 
 MiB = 2**20
@@ -87,7 +87,7 @@ def test_a_chart_of_nothing_says_so_and_bad_sizes_are_refused():
 
 # -- a real memory death on a LocalCluster -------------------------------------------------
 
-def grow(step, pause, steps):
+def grow_in_steps(step, pause, steps):
     """Take memory a step at a time (written, so it is resident): a rise the heartbeats see."""
     import time
     held = []
@@ -99,10 +99,10 @@ def grow(step, pause, steps):
 
 @pytest.fixture(scope="module")
 def memory_death():
-    """A worker that its nanny stopped over its budget while running `grow`, judged and refined."""
+    """A worker that its nanny stopped over its budget while running `grow_in_steps`, judged and refined."""
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB", allowed_failures=0) as cluster, \
             Client(cluster) as client:
-        future = client.submit(grow, 16 * MiB, 0.1, 60, pure=False)
+        future = client.submit(grow_in_steps, 16 * MiB, 0.1, 60, pure=False)
         wait_until(future.done, 60, "the nanny to stop the worker")
         # The nanny's report (its 10 Hz samples) arrives a moment after the death.
         death = wait_until(lambda: next((d for d in client.deaths() if d["memory"]["terminate_at"]
@@ -139,7 +139,7 @@ def test_why_worker_prints_the_verdict_and_a_memory_chart_and_why_json_carries_i
         memory_death, isolated_home, capsys):
     cluster, _, key, _ = memory_death
     local_cluster_file(cluster, "lc")
-    code, out, err = run(capsys, "why", "worker-0", "lc")
+    code, out, err = run_cli(capsys, "why", "worker-0", "lc")
     assert code == 0, err
     assert "worker-0  memory-nanny  blamed on its task" in out          # the verdict, as before
     chart = out[out.index("memory of worker-0: peak "):].splitlines()
@@ -147,20 +147,20 @@ def test_why_worker_prints_the_verdict_and_a_memory_chart_and_why_json_carries_i
     assert "limit 381 MiB" in chart[0] and "nanny ends it at 362 MiB" in chart[0]
     assert any(" X died at " in line for line in chart[1:11])
     assert "^ task starts (1)" in out and "before its death" in out
-    code, out, err = run(capsys, "why", "worker-0", "lc", "--json")
+    code, out, err = run_cli(capsys, "why", "worker-0", "lc", "--json")
     assert code == 0, err
     data = json.loads(out)
     assert set(data) == documented_keys("why") and data["cluster"] == "lc" and data["target"] == "worker-0"
     (death,) = data["deaths"]
     assert set(death["memory"]) == MEMORY_KEYS and death["memory"]["samples"] and death["executing"] == [key]
     # a task key finds the same death; a name nobody has is an error naming what to give
-    code, out, _ = run(capsys, "why", key, "lc", "--json")
+    code, out, _ = run_cli(capsys, "why", key, "lc", "--json")
     assert code == 0 and [d["id"] for d in json.loads(out)["deaths"]] == [death["id"]]
-    code, out, err = run(capsys, "why", "worker-9", "lc", "--json")
+    code, out, err = run_cli(capsys, "why", "worker-9", "lc", "--json")
     assert code == 1 and out == "" and "no worker death in cluster 'lc' matches 'worker-9'" in err
     assert "a worker name or address, a job id or a task key" in err
     # all deaths, no chart but a pointer to it
-    code, out, _ = run(capsys, "why", "lc")
+    code, out, _ = run_cli(capsys, "why", "lc")
     assert code == 0 and "memory of" not in out and "`hpc-cluster why WORKER lc` charts" in out
 
 
@@ -172,7 +172,7 @@ def test_status_json_has_the_documented_keys_and_deaths_with_memory(memory_death
     table = {"jobs": [], "target": 0, "halted": None, "renewals": 0, "queue_wait": None, "errors": [],
              "adaptive": None, "batch_calls": {"squeue": 3}, "pools": {"default": {"target": 0, "jobs": []}}}
     monkeypatch.setattr(cli_cluster, "_jobs", lambda *a, **k: table)
-    code, out, err = run(capsys, "status", "lc", "--json")
+    code, out, err = run_cli(capsys, "status", "lc", "--json")
     assert code == 0, err
     data = json.loads(out)
     assert set(data) == documented_keys("status")
@@ -182,10 +182,10 @@ def test_status_json_has_the_documented_keys_and_deaths_with_memory(memory_death
 
 def test_list_json_has_the_documented_keys(memory_death, isolated_home, capsys):
     cluster, _, _, _ = memory_death
-    code, out, _ = run(capsys, "list", "--json")
+    code, out, _ = run_cli(capsys, "list", "--json")
     assert code == 3 and json.loads(out) == {"clusters": []}      # none: still JSON, and exit 3
     local_cluster_file(cluster, "lc")
-    code, out, err = run(capsys, "list", "--json")
+    code, out, err = run_cli(capsys, "list", "--json")
     assert code == 0, err
     data = json.loads(out)
     assert set(data) == documented_keys("list")
@@ -194,7 +194,7 @@ def test_list_json_has_the_documented_keys(memory_death, isolated_home, capsys):
     # our LocalCluster is alive but has no daemon to answer for its jobs
     assert entry["name"] == "lc" and entry["state"] == "running" and entry["pid"] == os.getpid()
     assert entry["answering"] is False and entry["jobs"] is None and entry["left_jobs"] is None
-    code, out, _ = run(capsys, "list")
+    code, out, _ = run_cli(capsys, "list")
     assert code == 0 and "lc" in out and "not answering" in out
 
 
@@ -212,7 +212,7 @@ def test_on_a_batch_cluster_status_list_and_why_json_are_the_daemons_and_carry_t
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=120)
-            future = client.submit(grow, 16 * MiB, 0.1, 60, pure=False)
+            future = client.submit(grow_in_steps, 16 * MiB, 0.1, 60, pure=False)
             wait_until(future.done, 90, "the nanny to stop the worker")
             death = wait_until(lambda: next((d for d in client.deaths() if d["memory"]["batch_limit"]), None), 60,
                                "the accounting's memory request")
@@ -220,18 +220,18 @@ def test_on_a_batch_cluster_status_list_and_why_json_are_the_daemons_and_carry_t
         assert death["cause"] == "memory-nanny" and death["memory"]["batch_limit"] == 954 * MiB
         limit = death["memory"]["memory_limit"]
         assert abs(limit - 400_000_000) < 1000 and death["memory"]["terminate_at"] == int(limit * 0.95)
-        code, out, err = run(capsys, "status", name, "--json")
+        code, out, err = run_cli(capsys, "status", name, "--json")
         assert code == 0, err
         status = json.loads(out)
         assert set(status) == documented_keys("status")
         assert set(status["jobs"][0]) == documented_keys("status", table=1)
         assert status["name"] == name and status["batch"] == "pbs" and status["jobs"][0]["state"] == "running"
         assert status["deaths"][0]["memory"]["samples"] and status["deaths"][0]["memory"]["batch_limit"] == 954 * MiB
-        code, out, err = run(capsys, "list", "--json")
+        code, out, err = run_cli(capsys, "list", "--json")
         assert code == 0, err
         (entry,) = json.loads(out)["clusters"]
         assert entry["name"] == name and entry["answering"] is True and entry["jobs"] == {"running": 1, "pending": 0}
-        code, out, err = run(capsys, "why", death["name"], name)
+        code, out, err = run_cli(capsys, "why", death["name"], name)
         assert code == 0, err
         chart = out[out.index(f"memory of {death['name']}: peak "):].splitlines()
         assert "batch limit 954 MiB" in chart[0] and any("~ batch limit 954 MiB" in line for line in chart[1:11])

@@ -12,29 +12,12 @@ import pytest
 
 from hpc_cluster import CancelledError, Client, Future, LocalCluster, TimeoutError, as_completed, wait
 from hpc_cluster.protocol.serialize import SerializationError, loads
+from helpers.funcs import add, inc, slow_inc, total
 from helpers.wait import wait_for_file, wait_until
-
-
-def inc(x):
-    return x + 1
-
-
-def add(a, b):
-    return a + b
-
-
-def slow_inc(x, delay=0.2):
-    import time
-    time.sleep(delay)
-    return x + 1
 
 
 def boom(x):
     raise ZeroDivisionError(f"bad input {x}")
-
-
-def total(items):
-    return sum(items)
 
 
 def test_submit_result_and_status(client):

@@ -84,7 +84,7 @@ def shared(tmp_path_factory):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def where() -> int:
+def process_id() -> int:
     return os.getpid()
 
 
@@ -162,27 +162,27 @@ def test_retries_from_compute_and_from_dask_annotate_are_honoured(client, shared
 
 def test_resources_annotation_is_honoured_and_workers_is_refused(client, caplog):
     with dask.annotate(resources={"GPU": 1}):
-        future = client.compute(dask.delayed(where)())
+        future = client.compute(dask.delayed(process_id)())
     time.sleep(1.0)
     assert future.status == "pending"                       # no worker has a GPU: it waits
     future.cancel()
     with pytest.raises(UnsupportedGraph, match="does not pin tasks to named workers.*resources="):
-        dask.delayed(where)().compute(workers=["tcp://127.0.0.1:1"])
+        dask.delayed(process_id)().compute(workers=["tcp://127.0.0.1:1"])
     with pytest.warns(UserWarning, match=r"num_workers.*only mean something to dask's local schedulers"):
-        assert dask.delayed(where)().compute(num_workers=4) != os.getpid()
+        assert dask.delayed(process_id)().compute(num_workers=4) != os.getpid()
     # x.compute(...) hands every keyword to the scheduler: one it does not know is ignored (as
     # dask's schedulers and distributed's do) and logged; our own compute() refuses it.
     with caplog.at_level(logging.WARNING, logger="hpc_cluster.client"):
-        assert dask.delayed(where)().compute(bogus=1) != os.getpid()
+        assert dask.delayed(process_id)().compute(bogus=1) != os.getpid()
     assert "ignored keyword arguments ['bogus']" in caplog.text
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
-        client.compute(dask.delayed(where)(), bogus=1)
+        client.compute(dask.delayed(process_id)(), bogus=1)
 
 
 # -- 1: the default scheduler ----------------------------------------------------------------
 
 def test_the_client_is_dasks_default_and_closing_restores_what_was(cluster):
-    task = dask.delayed(where)()
+    task = dask.delayed(process_id)()
     assert task.compute() == os.getpid()                     # no client: dask's local threads
     with Client(cluster) as first:
         assert task.compute() != os.getpid()                 # on a worker

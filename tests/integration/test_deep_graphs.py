@@ -10,6 +10,7 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.funcs import inc
 from helpers.wait import wait_for_file, wait_until
 
 F, A = Opaque(b"f"), Opaque(b"a")
@@ -76,10 +77,6 @@ def test_an_error_at_the_root_of_a_deep_chain_reaches_its_end_and_is_released():
     assert s.tasks == {}
 
 
-def _inc(x):
-    return x + 1
-
-
 def _counts(client):
     return client._lt.run(client._request({"op": "counts"}))
 
@@ -93,7 +90,7 @@ def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_p
                 try:
                     f = c.submit(wait_for_file, str(gate))
                     for _ in range(DEPTH):
-                        f = c.submit(_inc, f)
+                        f = c.submit(inc, f)
                     wait_until(lambda: sum(_counts(watcher).values()) == DEPTH + 1, 30,
                                "the scheduler to hold the whole chain")
                 finally:
@@ -102,7 +99,7 @@ def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_p
                 wait_until(lambda: _counts(watcher) == {}, 20, "the chain to be forgotten")
                 # ...and the scheduler still serves: a new task runs.
                 gate.touch()
-                assert watcher.submit(_inc, 1).result(timeout=20) == 2
+                assert watcher.submit(inc, 1).result(timeout=20) == 2
         finally:
             gate.touch()
 
@@ -154,7 +151,7 @@ def _deep(n):
 
 def test_futures_nested_deeper_than_pickle_recurses_travel_both_ways(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster, Client(cluster) as c:
-        f = c.submit(_inc, 1)
+        f = c.submit(inc, 1)
         nested = [f]
         for _ in range(DEPTH):
             nested = [nested, f]
@@ -201,7 +198,7 @@ def test_a_lost_result_at_the_end_of_a_deep_chain_is_recomputed_from_its_whole_l
 def test_a_deep_dask_graph_converts_to_tasks_in_order():
     from hpc_cluster.client.graph import graph_tasks
     deep = 5000
-    graph = {"x0": 0, **{f"x{i}": (_inc, f"x{i - 1}") for i in range(1, deep)}}
+    graph = {"x0": 0, **{f"x{i}": (inc, f"x{i - 1}") for i in range(1, deep)}}
     specs, wire = graph_tasks(graph, lambda f: b"func")
     assert [s["key"] for s in specs] == [f"x{i}" for i in range(deep)]      # dask.order: the chain's order
     assert all(s["deps"] == ([f"x{i - 1}"] if i else []) for i, s in enumerate(specs))

@@ -10,41 +10,16 @@ import psutil
 import pytest
 
 from hpc_cluster import CancelledError, Client, KilledWorker, LocalCluster, LostDataError
+from helpers.funcs import add, hog, inc, segfault, slow
 from helpers.wait import wait_until
-
-
-def inc(x):
-    return x + 1
-
-
-def add(a, b):
-    return a + b
-
-
-def slow(x, delay=1.0):
-    time.sleep(delay)
-    return x
 
 
 def slow_plus(x, y, delay=1.0):
     return slow(x + y, delay)
 
 
-def segfault(x):
-    import ctypes
-    ctypes.string_at(0)
-
-
 def exit_one(x):
     os._exit(1)
-
-
-def hog(nbytes):
-    block = bytearray(nbytes)           # touched pages: real RSS
-    for i in range(0, nbytes, 4096):
-        block[i] = 1
-    time.sleep(30)
-    return len(block)
 
 
 def worker_pids(client) -> dict[str, int]:
@@ -89,7 +64,7 @@ def test_nanny_memory_kill_is_reported_and_blamed():
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="400MB",
                       allowed_failures=0) as cluster, Client(cluster) as c:
         with pytest.raises(KilledWorker) as info:
-            c.submit(hog, 600 * 2**20).result(60)
+            c.submit(hog, 600 * 2**20, hold=30).result(60)
         assert info.value.cause == "memory-nanny"
         assert "over its budget" in str(info.value)
         wait_until(lambda: "Worker exceeded 95% memory budget. Restarting" in cluster.logs()["worker-0"],

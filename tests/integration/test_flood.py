@@ -17,6 +17,7 @@ import pytest
 
 from hpc_cluster import Client
 from hpc_cluster.protocol.clusterfile import new_secret
+from helpers.funcs import inc
 from helpers.wait import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sets rlimits")
@@ -61,10 +62,6 @@ while time.monotonic() - start < seconds:
         held.popleft().close()
 print(opened, flush=True)
 """
-
-
-def inc(x):
-    return x + 1
 
 
 def _served_during(flood, address, secret, rounds: int) -> list[float]:

@@ -15,11 +15,8 @@ import pytest
 
 from hpc_cluster import Client, HPCClusterError, LocalCluster, TimeoutError, wait
 from hpc_cluster.protocol.frames import Limits
+from helpers.funcs import inc
 from helpers.wait import wait_until
-
-
-def inc(x):
-    return x + 1
 
 
 def make_lock():

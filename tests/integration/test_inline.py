@@ -11,13 +11,10 @@ import pytest
 
 from hpc_cluster import Client, KilledWorker, LocalCluster, worker_client
 from hpc_cluster.worker.inline import INLINE_AFTER, INLINE_BAN, INLINE_BELOW, InlineMixin, inline_allowed
+from helpers.funcs import inc
 
 
-def inc(x):
-    return x + 1
-
-
-def where(x):
+def thread_name(x):
     return threading.current_thread().name
 
 
@@ -66,7 +63,7 @@ def cluster():
 
 def test_a_tiny_function_runs_on_the_loop_after_its_quick_runs_on_threads(cluster):
     with Client(cluster) as c:
-        names = one_by_one(c, where, range(40))
+        names = one_by_one(c, thread_name, range(40))
     assert all(n.startswith("hpc-task") for n in names[:INLINE_AFTER]), names
     assert "MainThread" in names[INLINE_AFTER:], names
 
@@ -110,7 +107,7 @@ def test_a_crash_on_the_loop_is_charged_to_that_task_alone():
 def test_the_environment_can_keep_every_task_on_threads(monkeypatch):
     monkeypatch.setenv("HPC_CLUSTER_INLINE_TASKS", "0")
     with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as c:
-        names = one_by_one(c, where, range(INLINE_AFTER + 12))
+        names = one_by_one(c, thread_name, range(INLINE_AFTER + 12))
     assert all(n.startswith("hpc-task") for n in names), names
     assert inline_allowed({}) and inline_allowed({"HPC_CLUSTER_INLINE_TASKS": "1"})
     assert not inline_allowed({"HPC_CLUSTER_INLINE_TASKS": " Off"})

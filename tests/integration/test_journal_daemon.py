@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
@@ -23,10 +24,6 @@ from hpc_cluster.protocol.clusterfile import journal_for as journal_path  # noqa
 from hpc_cluster.deploy.launch import control, launch  # noqa: E402
 from hpc_cluster.scheduler.journal import load  # noqa: E402
 import pbssim  # noqa: E402
-
-
-def _inc(x):
-    return x + 1
 
 
 def _fail(x):
@@ -63,7 +60,7 @@ def test_a_killed_daemon_leaves_a_journal_a_new_daemon_rebuilds_from(sim, tmp_pa
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=120)
-            x = client.submit(_inc, 1, key="x")
+            x = client.submit(inc, 1, key="x")
             bad = client.submit(_fail, 2, key="bad")
             slow = client.submit(_sleep, 3, key="slow")
             z = client.submit(_add, x, slow, key="z")
@@ -128,7 +125,7 @@ def test_a_local_cluster_keeps_a_journal_on_request_and_removes_it_when_closed(t
     with LocalCluster(n_workers=1, threads_per_worker=1, journal=True, log_directory=str(tmp_path / "logs")) as c:
         path = c.journal_path
         with Client(c) as client:
-            one = client.submit(_inc, 1, key="one")
+            one = client.submit(inc, 1, key="one")
             assert one.result(timeout=60) == 2
             wait_until(lambda: _journal_says(path, {"one": "m"}), 30, "the journal to hold the result")
             assert load(path).status["one"][3] == ["worker-0"]          # by the worker's name
@@ -157,7 +154,7 @@ def test_a_pbscluster_daemon_that_dies_is_restarted_once_and_its_worker_and_clie
             wait_until(lambda: cluster._proc is not first and cluster._proc.poll() is None, 60,
                        "the keeper to start the daemon again")
             assert slow.result(timeout=120) is None            # through the restart, nothing resubmitted by hand
-            assert client.submit(_inc, 41).result(timeout=60) == 42
+            assert client.submit(inc, 41).result(timeout=60) == 42
             assert set(cluster.jobs) == jobs_before            # the same job, adopted
             assert cluster._keeper.restarts == 1
             second = cluster._proc

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.funcs import double
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LocalCluster  # noqa: E402
@@ -20,10 +21,6 @@ from hpc_cluster import Client, LocalCluster  # noqa: E402
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-def _double(x):
-    return 2 * x
 
 
 def test_second_cluster_reusing_a_log_directory_starts(tmp_path):
@@ -37,7 +34,7 @@ def test_second_cluster_reusing_a_log_directory_starts(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, log_directory=str(logs)) as second, \
             Client(second) as c:
         assert second.scheduler_address != first_address
-        assert c.submit(_double, 21).result(timeout=30) == 42
+        assert c.submit(double, 21).result(timeout=30) == 42
     # The first run's log is still there (appended to, never truncated).
     log = (logs / "scheduler.log").read_text()
     assert log.startswith(first_log) and len(log) > len(first_log)
@@ -52,7 +49,7 @@ def test_log_directory_of_a_running_cluster_is_refused_and_that_cluster_is_untou
             LocalCluster(n_workers=1, threads_per_worker=1, log_directory=str(logs))
         assert (logs / "scheduler.address").read_text() == address
         assert len(c.scheduler_info()["workers"]) == 1
-        assert c.submit(_double, 4).result(timeout=30) == 8
+        assert c.submit(double, 4).result(timeout=30) == 8
 
 
 def test_log_directory_is_refused_while_an_orphaned_scheduler_runs_there(tmp_path):
@@ -78,7 +75,7 @@ def test_log_directory_is_refused_while_an_orphaned_scheduler_runs_there(tmp_pat
         sched_pid = None
         # Now everything there is stale: a new cluster starts.
         with LocalCluster(n_workers=1, threads_per_worker=1, log_directory=str(logs)) as again, Client(again) as c:
-            assert c.submit(_double, 1).result(timeout=30) == 2
+            assert c.submit(double, 1).result(timeout=30) == 2
     finally:
         if owner.poll() is None:
             # Its processes first: this test must leave none behind, even when it fails early.
@@ -109,7 +106,7 @@ def _env_and_inner_client(x):
 
     from hpc_cluster import get_client
     env = subprocess.run(["env"], capture_output=True, text=True, check=True).stdout
-    inner = get_client().submit(_double, x).result(timeout=30)     # the worker still knows the secret
+    inner = get_client().submit(double, x).result(timeout=30)     # the worker still knows the secret
     return env, inner
 
 

@@ -12,7 +12,7 @@ from helpers.wait import wait_until
 N = 30
 
 
-def where(x):
+def slow_pid(x):
     time.sleep(0.3)            # long enough that no worker takes a second one before all took one
     return os.getpid()
 
@@ -27,7 +27,7 @@ def test_thirty_light_workers_all_run_tasks_and_the_scheduler_answers_a_client()
         assert len(pids) == N
         # Tasks without inputs go one per free thread (root-task queuing): the first N land on
         # N different workers; the rest follow as threads free up.
-        got = client.gather(client.map(where, range(2 * N)))
+        got = client.gather(client.map(slow_pid, range(2 * N)))
         assert set(got) == pids
         assert client.submit(sum, [1, 2, 3]).result(timeout=60) == 6      # and it still answers
         # 30 workers beat every second, not every 0.5 s (scheduler/server.py heartbeat_interval):

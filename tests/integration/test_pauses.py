@@ -13,16 +13,8 @@ import psutil
 
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.clusterfile import SECRET_ENV, new_secret
+from helpers.funcs import inc, slow
 from helpers.wait import wait_until
-
-
-def slow(x, delay=1.0):
-    time.sleep(delay)
-    return x
-
-
-def inc(x):
-    return x + 1
 
 
 def paused(pid: int, seconds: float) -> None:

@@ -91,7 +91,7 @@ def test_dask_annotations_and_compute_keywords_carry_every_need_to_the_wire():
         graph_tasks(plain, lambda f: b"f", {"memory": "lots"})
 
 
-def hog(nbytes):
+def hog_where(nbytes):
     block = bytearray(nbytes)           # touched pages: real RSS
     for i in range(0, nbytes, 4096):
         block[i] = 1
@@ -154,7 +154,7 @@ def test_a_task_its_nanny_ended_for_memory_finishes_on_a_worker_of_the_bigger_po
     try:
         with Client(s.address, secret=s.secret) as client:
             client.wait_for_workers(1, timeout=60)
-            future = client.submit(hog, 400 * 2**20, pure=False)
+            future = client.submit(hog_where, 400 * 2**20, pure=False)
             # Its nanny ends the 300 MB worker; the verdict moves the task, and the big pool is
             # asked for a worker (no job manager here: the test starts it).
             wait_until(lambda: s.call(state.pool_demand)["bigmem"] == 1, timeout=60, what="demand for bigmem")

@@ -18,11 +18,8 @@ from hpc_cluster.protocol.comm import MAGIC, AuthenticationError, CommClosedErro
 from hpc_cluster.protocol.frames import (CONTINUED, Limits, Opaque, ProtocolError, check_count, check_lengths, dumps,
                                          loads)
 from hpc_cluster.protocol.versions import get_versions
+from helpers.funcs import inc
 from helpers.wait import wait_until
-
-
-def inc(x):
-    return x + 1
 
 
 # -- frames (pure) ---------------------------------------------------------------------

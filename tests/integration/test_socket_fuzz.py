@@ -26,15 +26,12 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.comm import MAGIC, parse_address
 from hpc_cluster.protocol.frames import Opaque, dumps
 from hpc_cluster.protocol.versions import get_versions
+from helpers.funcs import inc
 from helpers.wait import wait_until
 
 BATCHES, PER_BATCH, BUDGET = 12, 25, 40.0
 _SEED = os.environ.get("HPC_FUZZ_SEED", "251113542")
 SEED = random.SystemRandom().randrange(1, 2**31) if _SEED == "random" else int(_SEED)
-
-
-def inc(x):
-    return x + 1
 
 
 def _wire(obj) -> bytes:

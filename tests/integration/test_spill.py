@@ -16,6 +16,7 @@ from hpc_cluster.protocol import serialize
 from hpc_cluster.worker.memory import MemoryManager
 from hpc_cluster.worker.store import MemoryFractions, SpillStore, read_parts
 from helpers.wait import wait_for_file, wait_until
+from helpers.funcs import grow
 
 MB = 10**6
 MiB = 2**20
@@ -232,7 +233,7 @@ def make(i: int, nbytes: int) -> np.ndarray:
     return np.full(nbytes // 8, float(i))
 
 
-def total(x: np.ndarray) -> float:
+def array_total(x: np.ndarray) -> float:
     return float(x.sum())
 
 
@@ -272,7 +273,7 @@ def test_persisting_more_than_the_workers_memory_finishes_with_spilling(tmp_path
         wait_until(lambda: files_and_count()[0] == files_and_count()[1] > 0, 10,
                    "as many spill files as spilled results reported")
         # Values read back (by tasks, from disk where they were spilled) are right.
-        sums = client.gather(client.map(total, futures))
+        sums = client.gather(client.map(array_total, futures))
         assert sums == [float(i) * (size // 8) for i in range(n)]
         # ... and so are the arrays a client gets, served straight from the files.
         some = client.gather(futures[:5])
@@ -361,14 +362,6 @@ def fill_and_hold(i: int, nbytes: int) -> bytes:
     return data
 
 
-def grow(nbytes: int) -> int:
-    held, step = [], 8 * MiB
-    while len(held) * step < nbytes:
-        held.append(b"x" * step)
-        time.sleep(0.01)
-    return len(held)
-
-
 def test_a_memory_death_from_held_results_is_not_charged_to_the_running_task():
     # Spilling and pausing off: 30 MB results pile up until the nanny stops the worker while a
     # 30 MB task runs. The task did not cause it; the worker's stored results did.
@@ -391,7 +384,7 @@ def test_a_memory_death_from_held_results_is_not_charged_to_the_running_task():
 def test_a_memory_death_from_the_task_itself_is_charged_with_the_amount():
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="300MB", allowed_failures=0) as cluster, \
             Client(cluster) as client:
-        hog = client.submit(grow, 1000 * MB, key="hog")
+        hog = client.submit(grow, 1000 * MB, pause=0.01, key="hog")
         with pytest.raises(TaskMemoryError) as info:
             hog.result(timeout=60)
         err = info.value

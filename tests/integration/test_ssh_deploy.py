@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import helpers.sshd as private_sshd  # noqa: E402
+from helpers.funcs import double
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
@@ -100,10 +101,6 @@ def squeue_ids() -> set[str]:
     return set(out.stdout.split())
 
 
-def _double(x):
-    return 2 * x
-
-
 # -- pure ------------------------------------------------------------------------------
 
 def test_login_node_paths():
@@ -175,7 +172,7 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
             client.wait_for_workers(2, timeout=180)
             job_ids = sorted(cluster.jobs)
             assert len(job_ids) == 2 and set(job_ids) <= squeue_ids()
-            assert client.gather(client.map(_double, range(10))) == [2 * x for x in range(10)]
+            assert client.gather(client.map(double, range(10))) == [2 * x for x in range(10)]
         # Two logins: launch() preparing the login node, and the daemon's one connection.
         wait_until(lambda: login.accepted() >= logins_before + 2, 10, "sshd to log both logins")
         assert login.accepted() == logins_before + 2

@@ -10,7 +10,7 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError
 from hpc_cluster.scheduler.state import SchedulerState
-from helpers import aio, capture
+from helpers import aio, capture, funcs
 from helpers.cli import run_cli
 from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
 from helpers.tasks import computes, sent, task
@@ -112,3 +112,15 @@ def test_the_capture_scripts_save_verbatim_and_say_so_unless_told(tmp_path, caps
     assert capsys.readouterr().out == "  wrote a.txt (2 lines)\n"
     done = capture.command(["sh", "-c", "cat; echo err >&2; exit 3"], input="in")
     assert (done.returncode, done.stdout, done.stderr) == (3, "in", "err\n")
+
+
+def _finds_the_helpers_package():
+    import importlib.util
+    return importlib.util.find_spec("helpers") is not None
+
+
+def test_the_task_functions_travel_by_value_to_workers_that_cannot_import_them(client):
+    # The workers' sys.path lacks tests/: helpers/funcs.py's functions reach them by value.
+    assert client.submit(_finds_the_helpers_package).result(30) is False
+    assert client.submit(funcs.inc, 1).result(30) == 2 and client.submit(funcs.add, 2, 3).result(30) == 5
+    assert client.submit(funcs.grow, 3 << 20, chunk=1 << 20, pause=0).result(30) == 3 << 20

@@ -39,9 +39,6 @@ def allowed(name: str) -> bool:
 
 # Duplicates still to remove (issue 30): remove a name from here when its copies are one.
 NOT_YET = {
-    # task functions the integration and batch tests submit: one tests/helpers/funcs.py
-    "inc", "_inc", "add", "square", "_square", "_double", "slow", "sleep_then", "segfault", "total",
-    "where", "grow", "hog",
     # asking a running cluster: one helper each
     "_counts", "worker_pids", "squeue_ids", "_recv_message", "_frames", "_mode",
     # readers of captured fixtures (one per batch system's folder), script checks

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import lsfsim  # noqa: E402
-from helpers.sims import final_death, grow, sleep_then, square, stop_simulator, use_simulator  # noqa: E402
+from helpers.funcs import grow, sleep_then, square  # noqa: E402
+from helpers.sims import final_death, stop_simulator, use_simulator  # noqa: E402
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LSFCluster  # noqa: E402

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 
+from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
@@ -23,10 +24,6 @@ def qstat_finished(home: Path, job_ids) -> dict[str, str]:
     out = subprocess.run(["qstat", "-x", "-f", "-F", "json", *job_ids], capture_output=True, text=True,
                          check=True).stdout
     return {jid: j["job_state"] for jid, j in json.loads(out, strict=False)["Jobs"].items()}
-
-
-def _inc(x):
-    return x + 1
 
 
 def test_pbs_cluster_scale_compute_close(sim, tmp_path):
@@ -50,7 +47,7 @@ def test_pbs_cluster_scale_compute_close(sim, tmp_path):
             names = {n for r in jobs.values() for n in r["worker_names"]}
             assert names == {"PBSCluster-0", "PBSCluster-1"}
             assert {r["index"] for r in jobs.values()} == {0, 1}
-            assert client.gather(client.map(_inc, range(20))) == list(range(1, 21))
+            assert client.gather(client.map(inc, range(20))) == list(range(1, 21))
             assert live_pids(str(sim))                                          # jobs really run here
     finally:
         cluster.close()
@@ -84,7 +81,7 @@ def test_n_workers_starts_whole_jobs_and_scale_counts_jobs(sim, tmp_path):
                 live = [j for j, r in cluster.jobs.items() if r["state"] in ("pending", "running")]
                 return len(live) == 1 and len(client.scheduler_info()["workers"]) == 2 and live
             (kept,) = wait_until(one_job_two_workers, 60, "scale(jobs=1) to leave one job of two workers")
-            assert client.submit(_inc, 1).result(timeout=60) == 2
+            assert client.submit(inc, 1).result(timeout=60) == 2
             cluster.scale(3)                                   # workers: rounded up to 2 jobs
             wait_until(lambda: len(client.scheduler_info()["workers"]) == 4, 120, "4 workers again")
             job_ids = sorted(cluster.jobs)

@@ -12,7 +12,6 @@ on conditions, with timeouts.
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import cloudpickle
 import pytest
 
 from hpc_cluster import Client, SGECluster
+from helpers.funcs import grow, segfault, sleep_then, square
 from helpers.wait import wait_until
 
 pytestmark = [pytest.mark.sge, pytest.mark.timeout(600)]
@@ -31,34 +31,12 @@ VERDICT_TIMEOUT = 120
 
 
 # -- tasks --------------------------------------------------------------------------------------
-def square(x):
-    return x * x
-
-
-def sleep_then(value, seconds):
-    time.sleep(seconds)
-    return value
-
-
-def grow(limit_bytes, chunk=4 << 20, pause=0.05):
-    """Take memory a few MiB at a time up to `limit_bytes`, in the worker's own process."""
-    held = []
-    while len(held) * chunk < limit_bytes:
-        held.append(b"x" * chunk)
-        time.sleep(pause)
-    return len(held) * chunk
-
-
 def children_hog(mb, n=2):
     """What a task that runs tools does: `n` child processes of `mb` MB each, held 30 s."""
     import subprocess
     code = f"import time\nb = []\nfor i in range({mb} // 4):\n    b.append(bytearray(4 << 20)); time.sleep(0.02)\ntime.sleep(30)"
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
     return [p.wait() for p in procs]
-
-
-def segfault():
-    ctypes.string_at(0)
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -176,7 +154,7 @@ def test_h_vmem_inside_the_worker_fails_the_allocation_not_the_job(gridengine, i
     end a job for memory the worker itself takes (docs/sge.md)."""
     with deployed(isolated_home, f"vmem-own-{'n' if nanny else 'b'}", nanny=nanny, memory="3GB",
                   resource_spec="h_vmem=800M") as run:
-        hog = run.client.submit(grow, 1500 << 20, key="hog-1500MB")
+        hog = run.client.submit(grow, 1500 << 20, chunk=4 << 20, pause=0.05, key="hog-1500MB")
         err = hog.exception(timeout=VERDICT_TIMEOUT)
         assert isinstance(err, MemoryError), repr(err)
         assert run.client.submit(square, 7).result(timeout=60) == 49          # the same worker, alive

@@ -10,7 +10,6 @@ are the kernel's, SLURM's or ours from outside, as they would be on a production
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from hpc_cluster.deploy.cluster import SLURMCluster
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from slurm_jobs import job_pids, restore_node, wait_for  # noqa: E402
+from helpers.funcs import grow, segfault, sleep_then, slow_inc, slow_square  # noqa: E402
 
 # The task functions below travel by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -38,36 +38,8 @@ VERDICT_TIMEOUT = 180        # the evidence collector stops asking after ~90 s; 
 
 # ---------------------------------------------------------------------------- tasks
 
-def slow_square(x, seconds=2.0):
-    time.sleep(seconds)
-    return x * x
-
-
-def inc(x):
-    time.sleep(0.1)
-    return x + 1
-
-
-def grow(limit_bytes, chunk=4 << 20, pause=0.02):
-    """Take memory a few MiB at a time (so samplers see it rise) until `limit_bytes`."""
-    held = []
-    while len(held) * chunk < limit_bytes:
-        held.append(b"x" * chunk)
-        time.sleep(pause)
-    return len(held) * chunk
-
-
-def segfault():
-    ctypes.string_at(0)
-
-
 def hard_exit(code=1):
     os._exit(code)
-
-
-def sleep_then(value, seconds):
-    time.sleep(seconds)
-    return value
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -202,8 +174,8 @@ def batch_oom(nanny: bool, log_dir: Path) -> dict:
     # at its cgroup's, and the nanny would stop the worker at 95% of that.)
     extra = {"memory_terminate_fraction": False} if nanny else {}
     with deployed("batch-oom", nanny, log_dir, jobs=1, allowed_failures=0, **extra) as run:
-        hog = run.client.submit(grow, 1 << 30, key="hog-1GB")
-        normal = run.client.map(inc, range(20))
+        hog = run.client.submit(grow, 1 << 30, chunk=4 << 20, key="hog-1GB")
+        normal = run.client.map(slow_inc, range(20), delay=0.1)
         run.outcome["error"] = capture(hog)
         run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
         run.record(run.death(lambda d: "hog-1GB" in d["executing"]))
@@ -216,8 +188,8 @@ def nanny_memory(nanny: bool, log_dir: Path) -> dict:
     """The nanny's budget (300 MB) is below the job's 1 GB: the nanny stops the worker."""
     with deployed("nanny-memory", nanny, log_dir, jobs=1, memory="1GB", memory_limit="300MB",
                   allowed_failures=0) as run:
-        hog = run.client.submit(grow, 800 * MB, key="hog-800MB")
-        normal = run.client.map(inc, range(20))
+        hog = run.client.submit(grow, 800 * MB, chunk=4 << 20, key="hog-800MB")
+        normal = run.client.map(slow_inc, range(20), delay=0.1)
         run.outcome["error"] = capture(hog)
         run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
         run.record(run.death(lambda d: "hog-800MB" in d["executing"]))
@@ -228,7 +200,7 @@ def nanny_memory(nanny: bool, log_dir: Path) -> dict:
 def _crash(name: str, func, nanny: bool, log_dir: Path) -> dict:
     with deployed(name, nanny, log_dir, jobs=1, allowed_failures=0) as run:
         bad = run.client.submit(func, key=f"{name}-task")
-        normal = run.client.map(inc, range(20))
+        normal = run.client.map(slow_inc, range(20), delay=0.1)
         run.outcome["error"] = capture(bad)
         run.outcome["wrong"] = wrong_results(normal, [x + 1 for x in range(20)])
         run.record(run.death(lambda d: f"{name}-task" in d["executing"]))
@@ -250,7 +222,7 @@ def _kill_busy_worker(name: str, nanny: bool, log_dir: Path, kill, jobs: int = 2
     with deployed(name, nanny, log_dir, jobs=jobs, **kwargs) as run:
         long = run.client.submit(sleep_then, 42, 10, key=f"{name}-long")
         w = run.worker_of(lambda w: w["executing"] >= 1, what="the long task to start")
-        normal = run.client.map(inc, range(20))
+        normal = run.client.map(slow_inc, range(20), delay=0.1)
         try:
             kill(run, w)
             run.record(run.death(lambda d: d["worker"] == w["address"]))
@@ -334,13 +306,13 @@ def startup(nanny: bool, log_dir: Path) -> dict:
     bad = ({"python": "/nonexistent/python"} if nanny
            else {"job_script_prologue": ["module load does-not-exist/1.0"]})
     with deployed("startup", nanny, log_dir, jobs=0, **bad) as run:
-        waiting = run.client.submit(inc, 1)              # work that no worker will ever run
+        waiting = run.client.submit(slow_inc, 1, delay=0.1)              # work that no worker will ever run
         run.cluster.scale(1)
         table = wait_for(lambda: (t := run.cluster.status_table())["halted"] and t, 240,
                          "the cluster to halt submissions", interval=1)
         # It fails, saying why, instead of waiting forever; so does work submitted now.
         run.outcome["waiting"] = capture_error(waiting, 30)
-        run.outcome["later"] = capture_error(run.client.submit(inc, 2), 30)
+        run.outcome["later"] = capture_error(run.client.submit(slow_inc, 2, delay=0.1), 30)
         try:
             run.client.wait_for_workers(1, timeout=30)
         except Exception as exc:  # the scenario asserts on what it was
@@ -369,7 +341,7 @@ def node_failure(node: str, log_dir: Path) -> list[dict]:
             run = cm.__enter__()
             stack.append(cm)
             long = run.client.submit(sleep_then, 42, 10, key="nf-long")
-            normal = run.client.map(inc, range(20))
+            normal = run.client.map(slow_inc, range(20), delay=0.1)
             w = run.worker_of(lambda w: w["executing"] >= 1, what="the long task to start")
             runs.append((run, long, normal, w))
         job_ids = [str(w["job_id"]) for _, _, _, w in runs]

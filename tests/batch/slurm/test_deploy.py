@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.funcs import square
 from helpers.wait import wait_until  # noqa: E402
 from slurm_jobs import cli, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
@@ -27,10 +28,6 @@ pytestmark = pytest.mark.slurm
 
 SLURM_STATE_NAMES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "CANCELLED",
                      "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "SUSPENDED"}
-
-
-def _square(x):
-    return x * x
 
 
 def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path):
@@ -58,7 +55,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
 
         with Client("t-cli") as client:
             assert len(client.scheduler_info()["workers"]) == 2
-            assert sum(client.gather(client.map(_square, range(50)))) == sum(x * x for x in range(50))
+            assert sum(client.gather(client.map(square, range(50)))) == sum(x * x for x in range(50))
 
         # a worker's memory shows from its first heartbeat on ("32MB of 1GB"; before: "1GB")
         status = wait_until(lambda: (lambda r: r if r.stdout.count(" of 1GB") == 2 else None)(cli("status", "t-cli")),
@@ -135,7 +132,7 @@ def test_slurm_cluster_from_python(slurm_cluster, own_home, tmp_path):
         assert squeue_state(list(seen)) == {jid: "RUNNING" for jid in seen}
 
         with Client(cluster) as client:
-            assert client.submit(sum, client.map(_square, range(10))).result(timeout=60) == 285
+            assert client.submit(sum, client.map(square, range(10))).result(timeout=60) == 285
 
             cluster.scale(1)
 
@@ -145,7 +142,7 @@ def test_slurm_cluster_from_python(slurm_cluster, own_home, tmp_path):
                 return len(finished) == 1 and len(client.scheduler_info()["workers"]) == 1
             wait_until(one_finished_one_worker, 120, "scale(1) to leave one job and one worker",
                        interval=0.2)
-            assert client.submit(_square, 12).result(timeout=60) == 144
+            assert client.submit(square, 12).result(timeout=60) == 144
 
         cluster.adapt(minimum=1, maximum=2)
         assert cluster.status_table()["adaptive"] == [1, 2]
@@ -225,7 +222,7 @@ def test_slurm_cluster_with_security_true_runs_over_tls(slurm_cluster, own_home,
             client.wait_for_workers(1, timeout=180)
             job_ids = list(cluster.jobs)
             assert all(a.startswith("tls://") for a in client.scheduler_info()["workers"])
-            assert client.submit(sum, client.map(_square, range(10))).result(timeout=60) == 285
+            assert client.submit(sum, client.map(square, range(10))).result(timeout=60) == 285
         with pytest.raises(ConnectionError):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), secret=cluster.secret, timeout=10)
     finally:

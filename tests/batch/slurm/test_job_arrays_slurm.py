@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
 from slurm_jobs import squeue_ids  # noqa: E402
 
@@ -24,10 +25,6 @@ from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
 
 pytestmark = pytest.mark.slurm
-
-
-def _inc(x):
-    return x + 1
 
 
 @pytest.fixture
@@ -77,7 +74,7 @@ def test_scale_4_is_one_array_and_each_element_lives_and_dies_alone(slurm_cluste
             assert {p.name for p in logs.glob("*.err")} >= {f"dask-worker-{j}.err" for j in jobs}, \
                 sorted(p.name for p in logs.iterdir())
 
-            assert client.gather(client.map(_inc, range(40))) == list(range(1, 41))
+            assert client.gather(client.map(inc, range(40))) == list(range(1, 41))
 
             # Scale down: two elements retire, each alone; the other two stay.
             cluster.scale(jobs=2)
@@ -114,7 +111,7 @@ def test_scale_4_is_one_array_and_each_element_lives_and_dies_alone(slurm_cluste
             assert survivor_name in names, names
             assert all(n == survivor_name or int(n.rsplit("-", 1)[1]) >= 4 for n in names), names
             assert _jobs(cluster)[survivor]["state"] == "running"
-            assert client.submit(_inc, 1).result(30) == 2
+            assert client.submit(inc, 1).result(30) == 2
         finally:
             seen.update(_jobs(cluster))
     wait_until(lambda: not (seen & squeue_ids()), 60, "the array's elements to leave squeue")

@@ -13,16 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, SLURMCluster  # noqa: E402
 from hpc_cluster.deploy.plan import pool_table  # noqa: E402
 
 pytestmark = pytest.mark.slurm
-
-
-def _inc(x):
-    return x + 1
 
 
 def scontrol(job_id: str) -> dict[str, str]:
@@ -81,7 +78,7 @@ def test_two_pools_submit_their_own_jobs_scale_apart_and_show_grouped(slurm_clus
             assert workers[small_addr]["memory_limit"] == table["default"]["memory"] == 500_002_979  # 476.84MiB
             # The workers registered their pool (--pool), and the scheduler's workers table says so.
             assert workers[big_addr]["pool"] == "big" and workers[small_addr]["pool"] == "default"
-            assert client.gather(client.map(_inc, range(10))) == list(range(1, 11))
+            assert client.gather(client.map(inc, range(10))) == list(range(1, 11))
 
             status = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "status", cluster.id],
                                     capture_output=True, text=True, timeout=120)
@@ -97,7 +94,7 @@ def test_two_pools_submit_their_own_jobs_scale_apart_and_show_grouped(slurm_clus
             cluster.scale(0, pool="big")
             wait_until(lambda: not live(cluster, "big"), 60, "the big pool's job to go")
             assert [j["job_id"] for j in live(cluster, "default")] == [by_pool["default"]]
-            assert client.submit(_inc, 41).result(60) == 42          # the default pool still works
+            assert client.submit(inc, 41).result(60) == 42          # the default pool still works
             table = cluster.status_table()
             assert table["pools"]["big"]["target"] == 0 and table["pools"]["default"]["target"] == 1
     finally:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.funcs import square
 from helpers.wait import wait_until  # noqa: E402
 from slurm_jobs import cli, gather_in_background, squeue_ids  # noqa: E402  (own_home: conftest.py)
 
@@ -77,10 +78,6 @@ def _cleanup(name: str, cluster_file: Path, job_ids: set[str]) -> None:
     wait_until(lambda: not (job_ids & squeue_ids()), 90, "the test's jobs to leave squeue")
 
 
-def _square(x):
-    return x * x
-
-
 def test_up_with_the_scheduler_in_a_job_status_why_down(slurm_cluster, own_home, tmp_path):
     name = "t-sj-up"
     site = _site(tmp_path, name)
@@ -98,7 +95,7 @@ def test_up_with_the_scheduler_in_a_job_status_why_down(slurm_cluster, own_home,
         assert info["pid"] != os.getpid()
 
         with Client(name) as client:
-            assert client.gather(client.map(_square, range(10))) == [i * i for i in range(10)]
+            assert client.gather(client.map(square, range(10))) == [i * i for i in range(10)]
 
         status = cli("status", name)
         assert status.returncode == 0, status.stdout + status.stderr
@@ -180,7 +177,7 @@ def test_a_killed_scheduler_job_is_resumed_by_up_and_a_silent_one_is_cancelled_b
         up, workers = _up(site, name, ours)
         first = json.loads(cluster_file.read_text())["scheduler_job"]
         with Client(name) as client:
-            x = client.submit(_square, 7)
+            x = client.submit(square, 7)
             assert x.result(timeout=60) == 49
         # The scheduler job's daemon dies without a word (SIGKILL; here its node is ours): the job
         # ends, the cluster is stopped, not gone.
@@ -194,7 +191,7 @@ def test_a_killed_scheduler_job_is_resumed_by_up_and_a_silent_one_is_cancelled_b
         second = json.loads(cluster_file.read_text())["scheduler_job"]
         assert second != first
         with Client(name) as client:
-            assert client.submit(_square, 8).result(timeout=120) == 64
+            assert client.submit(square, 8).result(timeout=120) == 64
         named = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
                                check=True).stdout.split()
         assert set(named) == workers                  # the worker job adopted, none submitted

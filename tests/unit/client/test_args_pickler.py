@@ -11,10 +11,7 @@ import pytest
 
 from hpc_cluster.protocol import serialize
 from hpc_cluster.protocol.serialize import KeyRef, SerializationError
-
-
-def double(x):
-    return 2 * x
+from helpers.funcs import double
 
 
 def _nested_lists(n):

@@ -20,6 +20,7 @@ import dask
 import pytest
 from distributed.security import Security
 
+from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
@@ -99,10 +100,6 @@ def test_renamed_keywords_warn_and_still_reach_the_job(sim):
         cluster.close()
 
 
-def _inc(x):
-    return x + 1
-
-
 def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
     shared = tmp_path / "shared"
     with PBSCluster(cores=2, processes=2, memory="2GB", walltime="00:10:00", name="surf",
@@ -128,7 +125,7 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
             client.wait_for_workers(4, timeout=120)
             names = sorted(w["id"] for w in client.scheduler_info()["workers"].values())
             assert names == ["surf-0-0", "surf-0-1", "surf-1-0", "surf-1-1"]
-            assert client.gather(client.map(_inc, range(10))) == list(range(1, 11))
+            assert client.gather(client.map(inc, range(10))) == list(range(1, 11))
             assert client.dashboard_link == link
             # The job manager's table as of its last poll (as the page reads it): the jobs show
             # running once a poll saw them so, which may be after their workers connected.

@@ -29,7 +29,7 @@ def state(allowed_failures=3, escalate=None, **extra):
     return s
 
 
-def add(s, name, pool="default", nthreads=1, memory_limit=None, now=0, **info):
+def add_worker(s, name, pool="default", nthreads=1, memory_limit=None, now=0, **info):
     memory_limit = memory_limit if memory_limit is not None else (s.pools.get(pool) or {}).get("memory", 0)
     s.add_worker(name, nthreads=nthreads, now=now, memory_limit=memory_limit, info={"pool": pool, **info})
 
@@ -62,8 +62,8 @@ def test_memory_is_reserved_per_running_task_within_the_workers_limit_even_witho
 
 def test_a_named_pool_and_escalation_only_pools_restrict_placement():
     s = state(bigmem=dict(pools()["bigmem"], escalation_only=True))
-    add(s, "d1")
-    add(s, "b1", pool="bigmem")
+    add_worker(s, "d1")
+    add_worker(s, "b1", pool="bigmem")
     s.update_graph("c", [task("plain"), task("named", pool="bigmem")], ["plain", "named"])
     out = s.take_outbox()
     assert computes(out, "b1") == ["named"]              # only moved tasks and those naming it
@@ -110,14 +110,14 @@ def test_a_task_longer_than_every_pool_fails_as_too_long_with_the_pool_to_add():
 
 def test_pool_demand_counts_threads_for_work_only_that_pool_can_run_capped_by_max_jobs():
     s = state(bigmem=dict(pools()["bigmem"], max_jobs=1))
-    add(s, "d1", nthreads=2)
+    add_worker(s, "d1", nthreads=2)
     s.update_graph("c", [task(f"p{i}") for i in range(3)] + [task(f"m{i}", memory=30 * GB) for i in range(5)],
                    [f"p{i}" for i in range(3)] + [f"m{i}" for i in range(5)])
     # 2 tasks of 30 GB per 64 GB, 8-thread worker: each holds 4 threads; 5 of them want 20,
     # but max_jobs=1 gives at most 8. Plain work: the 3 tasks of the default pool's smallest.
     assert s.pool_demand() == {"default": 3, "bigmem": 8}
     # A live worker of another pool that can hold plain tasks: they are nobody's demand.
-    add(s, "b1", pool="bigmem", nthreads=8)
+    add_worker(s, "b1", pool="bigmem", nthreads=8)
     assert s.pool_demand()["default"] == 0
     assert s.pool_demand()["bigmem"] == 8
 
@@ -135,7 +135,7 @@ def test_workload_per_pool_follows_where_the_work_goes():
 # -- retry by cause -----------------------------------------------------------------------------------
 def test_a_memory_death_moves_the_task_to_the_smallest_pool_that_holds_its_peak_times_the_margin():
     s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("hog")], ["hog"])
     s.take_outbox()
     record = run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(3.9 * GiB))
@@ -145,9 +145,9 @@ def test_a_memory_death_moves_the_task_to_the_smallest_pool_that_holds_its_peak_
     assert ts.escalation == "attempt 2 on mid (8 GB) after memory-batch at 3.9 of 4.0 GiB"
     assert record["pool"] == "default" and record["escalation"] == ts.escalation
     assert s.pool_demand() == {"default": 0, "mid": 1, "bigmem": 0}
-    add(s, "d2")
+    add_worker(s, "d2")
     assert computes(s.take_outbox(), "d2") == []         # not back where it would die again
-    add(s, "m1", pool="mid")
+    add_worker(s, "m1", pool="mid")
     assert computes(s.take_outbox(), "m1") == ["hog"]
     attempts = s._attempts(ts)
     assert attempts[0]["pool"] == "default" and attempts[0]["escalation"] == ts.escalation
@@ -156,11 +156,11 @@ def test_a_memory_death_moves_the_task_to_the_smallest_pool_that_holds_its_peak_
 
 def test_the_move_waits_for_the_final_verdict_and_innocent_deaths_retry_in_the_same_pool():
     s = state()
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("t")], ["t"])
     s.take_outbox()
     record = run_and_die(s, "d1", "t", "connection-lost", final=False)
-    add(s, "d2")
+    add_worker(s, "d2")
     assert computes(s.take_outbox(), "d2") == []         # held: the verdict may still move it
     s.refine_death(record["id"], "preempted", False, "preempted", final_at=5)
     assert computes(s.take_outbox(), "d2") == ["t"]      # innocent: same pool, not moved
@@ -173,12 +173,12 @@ def test_the_move_waits_for_the_final_verdict_and_innocent_deaths_retry_in_the_s
 
 def test_with_no_bigger_pool_a_memory_death_counts_and_the_error_says_what_pool_to_add():
     s = state(allowed_failures=1)
-    add(s, "b1", pool="bigmem")
+    add_worker(s, "b1", pool="bigmem")
     s.update_graph("c", [task("hog", pool="bigmem")], ["hog"])
     s.take_outbox()
     run_and_die(s, "b1", "hog", "memory-batch", peak_memory=60 * GB)
     assert s.tasks["hog"].state == "queued"              # charged once of one allowed, as before pools
-    add(s, "b2", pool="bigmem")
+    add_worker(s, "b2", pool="bigmem")
     s.take_outbox()
     run_and_die(s, "b2", "hog", "memory-batch", now=5, peak_memory=63 * GB)
     err = s.tasks["hog"].error
@@ -195,7 +195,7 @@ def test_a_margin_below_one_is_refused():
 
 def test_escalation_off_leaves_memory_deaths_charged_where_they_died():
     s = state(allowed_failures=0, escalate={"memory": False})
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("hog")], ["hog"])
     s.take_outbox()
     run_and_die(s, "d1", "hog", "memory-batch", peak_memory=4 * GiB)
@@ -204,7 +204,7 @@ def test_escalation_off_leaves_memory_deaths_charged_where_they_died():
 
 def test_the_largest_pool_takes_a_task_whose_peak_times_margin_no_pool_holds():
     s = state(allowed_failures=0)
-    add(s, "d1", memory_limit=4 * GiB)
+    add_worker(s, "d1", memory_limit=4 * GiB)
     s.pools["bigmem"]["memory"] = 5 * GB
     s.update_graph("c", [task("hog")], ["hog"])
     s.take_outbox()
@@ -264,7 +264,7 @@ def test_the_nannys_peak_reaches_the_death_record_and_moves_the_task():
 
     s = state(allowed_failures=0)
     col = evidence.EvidenceCollector(s, clock=lambda: 1000.0, flush=lambda: None)
-    add(s, "tcp://w:1", nanny_id="n1")
+    add_worker(s, "tcp://w:1", nanny_id="n1")
     s.update_graph("c", [task("hog")], ["hog"])
     s.task_started("tcp://w:1", "hog", now=999.0)
 
@@ -299,13 +299,13 @@ def test_why_and_the_killed_worker_error_show_each_move():
     from hpc_cluster.client.tools import ClusterToolsMixin
 
     s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("hog")], ["hog"])
     s.take_outbox()
     run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(3.9 * GiB))
-    add(s, "m1", pool="mid")
+    add_worker(s, "m1", pool="mid")
     run_and_die(s, "m1", "hog", "memory-batch", now=5, peak_memory=int(7.5 * GB))
-    add(s, "b1", pool="bigmem")
+    add_worker(s, "b1", pool="bigmem")
     run_and_die(s, "b1", "hog", "memory-batch", now=9, peak_memory=int(63 * GB))
     ts = s.tasks["hog"]
     assert ts.state == "erred"                           # no pool bigger than bigmem: charged, allowed 0
@@ -336,11 +336,11 @@ def test_why_and_the_killed_worker_error_show_each_move():
 def test_with_only_the_default_pool_open_verdicts_hold_nothing_back_as_before_pools():
     s = SchedulerState(prefetch=0)
     s.set_pools({"default": pools()["default"]})
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("t")], ["t"])
     s.take_outbox()
     run_and_die(s, "d1", "t", "connection-lost", final=False)
-    add(s, "d2")
+    add_worker(s, "d2")
     assert computes(s.take_outbox(), "d2") == ["t"]      # no pool to move to: no reason to wait
 
 
@@ -363,7 +363,7 @@ def test_a_cgroup_kill_above_the_sampled_peak_says_it_ended_at_the_limit():
     # kernel between two samples (SLURM, benchmarks/escalation.py: "101 of 286 MiB"). The move
     # is sized from the limit, and says so.
     s = state(allowed_failures=0, mid={"memory": 8 * GB, "walltime": 3600, "nthreads": 1})
-    add(s, "d1")
+    add_worker(s, "d1")
     s.update_graph("c", [task("hog")], ["hog"])
     run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(0.5 * GiB))
     ts = s.tasks["hog"]

@@ -14,20 +14,10 @@ import pytest
 from hpc_cluster import Client, KilledWorker, LocalCluster
 from hpc_cluster.deploy.local.cluster import _child_env
 from hpc_cluster.worker.nanny import cgroup_memory_dir, oom_kills, parse_oom_kills
+from helpers.funcs import hog, inc
 from helpers.wait import wait_until
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
-
-
-def hog(nbytes):
-    block = bytearray(nbytes)
-    for i in range(0, nbytes, 4096):
-        block[i] = 1
-    return len(block)
-
-
-def inc(x):
-    return x + 1
 
 
 # cgroup v1 memory.oom_control as read on this machine (Linux 6.x); kernels before 4.13 lack
@@ -102,7 +92,7 @@ def test_oom_kill_in_the_workers_cgroup_is_memory_batch(memory_cgroup):
             assert cgroup_memory_dir(pid) == memory_cgroup
             before = oom_kills(memory_cgroup)
             with pytest.raises(KilledWorker) as info:
-                c.submit(hog, 600 * 2**20).result(60)
+                c.submit(hog, 600 * 2**20, hold=0).result(60)
             assert info.value.cause == "memory-batch"
             assert oom_kills(memory_cgroup) > before
             death = c.deaths()[0]

@@ -20,6 +20,7 @@ from hpc_cluster.worker.__main__ import build_parser, cpu_count, system_memory
 from hpc_cluster.worker.flags import (BY_NAME, FLAGS, REFUSED, SUPPORTED, check_worker_args,
                                       draw_lifetime, drop_flags, ignored_worker_args, memory_limit_bytes,
                                       parse_bytes, parse_duration, port_shares, read_worker_args)
+from helpers.funcs import slow
 from helpers.wait import wait_until
 
 # A value each flag that takes one accepts, and the setting it gives.
@@ -237,11 +238,6 @@ def test_the_parser_takes_no_abbreviations_the_check_would_refuse():
 
 
 # -- real workers ----------------------------------------------------------------------------------
-
-def slow(x, delay):
-    time.sleep(delay)
-    return x
-
 
 def start(cluster, tmp_path, name, *flags, job_walltime=None):
     """A worker command as a job runs it; with `job_walltime`, inside a job that starts now."""
