@@ -54,7 +54,7 @@ def check(x):
 
 def isolate(tmp: Path) -> None:
     """The simulator on PATH; our cluster files, config and jobs' homes under `tmp`."""
-    sim = REPO / "tests" / "pbs_sim"
+    sim = REPO / "tests" / "helpers" / "pbs_sim"
     (tmp / "home").mkdir()
     (tmp / "pbs").mkdir()
     os.environ.update({"PBS_SIM_HOME": str(tmp / "pbs"), "PBS_SIM_KILL_DELAY": "1", "HOME": str(tmp / "home"),
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         from helpers.dashboard import MB
         from hpc_cluster import Client
         from hpc_cluster.deploy.cluster import PBSCluster
-        from pbs_sim import pbssim
+        from helpers.pbs_sim import pbssim
         try:
             with PBSCluster(cores=2, processes=1, memory="1GB", walltime="01:00:00", name="demo",
                             scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},

@@ -32,7 +32,7 @@ from upstream import PYTEST, PytestRun, Result, cache_dir, isolated_environ, rea
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-CONFORMANCE = REPO / "tests" / "conformance"
+CONFORMANCE = REPO / "tests" / "peers" / "conformance"
 
 # Two runs at a time on two cores: a run spends much of its time in round trips to its
 # cluster, so two overlap well; more only share the cores.
