@@ -15,6 +15,7 @@ from hpc_cluster.protocol.comm import connect
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.protocol.versions import get_versions
 from helpers.aio import run
+from helpers.ask import task_counts
 from helpers.funcs import inc
 from helpers.wait import wait_until
 
@@ -67,10 +68,6 @@ def _workers(client):
     return sorted(w["address"] for w in client._lt.run(client._request({"op": "workers"})))
 
 
-def _counts(client):
-    return client._lt.run(client._request({"op": "counts"}))
-
-
 def test_a_registration_reusing_a_live_workers_address_is_refused(cluster, client):
     before = _workers(client)
     assert len(before) == 1
@@ -121,7 +118,7 @@ def test_a_priority_beyond_64_bits_is_refused_and_the_workers_batch_still_goes(c
     assert "priority=9223372036854775813 is out of range" in errors["p-huge"]["text"]
     assert done["op"] == "key-in-memory"
     assert client.submit(inc, 30).result(timeout=20) == 31
-    wait_until(lambda: "processing" not in _counts(client), 10, "nothing left processing")
+    wait_until(lambda: "processing" not in task_counts(client), 10, "nothing left processing")
 
 
 def test_a_priority_beyond_64_bits_from_the_client_api_fails_its_future_only(client):
@@ -148,7 +145,7 @@ def test_a_dependency_cycle_is_refused_instead_of_waiting_for_ever(cluster, clie
     assert "'cyc-a' -> 'cyc-c' -> 'cyc-b' -> 'cyc-a'" in text
     for key in ("cyc-a", "cyc-b", "cyc-c", "cyc-free"):          # none of it was taken in
         assert client._lt.run(client._request({"op": "why", "key": key})) is None
-    assert "waiting" not in _counts(client)
+    assert "waiting" not in task_counts(client)
     assert client.submit(inc, 50).result(timeout=20) == 51
 
 

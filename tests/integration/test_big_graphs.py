@@ -10,12 +10,9 @@ import pytest
 
 from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Limits, MessageTooLargeError
+from helpers.ask import task_counts
 from helpers.funcs import add_all, inc
 from helpers.wait import wait_until
-
-
-def _counts(client) -> dict:
-    return client._lt.run(client._request({"op": "counts"}), 30)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +28,12 @@ def test_map_over_the_frame_limit_reaches_the_scheduler_whole(idle_cluster):
     with Client(idle_cluster) as client:
         futures = client.map(inc, range(n))
         assert len({f.key for f in futures}) == n
-        wait_until(lambda: sum(_counts(client).values()) >= n or client.status != "running", 60,
+        wait_until(lambda: sum(task_counts(client, timeout=30).values()) >= n or client.status != "running", 60,
                    "the map's tasks at the scheduler")
         assert client.status == "running"
-        assert _counts(client) == {"queued": n}
+        assert task_counts(client, timeout=30) == {"queued": n}
         del futures
-        wait_until(lambda: not _counts(client), 30, "the released tasks to be forgotten")
+        wait_until(lambda: not task_counts(client, timeout=30), 30, "the released tasks to be forgotten")
 
 
 def test_dask_graph_over_the_frame_limit_reaches_the_scheduler_whole(idle_cluster):
@@ -46,10 +43,10 @@ def test_dask_graph_over_the_frame_limit_reaches_the_scheduler_whole(idle_cluste
     graph.update({("s", j): (add_all, *[("x", i) for i in range(j, n - 1000, 1000)]) for j in range(1000)})
     with Client(idle_cluster) as client:
         futures = client.get(graph, [("s", j) for j in range(1000)], sync=False)
-        wait_until(lambda: sum(_counts(client).values()) >= n or client.status != "running", 60,
+        wait_until(lambda: sum(task_counts(client, timeout=30).values()) >= n or client.status != "running", 60,
                    "the graph's tasks at the scheduler")
         assert client.status == "running"
-        counts = _counts(client)
+        counts = task_counts(client, timeout=30)
         # every sum waits on its inputs: none was submitted before them, none lost its inputs
         assert counts == {"queued": n - 1000, "waiting": 1000}, counts
         del futures
@@ -81,7 +78,7 @@ def test_parts_run_right_when_later_parts_need_earlier_tasks(small_cluster, monk
         graph = dict(reversed(list(graph.items())))
         assert client.get(graph, level[0]) == sum(range(1, 257))
         # The tasks carried between parts were released afterwards: nothing is left behind.
-        wait_until(lambda: not _counts(client), 20, "every task to be forgotten")
+        wait_until(lambda: not task_counts(client, timeout=30), 20, "every task to be forgotten")
 
 
 def test_a_task_no_message_can_carry_is_refused_naming_the_limit(small_cluster):
@@ -109,7 +106,7 @@ def _sized(pad, x):
 
 
 def test_a_graphs_nodes_send_their_shared_function_once():
-    """Issue 19: each node of a graph carried its function by value (this file's `inc`:
+    """Issue 19: each node of a graph carried its function by value (helpers/funcs.py's `inc`:
     ~450 B) in its own pickle, and the scheduler held a copy per task (1,871 B per waiting
     task of a 1,000,000-task graph; 933 B once the nodes share one function payload)."""
     import functools
@@ -128,7 +125,7 @@ def test_a_graphs_nodes_send_their_shared_function_once():
     call = serialize.loads(leaves[0]["func"])
     assert isinstance(call, GraphCall) and call.func.__name__ == "inc"
     # The function went by value (its file's name inside it); the nodes no longer carry it.
-    assert __file__.encode() in leaves[0]["func"]
+    assert inc.__code__.co_filename.encode() in leaves[0]["func"]
     assert not any(__file__.encode() in s["args"] for s in leaves)
     assert max(len(s["args"]) for s in leaves) < len(leaves[0]["func"])
     # The user's graph is as it was; a function too large to share stays in its node.

@@ -47,7 +47,7 @@ def build(client, n_leaves=4000, fan_in=5, first=0):
     return tree(first, first + n_leaves), count
 
 
-def worker_pids(cluster) -> list[int]:
+def worker_processes(cluster) -> list[int]:
     """The worker processes, found as the nannies' children: asking the scheduler would wait
     out its pauses, and the kills go on meanwhile."""
     pids = []
@@ -68,7 +68,7 @@ def chaos(cluster, c, rng, pause_scheduler: bool, n_leaves: int = 4000) -> None:
 
     def killer():
         while not stop.wait(2.0):
-            pids = worker_pids(cluster) if pause_scheduler else \
+            pids = worker_processes(cluster) if pause_scheduler else \
                 [w["pid"] for w in c.scheduler_info()["workers"].values() if w.get("pid")]
             if pids:
                 pid = rng.choice(pids)

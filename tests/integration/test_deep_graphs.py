@@ -10,6 +10,7 @@ from hpc_cluster import Client, LocalCluster
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.scheduler.state.ahead import AHEAD_DEPTH
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.ask import task_counts
 from helpers.funcs import inc
 from helpers.wait import wait_for_file, wait_until
 
@@ -77,10 +78,6 @@ def test_an_error_at_the_root_of_a_deep_chain_reaches_its_end_and_is_released():
     assert s.tasks == {}
 
 
-def _counts(client):
-    return client._lt.run(client._request({"op": "counts"}))
-
-
 def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_path):
     gate = tmp_path / "gate"
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB") as cluster:
@@ -91,12 +88,12 @@ def test_a_real_scheduler_forgets_a_deep_chain_when_its_client_disconnects(tmp_p
                     f = c.submit(wait_for_file, str(gate))
                     for _ in range(DEPTH):
                         f = c.submit(inc, f)
-                    wait_until(lambda: sum(_counts(watcher).values()) == DEPTH + 1, 30,
+                    wait_until(lambda: sum(task_counts(watcher).values()) == DEPTH + 1, 30,
                                "the scheduler to hold the whole chain")
                 finally:
                     c.close()
                 # The scheduler's record of the client's work goes with it: nothing leaks.
-                wait_until(lambda: _counts(watcher) == {}, 20, "the chain to be forgotten")
+                wait_until(lambda: task_counts(watcher) == {}, 20, "the chain to be forgotten")
                 # ...and the scheduler still serves: a new task runs.
                 gate.touch()
                 assert watcher.submit(inc, 1).result(timeout=20) == 2

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from hpc_cluster import CancelledError, Client, KilledWorker, LocalCluster, LostDataError
+from helpers.ask import worker_pids
 from helpers.funcs import add, hog, inc, segfault, slow
 from helpers.wait import wait_until
 
@@ -20,10 +21,6 @@ def slow_plus(x, y, delay=1.0):
 
 def exit_one(x):
     os._exit(1)
-
-
-def worker_pids(client) -> dict[str, int]:
-    return {a: w["pid"] for a, w in client.scheduler_info()["workers"].items()}
 
 
 def holder_of(client, future) -> str:
@@ -46,9 +43,9 @@ def test_segfault_is_a_crash_charged_to_the_task_only(tmp_path):
         # The worker's faulthandler stack, kept by its nanny, says where the task crashed.
         final = wait_until(lambda: [d for d in c.deaths() if d["cause"] == "crash" and d["final_at"]])
         # (A log line over its width is cut in the middle, so the frames are matched, not the words
-        # before them: how much is cut depends on how long this file's path is.)
+        # before them: how much is cut depends on how long the task's file's path is.)
         assert any("string_at (ctypes/__init__.py:" in fact
-                   and "<- segfault (integration/test_fault_tolerance.py:" in fact for fact in final[0]["evidence"]), \
+                   and "<- segfault (helpers/funcs.py:" in fact for fact in final[0]["evidence"]), \
             final[0]["evidence"]
 
 
@@ -253,7 +250,7 @@ def one_over_pred(v):
     return 1 / (v - 1)
 
 
-def _frames(tb) -> list[tuple[str, str]]:
+def _traceback_frames(tb) -> list[tuple[str, str]]:
     out = []
     while tb is not None:
         out.append((tb.tb_frame.f_code.co_name, tb.tb_frame.f_code.co_filename))
@@ -268,11 +265,11 @@ def test_recreate_error_locally_reruns_with_real_inputs(client):
     with pytest.raises(ZeroDivisionError) as remote:
         dependent.result(10)
     # Re-raised from the worker, the error has no frame of the task's function here...
-    assert ("one_over_pred", __file__) not in _frames(remote.tb)
+    assert ("one_over_pred", __file__) not in _traceback_frames(remote.tb)
     with pytest.raises(ZeroDivisionError) as info:
         client.recreate_error_locally(dependent)
     # ...run again in this process, the traceback ends in it, called with the real input (1).
-    frames = _frames(info.tb)
+    frames = _traceback_frames(info.tb)
     assert frames[-1] == ("one_over_pred", __file__), frames
     assert info.tb.tb_next is not None
     last = info.tb

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.funcs import double
+from helpers.files import mode  # noqa: E402
+from helpers.funcs import double  # noqa: E402
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LocalCluster  # noqa: E402
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_second_cluster_reusing_a_log_directory_starts(tmp_path):
@@ -94,11 +90,11 @@ def test_log_directory_is_refused_while_an_orphaned_scheduler_runs_there(tmp_pat
 def test_log_directory_and_its_files_are_private(tmp_path):
     logs = tmp_path / "new" / "logs"
     with LocalCluster(n_workers=1, threads_per_worker=1, log_directory=str(logs)):
-        assert _mode(logs) == 0o700
+        assert mode(logs) == 0o700
         files = sorted(p.name for p in logs.iterdir())
         assert "scheduler.address" in files and "scheduler.log" in files and "worker-0.log" in files
         for name in files:
-            assert _mode(logs / name) == 0o600, (name, oct(_mode(logs / name)))
+            assert mode(logs / name) == 0o600, (name, oct(mode(logs / name)))
 
 
 def _env_and_inner_client(x):
@@ -136,9 +132,9 @@ def test_clusters_directory_and_daemon_log_are_private(sim):
     os.chmod(clusters, 0o755)
     cluster = PBSCluster(cores=1, memory="1GB", walltime="00:10:00")
     try:
-        assert _mode(clusters) == 0o700
-        assert _mode(cluster.cluster_file) == 0o600
+        assert mode(clusters) == 0o700
+        assert mode(cluster.cluster_file) == 0o600
         logs = list(clusters.glob("*.log"))
-        assert logs and all(_mode(p) == 0o600 for p in logs), [(p, oct(_mode(p))) for p in logs]
+        assert logs and all(mode(p) == 0o600 for p in logs), [(p, oct(mode(p))) for p in logs]
     finally:
         cluster.close()

@@ -20,6 +20,7 @@ from hpc_cluster.protocol.frames import (CONTINUED, Limits, Opaque, ProtocolErro
 from hpc_cluster.protocol.versions import get_versions
 from helpers.funcs import inc
 from helpers.wait import wait_until
+from helpers.wire import read_message
 
 
 # -- frames (pure) ---------------------------------------------------------------------
@@ -458,16 +459,6 @@ def test_wrong_secret_is_refused_by_the_connecting_client(cluster):
         assert c.submit(inc, 5).result(10) == 6
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
-
-
 def _parse_message(buf: bytes) -> list[dict]:
     """One wire message, decoded with the protocol's own frame decoder."""
     count, total = struct.unpack_from("<IQ", buf)
@@ -481,8 +472,7 @@ def _parse_message(buf: bytes) -> list[dict]:
 
 
 def _recv_message(sock: socket.socket) -> list[dict]:
-    head = _recv_exactly(sock, 12)
-    return _parse_message(head + _recv_exactly(sock, struct.unpack("<IQ", head)[1]))
+    return _parse_message(read_message(sock))
 
 
 def _connector_proof(secret: bytes, side: bytes, c_nonce: bytes, s_nonce: bytes) -> bytes:

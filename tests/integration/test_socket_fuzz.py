@@ -28,6 +28,7 @@ from hpc_cluster.protocol.frames import Opaque, dumps
 from hpc_cluster.protocol.versions import get_versions
 from helpers.funcs import inc
 from helpers.wait import wait_until
+from helpers.wire import read_message
 
 BATCHES, PER_BATCH, BUDGET = 12, 25, 40.0
 _SEED = os.environ.get("HPC_FUZZ_SEED", "251113542")
@@ -44,33 +45,17 @@ def _frames(*parts: bytes) -> bytes:
         struct.pack(f"<{len(parts)}Q", *map(len, parts)) + b"".join(parts)
 
 
-def _recv_message(sock: socket.socket) -> bytes:
-    head = b""
-    while len(head) < 12:
-        chunk = sock.recv(12 - len(head))
-        if not chunk:
-            raise ConnectionError("closed")
-        head += chunk
-    body, total = b"", struct.unpack("<IQ", head)[1]
-    while len(body) < total:
-        chunk = sock.recv(min(65536, total - len(body)))
-        if not chunk:
-            raise ConnectionError("closed")
-        body += chunk
-    return head + body
-
-
 def _authenticate(address: str, secret: bytes, role) -> socket.socket:
     """A real handshake by hand (HMAC on the secret), then the open socket."""
     host, port = parse_address(address)
     s = socket.create_connection((host, port), timeout=5)
     c_nonce = os.urandom(32)
     s.sendall(MAGIC + _wire({"op": "auth", "nonce": c_nonce}))
-    challenge = msgpack.unpackb(_recv_message(s)[20:], raw=False)
+    challenge = msgpack.unpackb(read_message(s)[20:], raw=False)
     s_nonce = challenge[0]["nonce"] if isinstance(challenge, list) else challenge["nonce"]
     proof = hmac.new(secret, b"connector|" + c_nonce + b"|" + s_nonce, hashlib.sha256).digest()
     s.sendall(_wire({"op": "auth-proof", "proof": proof, "info": {"role": role, "versions": get_versions()}}))
-    _recv_message(s)                                     # welcome
+    read_message(s)                                     # welcome
     return s
 
 

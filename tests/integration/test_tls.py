@@ -5,23 +5,19 @@ travels cannot be read off the wire. Real processes and sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import socket
-import stat
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.files import mode  # noqa: E402
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, LocalCluster  # noqa: E402
 from hpc_cluster.protocol.comm import AuthenticationError  # noqa: E402
 
 PAYLOAD = b"known-payload-4f1c9a-" * 64
-
-
-def _mode(path) -> int:
-    return stat.S_IMODE(Path(path).stat().st_mode)
 
 
 def _make(n: int) -> bytes:
@@ -44,8 +40,8 @@ def test_computation_and_worker_to_worker_transfer_over_tls(tls_cluster):
     assert c.scheduler_address.startswith("tls://")
     sec = c.security
     for path in (sec.tls_cert, sec.tls_key):
-        assert _mode(path) == 0o600
-    assert _mode(Path(sec.tls_key).parent) == 0o700
+        assert mode(path) == 0o600
+    assert mode(Path(sec.tls_key).parent) == 0o700
     with Client(c) as client:
         assert client.submit(sum, [1, 2, 3]).result(timeout=30) == 6
         assert client.submit(_inner_sum, 41).result(timeout=30) == 42      # get_client() in a task
@@ -162,7 +158,7 @@ def test_dask_security_objects_are_taken():
     with LocalCluster(n_workers=1, threads_per_worker=1, security=DaskSecurity.temporary()) as c, \
             Client(c) as client:
         assert c.scheduler_address.startswith("tls://")
-        assert _mode(c.security.tls_key) == 0o600              # the in-memory key, written 0600
+        assert mode(c.security.tls_key) == 0o600              # the in-memory key, written 0600
         assert client.submit(sum, [1, 1]).result(timeout=30) == 2
     with pytest.raises(ValueError, match="asks for encryption but does not give both a CA"):
         LocalCluster(n_workers=0, security=DaskSecurity(require_encryption=True))
@@ -179,7 +175,7 @@ def test_batch_cluster_with_security_true_runs_over_tls(sim, tmp_path):
     try:
         assert cluster.scheduler_address.startswith("tls://")
         tls = read_cluster_file(cluster.cluster_file)["tls"]
-        assert {_mode(tls["cert"]), _mode(tls["key"]), _mode(Path(tls["key"]).parent)} == {0o600, 0o700}
+        assert {mode(tls["cert"]), mode(tls["key"]), mode(Path(tls["key"]).parent)} == {0o600, 0o700}
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=120)

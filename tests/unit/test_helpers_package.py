@@ -10,7 +10,8 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError
 from hpc_cluster.scheduler.state import SchedulerState
-from helpers import aio, capture, funcs
+from helpers import aio, capture, files, funcs, wire
+from helpers.ask import task_counts, worker_pids
 from helpers.cli import run_cli
 from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
 from helpers.tasks import computes, sent, task
@@ -124,3 +125,30 @@ def test_the_task_functions_travel_by_value_to_workers_that_cannot_import_them(c
     assert client.submit(_finds_the_helpers_package).result(30) is False
     assert client.submit(funcs.inc, 1).result(30) == 2 and client.submit(funcs.add, 2, 3).result(30) == 5
     assert client.submit(funcs.grow, 3 << 20, chunk=1 << 20, pause=0).result(30) == 3 << 20
+
+
+def test_asking_a_cluster_counts_its_tasks_and_names_its_workers_pids(client):
+    gate = client.submit(funcs.sleep_then, 1, 0.5, pure=False)
+    assert sum(task_counts(client, timeout=10).values()) >= 1
+    pids = worker_pids(client)
+    assert len(pids) == 2 and all(isinstance(p, int) and p > 0 for p in pids.values())
+    assert gate.result(30) == 1
+
+
+def test_read_message_reads_one_whole_message_however_it_arrives_and_files_mode(tmp_path):
+    import socket
+    import struct
+    a, b = socket.socketpair()
+    with a, b:
+        body = struct.pack("<Q", 3) + b"abc"
+        sent = struct.pack("<IQ", 1, len(body)) + body
+        a.sendall(sent[:5])
+        a.sendall(sent[5:] + b"next")
+        assert wire.read_message(b) == sent and b.recv(4) == b"next"
+        a.close()
+        with pytest.raises(ConnectionError, match="closed after 0 of 12 bytes"):
+            wire.read_message(b)
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    secret.chmod(0o600)
+    assert files.mode(secret) == 0o600

@@ -39,8 +39,9 @@ def allowed(name: str) -> bool:
 
 # Duplicates still to remove (issue 30): remove a name from here when its copies are one.
 NOT_YET = {
-    # asking a running cluster: one helper each
-    "_counts", "worker_pids", "squeue_ids", "_recv_message", "_frames", "_mode",
+    # SLURM's queue: slurm_jobs.py's, and copies in scenarios.py, test_pools_slurm.py and
+    # test_ssh_deploy.py (its squeue by path); one helper once the SLURM suites are rerun with it
+    "squeue_ids",
     # readers of captured fixtures (one per batch system's folder), script checks
     "read", "fixture", "bash_n", "spec", "sacct", "squeue", "qsub", "bjobs", "lsf", "condor",
     # the three simulators' shared state handling (their own processes: a shared module beside them)
