@@ -36,8 +36,13 @@ def test_adapt_grows_with_work_and_shrinks_when_idle(slurm_cluster, tmp_path):
             time.sleep(0.5)
         assert seen == 3, f"adapt reached only {seen} jobs"
         assert c.gather(futures) == list(range(1, 151))     # nothing lost on the way down either
-        kept = c.submit(one_second, 1000)                   # a result that must survive the shrink
+        kept = c.submit(one_second, 1000)
         assert kept.result(60) == 1001
+        # Held results and a shrink to no worker at all: they have nowhere to go, are recomputed
+        # from lineage, and adapt grows back (a known limitation, docs/user-guide.md); so this
+        # test, about shrinking when idle, lets go of what it has checked first. With them held,
+        # whether it reached 0 depended on how the three drains interleaved (CI failed on it).
+        del futures, kept
         deadline = time.time() + 120
         while time.time() < deadline and _running_jobs(cl) > 0:
             time.sleep(0.5)
