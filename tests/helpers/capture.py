@@ -20,3 +20,20 @@ def saver(folder: Path, say: bool = True):
         if say:
             print(f"  wrote {name} ({len(text.splitlines())} lines)")
     return save
+
+
+# SLURM's two capture scripts ask squeue and sacct alike: in the adapter's own formats, so the
+# fixtures are what the adapter parses. The import waits for the call: Grid Engine's script
+# imports this module without the repository on sys.path.
+def slurm_squeue(ids, header: bool = True) -> str:
+    """squeue on `ids`, every state, in SQUEUE_FORMAT; with its header unless told (the parser
+    must cope with it, and the fixture says what it holds). A failing squeue stops the capture."""
+    from hpc_cluster.adapters.slurm import SQUEUE_FORMAT
+    return command(["squeue", *([] if header else ["-h"]), "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT],
+                   check=True).stdout
+
+
+def slurm_sacct(ids) -> str:
+    """sacct -P on `ids` with SACCT_FIELDS. A failing sacct stops the capture."""
+    from hpc_cluster.adapters.slurm import SACCT_FIELDS
+    return command(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)], check=True).stdout

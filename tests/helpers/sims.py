@@ -1,4 +1,4 @@
-"""What the LSF and HTCondor simulator tests share: putting a simulator on PATH for one test,
+"""What the simulator tests share: putting a simulator on PATH for one test, the job they run,
 running an adapter's job to its end, and, for the deploy tests, the wait for a final verdict
 (the tasks they submit are helpers/funcs.py's)."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import cloudpickle
 
+from hpc_cluster.adapters.base import JobSpec
 from helpers.wait import wait_until
 
 
@@ -37,6 +38,13 @@ def run_to_end(adapter, job_spec, timeout: float = 20):
                         if adapter.status([job_id])[job_id].state not in ("pending", "running")
                         else None, timeout, f"job {job_id} to end", interval=0.1)
     return job_id, record
+
+
+def sim_job(tmp_path: Path, command: str, walltime: int, memory: int = 512 * 2**20, **kw) -> JobSpec:
+    """The simulator suites' job: `command`, named simjob, 512 MiB unless told, its logs in
+    tmp_path/logs (the suites make it). Each suite binds its own walltime and batch_options."""
+    return JobSpec(worker_command=command, job_name="simjob", walltime=walltime, memory=memory,
+                   log_directory=str(tmp_path / "logs"), **kw)
 
 
 def cancel_running(adapter, job_id: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import types
 
@@ -10,7 +11,7 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError
 from hpc_cluster.scheduler.state import SchedulerState
-from helpers import aio, capture, files, funcs, wire
+from helpers import aio, capture, files, fixtures, funcs, sims, wire
 from helpers.ask import task_counts, worker_pids
 from helpers.cli import run_cli
 from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
@@ -113,6 +114,36 @@ def test_the_capture_scripts_save_verbatim_and_say_so_unless_told(tmp_path, caps
     assert capsys.readouterr().out == "  wrote a.txt (2 lines)\n"
     done = capture.command(["sh", "-c", "cat; echo err >&2; exit 3"], input="in")
     assert (done.returncode, done.stdout, done.stderr) == (3, "in", "err\n")
+
+
+def test_the_slurm_captures_ask_in_the_adapters_own_formats(monkeypatch):
+    from hpc_cluster.adapters.slurm import SACCT_FIELDS, SQUEUE_FORMAT
+    asked = []
+    monkeypatch.setattr(capture, "command", lambda argv, **kw: asked.append((argv, kw)) or types.SimpleNamespace(
+        stdout="out"))
+    assert capture.slurm_squeue(["1", "2"]) == capture.slurm_squeue({"a": "3"}.values(), header=False) == "out"
+    assert capture.slurm_sacct(["4"]) == "out"
+    assert asked == [(["squeue", "-t", "all", "-j", "1,2", "-o", SQUEUE_FORMAT], {"check": True}),
+                     (["squeue", "-h", "-t", "all", "-j", "3", "-o", SQUEUE_FORMAT], {"check": True}),
+                     (["sacct", "-P", "-j", "4", "--format=" + ",".join(SACCT_FIELDS)], {"check": True})]
+
+
+def test_fixtures_are_read_by_system_and_bash_n_fails_with_bashs_message_and_the_script():
+    assert fixtures.fixture("slurm", "sbatch_parsable.txt") == fixtures.manifest("slurm")["jobs"]["completed"] + "\n"
+    with pytest.raises(FileNotFoundError):
+        fixtures.fixture("slurm", "no-such-capture.txt")
+    fixtures.bash_n("#!/bin/bash\necho 'fine'\n")
+    with pytest.raises(AssertionError, match=r"syntax error[\s\S]*---\nif then"):
+        fixtures.bash_n("if then\n")
+
+
+def test_the_simulators_job_logs_under_tmp_path_and_a_suite_binds_its_defaults(tmp_path):
+    job = sims.sim_job(tmp_path, "true", walltime=60)
+    assert (job.worker_command, job.job_name, job.walltime, job.memory, job.log_directory) == (
+        "true", "simjob", 60, 512 * 2**20, str(tmp_path / "logs"))
+    suites = functools.partial(sims.sim_job, walltime=600, batch_options={"disk": 1})
+    job = suites(tmp_path, "x", walltime=2, memory=7)
+    assert (job.walltime, job.memory, job.batch_options) == (2, 7, {"disk": 1})
 
 
 def _finds_the_helpers_package():

@@ -42,8 +42,6 @@ NOT_YET = {
     # SLURM's queue: slurm_jobs.py's, and copies in scenarios.py, test_pools_slurm.py and
     # test_ssh_deploy.py (its squeue by path); one helper once the SLURM suites are rerun with it
     "squeue_ids",
-    # readers of captured fixtures (one per batch system's folder), script checks
-    "read", "fixture", "bash_n", "spec", "sacct", "squeue", "qsub", "bjobs", "lsf", "condor",
     # the three simulators' shared state handling (their own processes: a shared module beside them)
     "load", "save", "sim_home", "monitor", "directives", "cleanup",
     # the SLURM and SGE death scenarios, and the two peers' suites (dask-jobqueue's and dask's)

@@ -4,25 +4,24 @@ condor_history until the job ends, and checks the record the adapter reads back.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.htcondor import HTCondorAdapter
 from hpc_cluster.runners.local import LocalRunner
 
 import condorsim  # noqa: E402
-from helpers.sims import cancel_running, run_to_end, stop_simulator, use_simulator  # noqa: E402
+from helpers.sims import cancel_running, run_to_end, sim_job, stop_simulator, use_simulator  # noqa: E402
 
 MiB = 2**20
 
 
 @pytest.fixture
-def condor(tmp_path, monkeypatch):
+def condor_sim(tmp_path, monkeypatch):
     (tmp_path / "logs").mkdir()
     monkeypatch.chdir(tmp_path)
     home = use_simulator(monkeypatch, condorsim, tmp_path / "htcondor_sim_home", "CONDOR_SIM_HOME", **{"CONDOR_SIM_PERIODIC": "0.5"})
@@ -34,13 +33,10 @@ def adapter() -> HTCondorAdapter:
     return HTCondorAdapter(LocalRunner())
 
 
-def spec(tmp_path: Path, command: str, **kw) -> JobSpec:
-    return JobSpec(worker_command=command, job_name="simjob", walltime=kw.pop("walltime", 600),
-                   memory=kw.pop("memory", 512 * MiB), log_directory=str(tmp_path / "logs"),
-                   batch_options={"disk": 10**9}, **kw)
+spec = functools.partial(sim_job, walltime=600, batch_options={"disk": 10**9})     # HTCondor needs disk=
 
 
-def test_completed_job_its_id_and_output(condor, tmp_path):
+def test_completed_job_its_id_and_output(condor_sim, tmp_path):
     job_id, rec = run_to_end(adapter(), spec(tmp_path, 'echo "job $HPC_CLUSTER_JOB_ID said \'hi\' at $(date +%Y)"'))
     assert (rec.state, rec.exit_code, rec.signal) == ("completed", 0, None)
     assert rec.requested_memory == 512 * MiB and rec.time_limit == 600 and rec.node
@@ -48,7 +44,7 @@ def test_completed_job_its_id_and_output(condor, tmp_path):
     assert out == f"job {job_id} said 'hi' at {time.strftime('%Y')}\n"      # quoting and macros survived
 
 
-def test_exit_code_and_signal(condor, tmp_path):
+def test_exit_code_and_signal(condor_sim, tmp_path):
     _, rec = run_to_end(adapter(), spec(tmp_path, "bash -c 'exit 3'"))
     assert (rec.state, rec.exit_code, rec.signal) == ("failed", 3, None)
     segv = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)'"
@@ -65,13 +61,13 @@ def test_the_periodic_remove_clock_is_whole_seconds_as_htcondors():
     assert condorsim.evaluate(expr, ad, 103.0)
 
 
-def test_walltime_is_our_periodic_remove(condor, tmp_path):
+def test_walltime_is_our_periodic_remove(condor_sim, tmp_path):
     _, rec = run_to_end(adapter(), spec(tmp_path, "sleep 60", walltime=2))
     assert (rec.state, rec.time_limit) == ("timeout", 2) and rec.elapsed >= 2
     assert "HpcClusterWalltime" in rec.raw_state and rec.raw_state.startswith("Removed; removed: The job attribute")
 
 
-def test_memory_over_request_is_held_then_removed(condor, tmp_path):
+def test_memory_over_request_is_held_then_removed(condor_sim, tmp_path):
     hog = (f"{sys.executable} -c 'import time; x = bytearray(300 * 1024 * 1024); "
            f"x[::4096] = b\"x\" * len(x[::4096]); time.sleep(60)'")
     a = adapter()
@@ -84,7 +80,7 @@ def test_memory_over_request_is_held_then_removed(condor, tmp_path):
     assert again.state == "out-of-memory" and "via condor_rm" in again.raw_state
 
 
-def test_condor_rm_of_a_running_job_and_unknown_ids(condor, tmp_path):
+def test_condor_rm_of_a_running_job_and_unknown_ids(condor_sim, tmp_path):
     a = adapter()
     job_id = a.submit(a.render(spec(tmp_path, "sleep 60")))
     rec = cancel_running(a, job_id)

@@ -4,17 +4,16 @@ adapter reads back."""
 
 from __future__ import annotations
 
+import functools
 import sys
-from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.lsf import LSFAdapter
 from hpc_cluster.runners.local import LocalRunner
 
 import lsfsim  # noqa: E402
-from helpers.sims import cancel_running, run_to_end, stop_simulator, use_simulator  # noqa: E402
+from helpers.sims import cancel_running, run_to_end, sim_job, stop_simulator, use_simulator  # noqa: E402
 
 MiB = 2**20
 
@@ -34,10 +33,7 @@ def adapter() -> LSFAdapter:
     return a
 
 
-def spec(tmp_path: Path, command: str, **kw) -> JobSpec:
-    return JobSpec(worker_command=command, job_name="simjob", walltime=kw.pop("walltime", 600),
-                   memory=kw.pop("memory", 512 * MiB), log_directory=str(tmp_path / "logs"),
-                   batch_options={"lsf_units": "mb"}, **kw)
+spec = functools.partial(sim_job, walltime=600, batch_options={"lsf_units": "mb"})
 
 
 def test_completed_job_and_its_output(lsf_sim, tmp_path):

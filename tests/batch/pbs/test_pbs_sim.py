@@ -6,17 +6,16 @@ until the job is final, and checks the record the adapter reads back.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.base import JobSpec
 from hpc_cluster.adapters.pbs import PBSAdapter
 
 from hpc_cluster.runners.local import LocalRunner
-from helpers.sims import run_to_end
+from helpers.sims import run_to_end, sim_job
 from helpers.wait import wait_until
 
 MiB = 1024**2
@@ -29,9 +28,7 @@ def sim(sim, tmp_path):
     return sim
 
 
-def spec(tmp_path: Path, command: str, **kw) -> JobSpec:
-    return JobSpec(worker_command=command, job_name="simjob", walltime=kw.pop("walltime", 60),
-                   memory=kw.pop("memory", 512 * MiB), log_directory=str(tmp_path / "logs"), **kw)
+spec = functools.partial(sim_job, walltime=60)
 
 
 def test_completed_job(sim, tmp_path):

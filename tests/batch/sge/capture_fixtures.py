@@ -37,7 +37,7 @@ run = functools.partial(capture.command, timeout=60)       # a hung qstat or qac
 save = capture.saver(OUT, say=False)
 
 
-def qsub(args: list[str], logs: Path, script: str | None = None) -> tuple[str, str]:
+def submit(args: list[str], logs: Path, script: str | None = None) -> tuple[str, str]:
     out = run(["qsub", "-j", "y", "-o", f"{logs}/", *args], input=script)
     if out.returncode != 0:
         sys.exit(f"qsub {args} failed: {out.stderr}")
@@ -69,17 +69,17 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="sge-capture-"))
     jobs: dict[str, str] = {}
-    jobs["completed"], plain = qsub(["-N", "t-completed", "-b", "y", "true"], logs)
+    jobs["completed"], plain = submit(["-N", "t-completed", "-b", "y", "true"], logs)
     save("qsub.txt", plain)
-    jobs["exit3"], _ = qsub(["-N", "t-exit3", "-b", "y", "bash", "-c", "'exit 3'"], logs)
-    jobs["segfault"], _ = qsub(["-N", "t-segfault", "-b", "y", "python3", "-c", f"'{SEGFAULT}'"], logs)
-    jobs["walltime"], _ = qsub(["-N", "t-walltime", "-l", "h_rt=0:0:5", "-b", "y", "sleep", "60"], logs)
-    jobs["vmem_kill"], _ = qsub(["-N", "t-vmem-kill", "-l", "h_vmem=300M"], logs, TWO_PROCESSES)
-    jobs["vmem_alloc"], _ = qsub(["-N", "t-vmem-alloc", "-l", "h_vmem=200M", "-b", "y", "python3", "-c",
-                                  "'x = bytearray(400 * 10**6)'"], logs)
-    jobs["qdel_running"], _ = qsub(["-N", "t-qdel", "-l", "h_rt=0:10:0,h_vmem=1G", "-b", "y", "sleep", "300"], logs)
-    jobs["qdel_pending"], _ = qsub(["-N", "t-held", "-h", "-b", "y", "sleep", "300"], logs)
-    jobs["eqw"], _ = qsub(["-N", "t-eqw", "-o", "/nonexistent/dir/", "-b", "y", "true"], logs)
+    jobs["exit3"], _ = submit(["-N", "t-exit3", "-b", "y", "bash", "-c", "'exit 3'"], logs)
+    jobs["segfault"], _ = submit(["-N", "t-segfault", "-b", "y", "python3", "-c", f"'{SEGFAULT}'"], logs)
+    jobs["walltime"], _ = submit(["-N", "t-walltime", "-l", "h_rt=0:0:5", "-b", "y", "sleep", "60"], logs)
+    jobs["vmem_kill"], _ = submit(["-N", "t-vmem-kill", "-l", "h_vmem=300M"], logs, TWO_PROCESSES)
+    jobs["vmem_alloc"], _ = submit(["-N", "t-vmem-alloc", "-l", "h_vmem=200M", "-b", "y", "python3", "-c",
+                                    "'x = bytearray(400 * 10**6)'"], logs)
+    jobs["qdel_running"], _ = submit(["-N", "t-qdel", "-l", "h_rt=0:10:0,h_vmem=1G", "-b", "y", "sleep", "300"], logs)
+    jobs["qdel_pending"], _ = submit(["-N", "t-held", "-h", "-b", "y", "sleep", "300"], logs)
+    jobs["eqw"], _ = submit(["-N", "t-eqw", "-o", "/nonexistent/dir/", "-b", "y", "true"], logs)
     rejected = run(["qsub", "-q", "nosuch.q", "-b", "y", "true"])
     save("qsub_rejected_stderr.txt", rejected.stderr)
 

@@ -22,8 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parents[1]))                   # tests/: helpers
 
-from hpc_cluster.adapters.slurm import SACCT_FIELDS, SQUEUE_FORMAT  # noqa: E402
-from helpers.capture import command, saver  # noqa: E402
+from helpers.capture import command, saver, slurm_sacct, slurm_squeue  # noqa: E402
 
 OUT = HERE.parents[1] / "unit" / "adapters" / "fixtures" / "slurm"
 
@@ -50,14 +49,6 @@ def stdout_of(argv, **kw) -> str:
     return command(argv, check=True, **kw).stdout
 
 
-def squeue(ids, header=True) -> str:
-    return stdout_of(["squeue", *([] if header else ["-h"]), "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
-
-
-def sacct(ids) -> str:
-    return stdout_of(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)])
-
-
 def main() -> None:
     logs = tempfile.mkdtemp(prefix="slurm-array-capture-")
     script = SCRIPT.format(logs=logs)
@@ -65,23 +56,23 @@ def main() -> None:
     save("array_sbatch_parsable.txt", held)
     held = held.strip()
     time.sleep(1)
-    save("array_squeue_pending.txt", squeue([held]))
-    save("array_squeue_pending_some.txt", squeue([f"{held}_3", f"{held}_5"], header=False))
+    save("array_squeue_pending.txt", slurm_squeue([held]))
+    save("array_squeue_pending_some.txt", slurm_squeue([f"{held}_3", f"{held}_5"], header=False))
     stdout_of(["scancel", held])
     array = stdout_of(["sbatch", "--parsable", "--array=0-5"], input=script).strip()
     deadline = time.time() + 60
     while time.time() < deadline:
-        if squeue([f"{array}_4"], header=False).count("RUNNING") and "OUT_OF_MEMORY" in squeue([array]):
+        if slurm_squeue([f"{array}_4"], header=False).count("RUNNING") and "OUT_OF_MEMORY" in slurm_squeue([array]):
             break
         time.sleep(0.5)
     stdout_of(["scancel", f"{array}_4"])
     elements = [f"{array}_{i}" for i in range(6)]
     deadline = time.time() + 60
-    while time.time() < deadline and "CANCELLED" not in sacct([f"{array}_4"]):
+    while time.time() < deadline and "CANCELLED" not in slurm_sacct([f"{array}_4"]):
         time.sleep(0.5)
-    save("array_squeue_elements.txt", squeue(elements, header=False))
-    save("array_sacct_whole.txt", sacct([array]))
-    save("array_sacct_elements.txt", sacct([f"{array}_2", f"{array}_4"]))
+    save("array_squeue_elements.txt", slurm_squeue(elements, header=False))
+    save("array_sacct_whole.txt", slurm_sacct([array]))
+    save("array_sacct_elements.txt", slurm_sacct([f"{array}_2", f"{array}_4"]))
     stdout_of(["scancel", array])
     manifest = json.loads((OUT / "manifest.json").read_text())
     manifest["array"] = {"held": held, "array": array, "completed": f"{array}_0", "exit3": f"{array}_1",

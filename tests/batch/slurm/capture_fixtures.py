@@ -25,25 +25,14 @@ sys.path.insert(0, str(HERE.parents[1]))                   # tests/: helpers
 from slurm_jobs import (fail_node, restore_node, scenarios, wait_final,  # noqa: E402
                         wait_running)
 
-from hpc_cluster.adapters.slurm import (SACCT_FIELDS, SQUEUE_FORMAT,  # noqa: E402
-                                        SLURMAdapter)
+from hpc_cluster.adapters.slurm import SLURMAdapter  # noqa: E402
 from hpc_cluster.runners.local import LocalRunner  # noqa: E402
-from helpers.capture import command, saver  # noqa: E402
+from helpers.capture import command, saver, slurm_sacct, slurm_squeue  # noqa: E402
 
 OUT = HERE.parents[1] / "unit" / "adapters" / "fixtures" / "slurm"
 
 
 save = saver(OUT)
-
-
-def sacct(ids) -> str:
-    return command(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)],
-                   check=True).stdout
-
-
-def squeue(ids) -> str:
-    # With the header: the parser must cope with it, and the fixture says what it holds.
-    return command(["squeue", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT], check=True).stdout
 
 
 def main() -> None:
@@ -74,8 +63,8 @@ def main() -> None:
         wait_running(adapter, ids["preempted"])
         ids["preemptor"] = adapter.submit(adapter.render(specs["preemptor"]))
         # Right away: the preemptor is usually still pending, others running or done.
-        save("squeue_mixed.txt", squeue(ids.values()))
-        save("sacct_running.txt", sacct(ids.values()))
+        save("squeue_mixed.txt", slurm_squeue(ids.values()))
+        save("sacct_running.txt", slurm_sacct(ids.values()))
 
         quick = [i for n, i in ids.items() if n != "timeout"]
         print("waiting for the quick jobs")
@@ -84,7 +73,7 @@ def main() -> None:
         save("scontrol_show_job.txt", command(["scontrol", "show", "job", ids["oom"]], check=True).stdout
              + "\n" + command(["scontrol", "show", "job", ids["timeout"]], check=True).stdout)
         save("scontrol_show_job_oneline.txt", command(["scontrol", "-o", "show", "job"], check=True).stdout)
-        save("squeue_all.txt", squeue(ids.values()))
+        save("squeue_all.txt", slurm_squeue(ids.values()))
 
         print("waiting for the time limit (70-80 s)")
         wait_final(adapter, [ids["timeout"]], timeout=200)
@@ -96,7 +85,7 @@ def main() -> None:
         wait_final(adapter, [ids["node_fail"]], timeout=120)
         restore_node(node)
 
-        save("sacct_all.txt", sacct(ids.values()))
+        save("sacct_all.txt", slurm_sacct(ids.values()))
         # Accounting turned off, as some sites run: a copy of slurm.conf saying so.
         conf = Path(logs) / "slurm.conf"
         conf.write_text(Path("/etc/slurm/slurm.conf").read_text().replace(

@@ -10,9 +10,7 @@ index and job id are what the job would really compute.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -24,13 +22,9 @@ from hpc_cluster.adapters.slurm import SLURMAdapter, expand_array_id, parse_sacc
 from hpc_cluster.deploy.remote import job_log_names
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending, ReplayRunner
+from helpers.fixtures import fixture, manifest
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-ARRAY = json.loads((FIXTURES / "slurm" / "manifest.json").read_text())["array"]
-
-
-def read(path: str) -> str:
-    return (FIXTURES / path).read_text()
+ARRAY = manifest("slurm")["array"]
 
 
 def cause_of(record, executing=True) -> str:
@@ -51,21 +45,21 @@ def test_expand_array_id():
 
 def test_squeue_pending_range_is_one_status_per_element():
     held = ARRAY["held"]
-    got = parse_squeue(read("slurm/array_squeue_pending.txt"))
+    got = parse_squeue(fixture("slurm", "array_squeue_pending.txt"))
     assert sorted(got) == [f"{held}_{i}" for i in range(8)]
     assert {(s.state, s.reason, s.time_limit) for s in got.values()} == {("pending", "JobHeldUser", 120)}
     # squeue -j 2012_3,2012_5 answers with the range form too: both ids are found in it.
-    assert sorted(parse_squeue(read("slurm/array_squeue_pending_some.txt"))) == [f"{held}_3", f"{held}_5"]
+    assert sorted(parse_squeue(fixture("slurm", "array_squeue_pending_some.txt"))) == [f"{held}_3", f"{held}_5"]
 
 
 def test_squeue_elements_each_their_own_state():
-    got = {k: v.state for k, v in parse_squeue(read("slurm/array_squeue_elements.txt")).items()}
+    got = {k: v.state for k, v in parse_squeue(fixture("slurm", "array_squeue_elements.txt")).items()}
     assert got == {ARRAY["completed"]: "completed", ARRAY["exit3"]: "failed", ARRAY["oom"]: "out-of-memory",
                    ARRAY["cancelled"]: "cancelled", **{r: "running" for r in ARRAY["running"]}}
 
 
 def test_sacct_keeps_element_ids_and_their_own_steps():
-    records = {r.job_id: r for r in parse_sacct(read("slurm/array_sacct_whole.txt"))}
+    records = {r.job_id: r for r in parse_sacct(fixture("slurm", "array_sacct_whole.txt"))}
     array = ARRAY["array"]
     assert sorted(records) == [f"{array}_{i}" for i in range(6)]
     for job_id, r in records.items():
@@ -78,12 +72,13 @@ def test_sacct_keeps_element_ids_and_their_own_steps():
 
 
 def test_one_elements_oom_is_that_elements_death_only():
-    records = {r.job_id: r for r in parse_sacct(read("slurm/array_sacct_whole.txt"))}
+    records = {r.job_id: r for r in parse_sacct(fixture("slurm", "array_sacct_whole.txt"))}
     causes = {job_id: cause_of(r) for job_id, r in records.items() if r.final}
     causes.pop(ARRAY["completed"])      # a job that ended well says nothing of a worker's death
     assert causes == {ARRAY["exit3"]: "crash", ARRAY["oom"]: "memory-batch", ARRAY["cancelled"]: "cancelled"}
     # sacct -j ID_2,ID_4 (what the job manager asks for two elements) answers for those two alone.
-    assert [r.job_id for r in parse_sacct(read("slurm/array_sacct_elements.txt"))] == [ARRAY["oom"], ARRAY["cancelled"]]
+    elements = parse_sacct(fixture("slurm", "array_sacct_elements.txt"))
+    assert [r.job_id for r in elements] == [ARRAY["oom"], ARRAY["cancelled"]]
 
 
 def test_a_pending_range_line_in_sacct_gives_each_element_a_record():
@@ -93,8 +88,8 @@ def test_a_pending_range_line_in_sacct_gives_each_element_a_record():
 
 
 def test_slurm_status_of_elements_reads_the_range_form():
-    runner = ReplayRunner([Captured("squeue", read("slurm/array_squeue_pending_some.txt")),
-                           Captured("sacct", read("slurm/array_sacct_elements.txt"))])
+    runner = ReplayRunner([Captured("squeue", fixture("slurm", "array_squeue_pending_some.txt")),
+                           Captured("sacct", fixture("slurm", "array_sacct_elements.txt"))])
     held = ARRAY["held"]
     got = SLURMAdapter(runner).status([f"{held}_3", f"{held}_5"])
     assert {k: v.state for k, v in got.items()} == {f"{held}_3": "pending", f"{held}_5": "pending"}
@@ -108,14 +103,14 @@ class TestSLURMArrayElements(AdapterConformance):
     adapter_class = SLURMAdapter
     entry_point = "slurm"
     script_must_contain = ("#SBATCH -J kit-job", "#SBATCH --mem=2G", "#SBATCH -t 01:30:00")
-    submit_output = Captured("sbatch", read("slurm/array_sbatch_parsable.txt"))
+    submit_output = Captured("sbatch", fixture("slurm", "array_sbatch_parsable.txt"))
     submitted_job_id = ARRAY["held"]
-    status_outputs = [Captured("squeue", read("slurm/array_squeue_pending_some.txt")
-                               + read("slurm/array_squeue_elements.txt"))]
+    status_outputs = [Captured("squeue", fixture("slurm", "array_squeue_pending_some.txt")
+                               + fixture("slurm", "array_squeue_elements.txt"))]
     status_expected = {f"{ARRAY['held']}_3": "pending", f"{ARRAY['held']}_5": "pending",
                        ARRAY["completed"]: "completed", ARRAY["oom"]: "out-of-memory",
                        ARRAY["cancelled"]: "cancelled", ARRAY["running"][0]: "running"}
-    accounting_outputs = [Captured("sacct", read("slurm/array_sacct_whole.txt"))]
+    accounting_outputs = [Captured("sacct", fixture("slurm", "array_sacct_whole.txt"))]
     endings = [Ending(ARRAY["completed"], "completed", exit_code=0),
                Ending(ARRAY["exit3"], "failed", cause="crash", exit_code=3),
                Ending(ARRAY["oom"], "out-of-memory", cause="memory-batch", signal=125),
@@ -173,20 +168,21 @@ def test_pbs_and_sge_element_logs():
 
 
 def test_element_ids():
-    assert SLURMAdapter().array_element_ids(parse_sbatch(read("slurm/array_sbatch_parsable.txt")), 3) == \
+    assert SLURMAdapter().array_element_ids(parse_sbatch(fixture("slurm", "array_sbatch_parsable.txt")), 3) == \
         [f"{ARRAY['held']}_{i}" for i in range(3)]
-    pbs_id = parse_pbs_qsub(read("pbs/qsub_array.txt"))
+    pbs_id = parse_pbs_qsub(fixture("pbs", "qsub_array.txt"))
     assert pbs_id == "4120[].pbs-head"
     assert PBSAdapter().array_element_ids(pbs_id, 2) == ["4120[0].pbs-head", "4120[1].pbs-head"]
     with pytest.raises(BatchError, match=r"<number>\[\]"):
         PBSAdapter().array_element_ids("4120.pbs-head", 2)
-    sge_id = parse_sge_qsub(read("sge/qsub_array.txt"))
+    sge_id = parse_sge_qsub(fixture("sge", "qsub_array.txt"))
     assert SGEAdapter().array_element_ids(sge_id, 4) == ["12.1", "12.2", "12.3", "12.4"]
 
 
 # -- PBS: subjobs in qstat -x -f -F json (layout of real captures; fixtures/pbs/SOURCES.md) -------
 def test_pbs_subjobs_status_and_accounting_per_element():
-    runner = ReplayRunner([Captured("qstat", read("pbs/openpbs_qstat_xf_json_subjobs.json")), Captured("qdel", "")])
+    runner = ReplayRunner([Captured("qstat", fixture("pbs", "openpbs_qstat_xf_json_subjobs.json")),
+                           Captured("qdel", "")])
     ids = [f"4120[{i}].pbs-head" for i in range(4)]
     adapter = PBSAdapter(runner)
     assert {k: v.state for k, v in adapter.status(ids).items()} == dict(zip(ids, ["completed", "timeout",
@@ -210,7 +206,7 @@ def test_expand_task_range():
 
 def test_sge_qstat_xml_tasks_are_jobs_of_their_own():
     # (This capture is `qstat -xml -f`: the host is its Queue-List's, not in the job_list.)
-    got = {s.job_id: s.state for s in parse_qstat_xml(read("sge/qstat_xml_array_epam.txt"))}
+    got = {s.job_id: s.state for s in parse_qstat_xml(fixture("sge", "qstat_xml_array_epam.txt"))}
     assert got["1"] == "running"                                          # no tasks: a plain job
     assert got["2.1"] == "running"                                        # a running task
     assert [got[f"2.{i}"] for i in range(2, 11)] == ["pending"] * 9
@@ -220,11 +216,11 @@ def test_sge_qstat_xml_tasks_are_jobs_of_their_own():
 
 
 def test_sge_accounting_asks_qacct_for_the_task_and_judges_it_alone():
-    text = read("sge/qacct_array_tasks.txt")
+    text = fixture("sge", "qacct_array_tasks.txt")
     records = {r.job_id: r for r in parse_qacct(text)}
     assert sorted(records) == ["12.1", "12.3"]
     assert records["12.1"].state == "completed" and cause_of(records["12.3"]) == "walltime"
-    runner = ReplayRunner([Captured("qstat", read("sge/qstat_xml_empty.txt")), Captured("qacct", text)])
+    runner = ReplayRunner([Captured("qstat", fixture("sge", "qstat_xml_empty.txt")), Captured("qacct", text)])
     got = SGEAdapter(runner).accounting(["12.3"])
     assert list(got) == ["12.3"] and got["12.3"].state == "timeout"
     assert ["qacct", "-j", "12", "-t", "3"] in [argv for argv, _ in runner.calls]

@@ -3,17 +3,11 @@ on the outputs captured from real batch systems (fixtures/*/, each with its sour
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hpc_cluster.adapters.pbs import PBSAdapter
 from hpc_cluster.adapters.slurm import SLURMAdapter
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending
+from helpers.fixtures import fixture
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-
-def read(path: str) -> str:
-    return (FIXTURES / path).read_text()
 
 
 class TestSLURM(AdapterConformance):
@@ -21,12 +15,12 @@ class TestSLURM(AdapterConformance):
     entry_point = "slurm"
     script_must_contain = ("#SBATCH -J kit-job", "#SBATCH -p kit-queue", "#SBATCH -A kit-account",
                            "#SBATCH --cpus-per-task=3", "#SBATCH --mem=2G", "#SBATCH -t 01:30:00")
-    submit_output = Captured("sbatch", read("slurm/sbatch_parsable.txt"))
+    submit_output = Captured("sbatch", fixture("slurm", "sbatch_parsable.txt"))
     submitted_job_id = "39"
-    status_outputs = [Captured("squeue", read("slurm/squeue_all.txt"))]
+    status_outputs = [Captured("squeue", fixture("slurm", "squeue_all.txt"))]
     status_expected = {"39": "completed", "40": "failed", "42": "out-of-memory", "43": "running",
                        "44": "cancelled", "45": "preempted"}
-    accounting_outputs = [Captured("sacct", read("slurm/sacct_all.txt"))]
+    accounting_outputs = [Captured("sacct", fixture("slurm", "sacct_all.txt"))]
     endings = [
         Ending("39", "completed", exit_code=0),
         Ending("40", "failed", cause="crash", exit_code=3, registered=True),
@@ -47,10 +41,10 @@ class TestPBS(AdapterConformance):
     entry_point = "pbs"
     script_must_contain = ("#PBS -N kit-job", "#PBS -q kit-queue", "#PBS -A kit-account",
                            "#PBS -l select=1:ncpus=3:mem=2048MB", "#PBS -l walltime=01:30:00")
-    submit_output = Captured("qsub", read("pbs/qsub_openpbs.txt"))
-    submitted_job_id = read("pbs/qsub_openpbs.txt").strip()
-    status_outputs = [Captured("qstat", read("pbs/openpbs_qstat_xf_json_finished.json"), match="41"),
-                      Captured("qstat", read("pbs/openpbs_qstat_xf_json_active.json"))]
+    submit_output = Captured("qsub", fixture("pbs", "qsub_openpbs.txt"))
+    submitted_job_id = fixture("pbs", "qsub_openpbs.txt").strip()
+    status_outputs = [Captured("qstat", fixture("pbs", "openpbs_qstat_xf_json_finished.json"), match="41"),
+                      Captured("qstat", fixture("pbs", "openpbs_qstat_xf_json_active.json"))]
     status_expected = {"4101.pbs-head": "completed", "4104.pbs-head": "timeout"}
     accounting_outputs = status_outputs
     endings = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,18 +14,14 @@ from hpc_cluster.adapters.htcondor import (HTCondorAdapter, ad_accounting, ad_st
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.testing.adapter_conformance import (WORKER_COMMAND, AdapterConformance, Captured, Ending, ReplayRunner,
                                                      kit_spec)
+from helpers.fixtures import fixture
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "htcondor"
 MiB = 2**20
 HISTORY = "condor_history_endings_assembled.json"
 
 
-def read(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
 def ads(name: str) -> dict:
-    return {f"{a['ClusterId']}.{a['ProcId']}": a for a in json.loads(read(name))}
+    return {f"{a['ClusterId']}.{a['ProcId']}": a for a in json.loads(fixture("htcondor", name))}
 
 
 class KitHTCondor(HTCondorAdapter):
@@ -46,14 +41,14 @@ class TestHTCondor(AdapterConformance):
     script_must_contain = ("batch_name = kit-job", "RequestCpus = 3", "RequestMemory = 2048", "RequestDisk = 976563",
                            "MY.HpcClusterWalltime = 5400", "accounting_group = kit-account", "executable = /bin/sh",
                            "\nqueue\n")
-    submit_output = Captured("condor_submit", read("condor_submit.txt"))
+    submit_output = Captured("condor_submit", fixture("htcondor", "condor_submit.txt"))
     submitted_job_id = "19.0"
-    status_outputs = [Captured("condor_q", read("condor_q_running_clas12.json"), match="3472942.81"),
-                      Captured("condor_q", read("condor_q_idle_assembled.json"), match="1208.0"),
-                      EMPTY_Q, Captured("condor_history", read(HISTORY))]
+    status_outputs = [Captured("condor_q", fixture("htcondor", "condor_q_running_clas12.json"), match="3472942.81"),
+                      Captured("condor_q", fixture("htcondor", "condor_q_idle_assembled.json"), match="1208.0"),
+                      EMPTY_Q, Captured("condor_history", fixture("htcondor", HISTORY))]
     status_expected = {"3472942.81": "running", "1208.0": "pending", "1202.0": "completed", "1206.0": "timeout"}
-    accounting_outputs = [Captured("condor_q", read("condor_q_held_memory.json"), match="1201.0"),
-                          Captured("condor_rm", ""), Captured("condor_history", read(HISTORY))]
+    accounting_outputs = [Captured("condor_q", fixture("htcondor", "condor_q_held_memory.json"), match="1201.0"),
+                          Captured("condor_rm", ""), Captured("condor_history", fixture("htcondor", HISTORY))]
     endings = [
         Ending("1201.0", "out-of-memory", cause="memory-batch", exit_code=None, signal=None),
         Ending("1202.0", "completed", exit_code=0, signal=None),
@@ -64,7 +59,7 @@ class TestHTCondor(AdapterConformance):
         Ending("1206.0", "timeout", cause="walltime"),
         Ending("1207.0", "out-of-memory", cause="memory-batch"),
     ]
-    cancel_outputs = [Captured("condor_rm", read("condor_rm_finished_stdout.txt"), "", 1)]
+    cancel_outputs = [Captured("condor_rm", fixture("htcondor", "condor_rm_finished_stdout.txt"), "", 1)]
 
     def adapter(self, outputs=()):
         runner = ReplayRunner(outputs)
@@ -108,7 +103,8 @@ def test_quoting_helpers():
 
 
 def test_held_for_memory_is_out_of_memory_with_request_and_usage_and_is_removed():
-    runner = ReplayRunner([Captured("condor_q", read("condor_q_held_memory.json")), Captured("condor_rm", "")])
+    runner = ReplayRunner([Captured("condor_q", fixture("htcondor", "condor_q_held_memory.json")),
+                           Captured("condor_rm", "")])
     adapter = KitHTCondor(runner)
     assert adapter.status(["1201.0"])["1201.0"].state == "out-of-memory"
     assert (["condor_rm", "1201.0"], None) in runner.calls               # else it sits held for ever
@@ -134,7 +130,7 @@ def test_history_endings():
 
 
 def test_a_real_running_ad_from_condor_q():
-    (ad,) = json.loads(read("condor_q_running_clas12.json"))
+    (ad,) = json.loads(fixture("htcondor", "condor_q_running_clas12.json"))
     st = ad_status(ad)
     assert (st.job_id, st.state, st.node, st.elapsed) == ("3472942.81", "running", "CRUSH-OSG-C7-10-5-219-52", 37327)
     rec = ad_accounting(ad)
@@ -160,7 +156,7 @@ def test_classify_ad_table(ad, want):
 
 
 def test_malformed_outputs_are_errors_that_say_what_was_read():
-    assert parse_condor_submit(read("condor_submit.txt")) == "19.0"
+    assert parse_condor_submit(fixture("htcondor", "condor_submit.txt")) == "19.0"
     with pytest.raises(BatchError, match="condor_submit printed no cluster id"):
         parse_condor_submit("ERROR: on Line 3 of submit file: ...\n")
     with pytest.raises(BatchError, match=r"condor_q -json printed something that is not JSON .*first line: \['-- Failed to fetch ads"):
@@ -173,7 +169,7 @@ def test_malformed_outputs_are_errors_that_say_what_was_read():
 
 
 def test_command_extras_reach_every_command():
-    runner = ReplayRunner([Captured("condor_submit", read("condor_submit.txt")), EMPTY_Q, Captured("condor_history", ""),
+    runner = ReplayRunner([Captured("condor_submit", fixture("htcondor", "condor_submit.txt")), EMPTY_Q, Captured("condor_history", ""),
                            Captured("condor_rm", "")])
     adapter = KitHTCondor(runner)
     adapter.configure({"disk": 10**9, "submit_command_extra": ["-name", "s1"], "cancel_command_extra": ["-name", "s1"]})

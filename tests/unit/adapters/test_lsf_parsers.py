@@ -4,7 +4,6 @@ adapter kit, then the pure parsers one by one, malformed output included."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -14,17 +13,13 @@ from hpc_cluster.adapters.lsf import (LSFAdapter, bjobs_accounting, bjobs_status
                                       parse_lsf_memory)
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending, ReplayRunner, kit_spec
+from helpers.fixtures import fixture
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lsf"
 MiB, GiB = 2**20, 2**30
 
 
-def read(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
-def bjobs(name: str, match: str | None = None) -> Captured:
-    return Captured("bjobs", read(name), match=match)
+def bjobs_output(name: str, match: str | None = None) -> Captured:
+    return Captured("bjobs", fixture("lsf", name), match=match)
 
 
 ENDINGS = "bjobs_endings_assembled.json"
@@ -43,13 +38,14 @@ class TestLSF(AdapterConformance):
     entry_point = "lsf"
     script_must_contain = ("#BSUB -J kit-job", "#BSUB -q kit-queue", '#BSUB -P "kit-account"', "#BSUB -n 3",
                            '#BSUB -R "span[hosts=1]"', "#BSUB -W 01:30")
-    submit_output = Captured("bsub", read("bsub.txt"))
+    submit_output = Captured("bsub", fixture("lsf", "bsub.txt"))
     submitted_job_id = "771278"
-    status_outputs = [bjobs("bjobs_running_balsam.json", match="806290"), bjobs("bjobs_pend_lsfclient.json", "12345679"),
-                      bjobs("bjobs_done_batcheuphoria.json", match="22005"),
-                      Captured("bjobs", "", read("bjobs_not_found_stderr.txt"), 255)]
+    status_outputs = [bjobs_output("bjobs_running_balsam.json", match="806290"),
+                      bjobs_output("bjobs_pend_lsfclient.json", "12345679"),
+                      bjobs_output("bjobs_done_batcheuphoria.json", match="22005"),
+                      Captured("bjobs", "", fixture("lsf", "bjobs_not_found_stderr.txt"), 255)]
     status_expected = {"806290": "running", "12345679": "pending", "22005": "completed"}
-    accounting_outputs = [bjobs(ENDINGS)]
+    accounting_outputs = [bjobs_output(ENDINGS)]
     endings = [
         Ending("8254049", "timeout", cause="walltime", exit_code=140, signal=12),
         Ending("30102", "out-of-memory", cause="memory-batch", exit_code=130, signal=2),
@@ -58,7 +54,7 @@ class TestLSF(AdapterConformance):
         Ending("30104", "failed", cause="startup", registered=False),
         Ending("30105", "cancelled", cause="cancelled", exit_code=130),
     ]
-    cancel_outputs = [Captured("bkill", "", read("bkill_finished_stderr.txt"), 255)]
+    cancel_outputs = [Captured("bkill", "", fixture("lsf", "bkill_finished_stderr.txt"), 255)]
 
     def adapter(self, outputs=()):
         runner = ReplayRunner(outputs)
@@ -73,7 +69,7 @@ class TestLSF(AdapterConformance):
 
 
 def records(name: str) -> dict:
-    return {r["JOBID"]: r for r in parse_bjobs_json(read(name))}
+    return {r["JOBID"]: r for r in parse_bjobs_json(fixture("lsf", name))}
 
 
 def test_walltime_kill_has_its_limit_time_and_signal():
@@ -137,7 +133,7 @@ def test_values():
     assert lsf_memory(2 * GiB, "GB") == "3"
     with pytest.raises(BatchError, match="lsf_units='mib': use one of kb, mb"):
         lsf_memory(1, "mib")
-    assert parse_bsub(read("bsub.txt")) == "771278"
+    assert parse_bsub(fixture("lsf", "bsub.txt")) == "771278"
     assert parse_bsub("Job <5> is submitted to queue <normal>.\n") == "5"
 
 
@@ -168,7 +164,7 @@ def test_malformed_outputs_are_errors_that_say_what_was_read():
         parse_bsub("Request aborted by esub. Job not submitted.\n")
 
 
-def lsf(runner, **options) -> LSFAdapter:
+def lsf_adapter(runner, **options) -> LSFAdapter:
     adapter = LSFAdapter(runner)
     adapter.configure({"lsf_units": "kb", **options})
     return adapter
@@ -176,7 +172,7 @@ def lsf(runner, **options) -> LSFAdapter:
 
 def test_unknown_id_as_a_json_error_record_is_unknown():
     text = '{"COMMAND":"bjobs","JOBS":1,"RECORDS":[{"JOBID":"999","ERROR":"Job <999> is not found"}]}'
-    adapter = lsf(ReplayRunner([Captured("bjobs", text, "", 255)]))
+    adapter = lsf_adapter(ReplayRunner([Captured("bjobs", text, "", 255)]))
     assert adapter.status(["999"])["999"].state == "unknown" and adapter.accounting(["999"]) == {}
 
 
@@ -187,33 +183,33 @@ def test_bjobs_failing_for_another_reason_is_an_error():
 
 
 def test_one_bjobs_call_for_all_ids_with_our_fields():
-    runner = ReplayRunner([bjobs(ENDINGS)])
-    lsf(runner).accounting(["8254049", "30102", "8254049"])
+    runner = ReplayRunner([bjobs_output(ENDINGS)])
+    lsf_adapter(runner).accounting(["8254049", "30102", "8254049"])
     (argv, _), = runner.calls
     assert argv[:3] == ["bjobs", "-a", "-o"] and "exit_reason" in argv[3] and argv[4:] == ["-json", "8254049", "30102"]
 
 
 def test_render_memory_units_logs_and_refusals():
-    script = lsf(ReplayRunner()).render(kit_spec(log_directory="/logs", working_directory="/w",
+    script = lsf_adapter(ReplayRunner()).render(kit_spec(log_directory="/logs", working_directory="/w",
                                                  batch_options={"lsf_units": "mb"}))
     assert "#BSUB -e /logs/kit-job-%J.err\n#BSUB -o /logs/kit-job-%J.out\n#BSUB -q kit-queue\n" in script
     assert "#BSUB -M 2148\n#BSUB -W 01:30\n#BSUB -cwd /w\n" in script
     assert 'export HPC_CLUSTER_JOB_ID="$LSB_JOBID"' in script
-    one = lsf(ReplayRunner()).render(kit_spec(cores=1))
+    one = lsf_adapter(ReplayRunner()).render(kit_spec(cores=1))
     assert "#BSUB -n 1\n" in one and "span[hosts=1]" not in one
     # dask-jobqueue's ncpus and mem replace cores and memory in the request.
-    own = lsf(ReplayRunner()).render(kit_spec(batch_options={"ncpus": 8, "mem": 10**9, "lsf_units": "gb"}))
+    own = lsf_adapter(ReplayRunner()).render(kit_spec(batch_options={"ncpus": 8, "mem": 10**9, "lsf_units": "gb"}))
     assert "#BSUB -n 8\n" in own and "#BSUB -M 1\n" in own
     with pytest.raises(BatchError, match="resource_spec is a PBS/SGE setting; on LSF"):
-        lsf(ReplayRunner()).render(kit_spec(resource_spec="x"))
+        lsf_adapter(ReplayRunner()).render(kit_spec(resource_spec="x"))
     with pytest.raises(BatchError, match="on LSF use ncpus="):
-        lsf(ReplayRunner()).render(kit_spec(job_cpu=2))
+        lsf_adapter(ReplayRunner()).render(kit_spec(job_cpu=2))
 
 
 def test_submit_through_a_file_when_not_on_stdin():
     runner = ReplayRunner([Captured("mktemp", "/tmp/hpc-cluster-abc.sh\n"), Captured("sh", ""), Captured("rm", ""),
-                           Captured("bsub", read("bsub.txt"))])
-    adapter = lsf(runner, use_stdin=False)
+                           Captured("bsub", fixture("lsf", "bsub.txt"))])
+    adapter = lsf_adapter(runner, use_stdin=False)
     assert adapter.submit("#!/bin/sh\n") == "771278"
     assert [a[0] for a, _ in runner.calls] == ["mktemp", "sh", "bsub", "rm"]
     assert runner.calls[2] == (["bsub", "/tmp/hpc-cluster-abc.sh"], None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -18,13 +17,9 @@ from hpc_cluster.adapters.pbs import (
     parse_pbs_size, parse_qstat_full, parse_qstat_full_attrs, parse_qstat_full_status,
     parse_qstat_json, parse_qstat_json_status, parse_qsub, sanitize_job_name)
 from helpers.fakes import ScriptedRunner
+from helpers.fixtures import bash_n, fixture
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pbs"
 GiB = 1024**3
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
 
 
 def by_id(records):
@@ -38,7 +33,7 @@ def by_id(records):
     ("qsub_array.txt", "4120[].pbs-head"),
 ])
 def test_parse_qsub(name, expected):
-    assert parse_qsub(fixture(name)) == expected
+    assert parse_qsub(fixture("pbs", name)) == expected
 
 
 def test_parse_qsub_skips_warnings_before_the_id():
@@ -47,7 +42,7 @@ def test_parse_qsub_skips_warnings_before_the_id():
 
 def test_parse_qsub_rejects_an_error_message():
     with pytest.raises(BatchError, match="no job id"):
-        parse_qsub(fixture("qsub_error_stderr.txt"))
+        parse_qsub(fixture("pbs", "qsub_error_stderr.txt"))
 
 
 # -- units ---------------------------------------------------------------------------
@@ -82,7 +77,7 @@ def test_format_pbs_memory_is_dask_jobqueues_and_never_asks_for_less(nbytes, exp
 
 # -- qstat -F json ----------------------------------------------------------------------
 def test_openpbs_json_finished_jobs_map_to_states():
-    recs = by_id(parse_qstat_json(fixture("openpbs_qstat_xf_json_finished.json")))
+    recs = by_id(parse_qstat_json(fixture("pbs", "openpbs_qstat_xf_json_finished.json")))
     expected = {
         "4101.pbs-head": ("completed", 0, None),
         "4102.pbs-head": ("failed", 3, None),
@@ -99,7 +94,7 @@ def test_openpbs_json_finished_jobs_map_to_states():
 
 
 def test_openpbs_json_fills_the_accounting_fields():
-    rec = by_id(parse_qstat_json(fixture("openpbs_qstat_xf_json_finished.json")))["4104.pbs-head"]
+    rec = by_id(parse_qstat_json(fixture("pbs", "openpbs_qstat_xf_json_finished.json")))["4104.pbs-head"]
     assert rec.raw_state == "F Exit_status=-29"
     assert rec.elapsed == 30 * 60 + 9
     assert rec.time_limit == 30 * 60
@@ -113,7 +108,7 @@ def test_openpbs_json_fills_the_accounting_fields():
 
 
 def test_openpbs_json_active_jobs():
-    text = fixture("openpbs_qstat_xf_json_active.json")
+    text = fixture("pbs", "openpbs_qstat_xf_json_active.json")
     states = {r.job_id: (r.state, r.raw_state, r.final) for r in parse_qstat_json(text)}
     assert states == {"4110.pbs-head": ("pending", "Q", False),
                       "4111.pbs-head": ("running", "R", False),
@@ -126,7 +121,7 @@ def test_openpbs_json_active_jobs():
 
 
 def test_real_pbspro_19_json_with_escaped_slashes():
-    (rec,) = parse_qstat_json(fixture("pbspro1928_qstat_xf_json_real.json"))
+    (rec,) = parse_qstat_json(fixture("pbs", "pbspro1928_qstat_xf_json_real.json"))
     assert (rec.job_id, rec.state, rec.exit_code) == ("4732778.login02", "completed", 0)
     assert rec.elapsed == 24 * 3600 + 5 * 60 + 32
     assert rec.time_limit == 48 * 3600
@@ -136,7 +131,7 @@ def test_real_pbspro_19_json_with_escaped_slashes():
 
 
 def test_real_openpbs_20_json_running_jobs_without_mem_request():
-    recs = parse_qstat_json(fixture("openpbs2001_qstat_f_json_running_real.json"))
+    recs = parse_qstat_json(fixture("pbs", "openpbs2001_qstat_f_json_running_real.json"))
     assert [r.job_id for r in recs] == ["2007.vm-priboy", "2009.vm-priboy", "2010.vm-priboy"]
     assert {r.state for r in recs} == {"running"}
     assert recs[0].requested_memory is None           # select=1:ncpus=1 asks for none
@@ -145,7 +140,7 @@ def test_real_openpbs_20_json_running_jobs_without_mem_request():
 
 
 def test_unescaped_json_from_pbspro_is_repaired():
-    text = fixture("pbspro_qstat_json_unescaped.json")
+    text = fixture("pbs", "pbspro_qstat_json_unescaped.json")
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
     (rec,) = parse_qstat_json(text)
@@ -173,7 +168,7 @@ def test_select_memory_counts_chunks():
 
 # -- qstat -f text ----------------------------------------------------------------------
 def test_real_torque_outputs():
-    recs = by_id(parse_qstat_full(fixture("torque428_qstat_f_real.txt")))
+    recs = by_id(parse_qstat_full(fixture("pbs", "torque428_qstat_f_real.txt")))
     done = recs["522081.barnacle.ucsd.edu"]
     assert (done.state, done.raw_state, done.exit_code) == ("completed", "C exit_status=0", 0)
     assert done.start == "Fri Oct 20 04:27:38 2017"   # start_time
@@ -189,7 +184,7 @@ def test_real_torque_outputs():
 
 
 def test_continuation_lines_join_without_separator():
-    attrs = parse_qstat_full_attrs(fixture("torque428_qstat_f_real.txt"))
+    attrs = parse_qstat_full_attrs(fixture("pbs", "torque428_qstat_f_real.txt"))
     queued = attrs["515916.barnacle.ucsd.edu"]
     # The break falls inside words ("pita.deblu" + "r.error"): nothing may be added.
     assert queued["Output_Path"] == "barnacle.ucsd.edu:/home/amam7564/data/mice-quinoa/pita.deblur.error"
@@ -200,7 +195,7 @@ def test_continuation_lines_join_without_separator():
 
 
 def test_constructed_torque_codes():
-    recs = by_id(parse_qstat_full(fixture("torque_qstat_f.txt")))
+    recs = by_id(parse_qstat_full(fixture("pbs", "torque_qstat_f.txt")))
     got = {k.split(".")[0]: (r.state, r.exit_code, r.signal) for k, r in recs.items()}
     assert got == {"523101": ("out-of-memory", -10, None),
                    "523102": ("cancelled", 271, 15),
@@ -211,7 +206,7 @@ def test_constructed_torque_codes():
 
 
 def test_pbspro_text_with_older_271_kills():
-    recs = by_id(parse_qstat_full(fixture("pbspro_qstat_xf.txt")))
+    recs = by_id(parse_qstat_full(fixture("pbs", "pbspro_qstat_xf.txt")))
     failed = recs["10.pbsworks"]
     assert (failed.state, failed.exit_code, failed.signal) == ("failed", 127, None)
     assert failed.raw_state == "F Exit_status=127"
@@ -225,7 +220,7 @@ def test_pbspro_text_with_older_271_kills():
 
 
 def test_text_status():
-    status = {s.job_id: s for s in parse_qstat_full_status(fixture("torque428_qstat_f_real.txt"))}
+    status = {s.job_id: s for s in parse_qstat_full_status(fixture("pbs", "torque428_qstat_f_real.txt"))}
     assert status["515916.barnacle.ucsd.edu"].state == "pending"
     assert status["522083.barnacle.ucsd.edu"].raw_state == "C"
     assert status["522083.barnacle.ucsd.edu"].state == "timeout"
@@ -233,7 +228,7 @@ def test_text_status():
 
 def test_the_same_job_reads_the_same_from_json_and_text():
     """The simulator prints both; a real OpenPBS does too. One job, two formats, one record."""
-    job = json.loads(fixture("openpbs_qstat_xf_json_finished.json"))["Jobs"]["4105.pbs-head"]
+    job = json.loads(fixture("pbs", "openpbs_qstat_xf_json_finished.json"))["Jobs"]["4105.pbs-head"]
     lines = ["Job Id: 4105.pbs-head"]
     for key, value in job.items():
         if key == "Variable_List":
@@ -243,7 +238,7 @@ def test_the_same_job_reads_the_same_from_json_and_text():
         else:
             lines.append(f"    {key} = {value}")
     (from_text,) = parse_qstat_full("\n".join(lines) + "\n")
-    (from_json,) = [r for r in parse_qstat_json(fixture("openpbs_qstat_xf_json_finished.json"))
+    (from_json,) = [r for r in parse_qstat_json(fixture("pbs", "openpbs_qstat_xf_json_finished.json"))
                     if r.job_id == "4105.pbs-head"]
     from_text.raw = from_json.raw = ""
     assert from_text == from_json
@@ -286,7 +281,7 @@ def test_cancelled_by_is_taken_from_the_comment_when_present():
 
 
 def test_job_status_from_record_keeps_the_letter():
-    (rec,) = [r for r in parse_qstat_json(fixture("openpbs_qstat_xf_json_finished.json"))
+    (rec,) = [r for r in parse_qstat_json(fixture("pbs", "openpbs_qstat_xf_json_finished.json"))
               if r.job_id == "4104.pbs-head"]
     status = job_status_from_record(rec)
     assert (status.state, status.raw_state, status.time_limit) == ("timeout", "F", 1800)
@@ -300,13 +295,13 @@ def test_submit_pipes_the_script_to_qsub():
 
 
 def test_submit_error_names_qsubs_complaint():
-    runner = ScriptedRunner([(["qsub"], (2, "", fixture("qsub_error_stderr.txt")))])
+    runner = ScriptedRunner([(["qsub"], (2, "", fixture("pbs", "qsub_error_stderr.txt")))])
     with pytest.raises(BatchError, match="Resource_List.walltime"):
         PBSAdapter(runner).submit("x")
 
 
 def test_status_is_one_json_call_and_unknown_ids_are_unknown():
-    out = fixture("openpbs_qstat_xf_json_active.json")
+    out = fixture("pbs", "openpbs_qstat_xf_json_active.json")
     runner = ScriptedRunner([(["qstat"], (153, out, "qstat: Unknown Job Id 9999.pbs-head\n"))])
     got = PBSAdapter(runner).status(["4110.pbs-head", "4111", "9999.pbs-head"])
     assert len(runner.calls) == 1
@@ -321,7 +316,7 @@ def test_falls_back_to_text_when_json_is_not_supported_and_remembers():
     usage = "qstat: invalid option -- 'F'\nusage: qstat [-f [-1]] [-W site_specific] [-x]\n"
     runner = ScriptedRunner([
         (["qstat", "-x", "-f", "-F", "json"], (2, "", usage)),
-        (["qstat", "-f"], (0, fixture("torque428_qstat_f_real.txt"), "")),
+        (["qstat", "-f"], (0, fixture("pbs", "torque428_qstat_f_real.txt"), "")),
     ])
     adapter = PBSAdapter(runner)
     recs = adapter.accounting(["522083.barnacle.ucsd.edu", "522081.barnacle.ucsd.edu"])
@@ -356,11 +351,6 @@ def test_get_adapter_returns_pbs():
 # -- the job template ------------------------------------------------------------------
 def render(spec: JobSpec, **adapter_kw) -> str:
     return PBSAdapter(ScriptedRunner([]), **adapter_kw).render(spec)
-
-
-def bash_n(script: str) -> None:
-    result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
-    assert result.returncode == 0, result.stderr
 
 
 def pbs_lines(script: str) -> list[str]:

@@ -5,8 +5,6 @@ pure parsers one by one, malformed output included."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import pytest
 
@@ -16,21 +14,17 @@ from hpc_cluster.adapters.sge import (SGEAdapter, classify_qacct, map_qstat_stat
                                       parse_sge_time, sanitize_job_name)
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending, ReplayRunner, kit_spec
+from helpers.fixtures import fixture, manifest
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sge"
-JOBS = json.loads((FIXTURES / "manifest.json").read_text())["jobs"]
+JOBS = manifest("sge")["jobs"]
 MiB = 2**20
 
 
-def read(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
 def qacct(name: str) -> Captured:
-    return Captured("qacct", read(f"qacct_{name}.txt"), match=JOBS[name])
+    return Captured("qacct", fixture("sge", f"qacct_{name}.txt"), match=JOBS[name])
 
 
-NOT_FOUND = Captured("qacct", "", read("qacct_not_found_stderr.txt"), 1)
+NOT_FOUND = Captured("qacct", "", fixture("sge", "qacct_not_found_stderr.txt"), 1)
 
 
 class TestSGE(AdapterConformance):
@@ -38,16 +32,16 @@ class TestSGE(AdapterConformance):
     entry_point = "sge"
     script_must_contain = ("#$ -N kit-job", "#$ -q kit-queue", "#$ -P kit-account", "#$ -l h_rt=01:30:00",
                            "#$ -cwd", "#$ -j y")
-    submit_output = Captured("qsub", read("qsub.txt"))
+    submit_output = Captured("qsub", fixture("sge", "qsub.txt"))
     submitted_job_id = JOBS["completed"]
-    status_outputs = [Captured("qstat", read("qstat_j_eqw.txt"), match="-j"),
-                      Captured("qstat", read("qstat_xml.txt")),
+    status_outputs = [Captured("qstat", fixture("sge", "qstat_j_eqw.txt"), match="-j"),
+                      Captured("qstat", fixture("sge", "qstat_xml.txt")),
                       Captured("qdel", f"root has deleted job {JOBS['eqw']}\n")]     # the Eqw job goes
     status_expected = {JOBS["walltime"]: "running", JOBS["qdel_pending"]: "pending", JOBS["eqw"]: "failed",
                        JOBS["exit3"]: "failed", JOBS["completed"]: "completed"}
     # Accounting asks the queue first: by then these jobs had left it (the queue captured
     # while they ran is status_outputs'). The job in error state has a test of its own below.
-    accounting_outputs = [Captured("qstat", read("qstat_xml_empty.txt")),
+    accounting_outputs = [Captured("qstat", fixture("sge", "qstat_xml_empty.txt")),
                           *(qacct(n) for n in ("completed", "exit3", "segfault", "walltime", "vmem_kill",
                                                "vmem_alloc", "qdel_running")), NOT_FOUND]
     endings = [
@@ -60,11 +54,11 @@ class TestSGE(AdapterConformance):
         Ending(JOBS["vmem_alloc"], "failed", exit_code=1),
         Ending(JOBS["qdel_running"], "cancelled", cause="cancelled", exit_code=137, signal=9),
     ]
-    cancel_outputs = [Captured("qdel", read("qdel_finished.txt"), "", 1)]
+    cancel_outputs = [Captured("qdel", fixture("sge", "qdel_finished.txt"), "", 1)]
 
 
 def test_walltime_kill_is_a_timeout_with_its_limit_and_time():
-    (rec,) = parse_qacct(read("qacct_walltime.txt"))
+    (rec,) = parse_qacct(fixture("sge", "qacct_walltime.txt"))
     assert (rec.job_id, rec.state, rec.exit_code, rec.signal) == (JOBS["walltime"], "timeout", 137, 9)
     assert (rec.time_limit, rec.elapsed) == (5, 6)
     assert rec.raw_state == "failed 37  : qmaster enforced h_rt, h_cpu, or h_vmem limit; exit_status 137                  (Killed)"
@@ -72,7 +66,7 @@ def test_walltime_kill_is_a_timeout_with_its_limit_and_time():
 
 
 def test_vmem_kill_is_out_of_memory_with_request_and_use():
-    (rec,) = parse_qacct(read("qacct_vmem_kill.txt"))
+    (rec,) = parse_qacct(fixture("sge", "qacct_vmem_kill.txt"))
     assert rec.state == "out-of-memory"
     assert rec.requested_memory == 300 * MiB
     assert rec.max_rss == int(307.492 * MiB)          # maxvmem: what h_vmem was checked against
@@ -82,13 +76,13 @@ def test_vmem_kill_is_out_of_memory_with_request_and_use():
 def test_allocation_refused_under_h_vmem_is_an_ordinary_failure():
     # One process under h_vmem: its own malloc fails (Python MemoryError, exit 1) before execd
     # sees the job over its limit; Grid Engine records no limit kill, and neither do we.
-    (rec,) = parse_qacct(read("qacct_vmem_alloc.txt"))
+    (rec,) = parse_qacct(fixture("sge", "qacct_vmem_alloc.txt"))
     assert (rec.state, rec.exit_code, rec.signal, rec.requested_memory) == ("failed", 1, None, 200 * MiB)
 
 
 def test_qdel_and_segfault_both_end_after_job_and_differ_by_signal():
-    (deleted,) = parse_qacct(read("qacct_qdel_running.txt"))
-    (crashed,) = parse_qacct(read("qacct_segfault.txt"))
+    (deleted,) = parse_qacct(fixture("sge", "qacct_qdel_running.txt"))
+    (crashed,) = parse_qacct(fixture("sge", "qacct_segfault.txt"))
     assert (deleted.state, deleted.signal) == ("cancelled", 9)
     assert (crashed.state, crashed.signal) == ("failed", 11)
     assert deleted.time_limit == 600 and deleted.requested_memory == 2**30
@@ -113,26 +107,27 @@ def test_classify_qacct_table(failed, exit_status, numbers, want):
 
 
 def test_qstat_xml_states_and_hosts():
-    by_id = {s.job_id: s for s in parse_qstat_xml(read("qstat_xml.txt"))}
+    by_id = {s.job_id: s for s in parse_qstat_xml(fixture("sge", "qstat_xml.txt"))}
     assert {k: (s.state, s.raw_state) for k, s in by_id.items()} == {
         JOBS["walltime"]: ("running", "r"), JOBS["qdel_running"]: ("running", "r"),
         JOBS["eqw"]: ("failed", "Eqw"), JOBS["qdel_pending"]: ("pending", "hqw")}
     assert by_id[JOBS["walltime"]].node == "vm" and by_id[JOBS["eqw"]].node is None
-    deleting = {s.job_id: s.raw_state for s in parse_qstat_xml(read("qstat_xml_deleting.txt"))}
+    deleting = {s.job_id: s.raw_state for s in parse_qstat_xml(fixture("sge", "qstat_xml_deleting.txt"))}
     assert deleting[JOBS["qdel_running"]] == "dr" and map_qstat_state("dr") == "running"
-    assert parse_qstat_xml(read("qstat_xml_empty.txt")) == []
+    assert parse_qstat_xml(fixture("sge", "qstat_xml_empty.txt")) == []
 
 
 def test_error_state_job_is_failed_with_its_reason_and_deleted():
-    reason = parse_qstat_j_error(read("qstat_j_eqw.txt"))
+    reason = parse_qstat_j_error(fixture("sge", "qstat_j_eqw.txt"))
     assert "can't open output file \"/nonexistent/dir/\"" in reason
-    runner = ReplayRunner([Captured("qstat", read("qstat_j_eqw.txt"), match="-j"),
-                           Captured("qstat", read("qstat_xml.txt")), Captured("qdel", "root has deleted job 9\n")])
+    runner = ReplayRunner([Captured("qstat", fixture("sge", "qstat_j_eqw.txt"), match="-j"),
+                           Captured("qstat", fixture("sge", "qstat_xml.txt")),
+                           Captured("qdel", "root has deleted job 9\n")])
     adapter = SGEAdapter(runner)
     assert adapter.status([JOBS["eqw"]])[JOBS["eqw"]].state == "failed"
     # It would sit in the queue for ever: reported failed, it is deleted, its reason kept.
     assert (["qdel", JOBS["eqw"]], None) in runner.calls
-    runner.outputs.insert(0, Captured("qstat", read("qstat_xml_empty.txt"), match="-xml"))
+    runner.outputs.insert(0, Captured("qstat", fixture("sge", "qstat_xml_empty.txt"), match="-xml"))
     rec = adapter.accounting([JOBS["eqw"]])[JOBS["eqw"]]
     assert rec.state == "failed" and rec.raw_state.startswith("Eqw: ") and "can't open output file" in rec.raw_state
     assert not any(argv[0] == "qacct" for argv, _ in runner.calls)          # it never ran: nothing to ask
@@ -140,8 +135,8 @@ def test_error_state_job_is_failed_with_its_reason_and_deleted():
 
 
 def test_a_job_deleted_before_it_ran_is_cancelled_though_qacct_never_heard_of_it():
-    runner = ReplayRunner([Captured("qdel", "root has deleted job 8\n"), Captured("qstat", read("qstat_xml_empty.txt")),
-                           NOT_FOUND])
+    runner = ReplayRunner([Captured("qdel", "root has deleted job 8\n"),
+                           Captured("qstat", fixture("sge", "qstat_xml_empty.txt")), NOT_FOUND])
     adapter = SGEAdapter(runner)
     assert adapter.status(["8"])["8"].state == "unknown"          # not ours to judge: someone else's qdel?
     adapter.cancel(["8"])
@@ -156,7 +151,7 @@ def test_values():
     assert parse_sge_time("6.7s") == 7 and parse_sge_time("x") is None
     assert parse_category("-q all.q -l h_rt=600,h_vmem=1G -soft -l h_vmem=2G") == {"h_rt": "600", "h_vmem": "1G"}
     assert parse_category("NONE") == {}
-    assert parse_qsub(read("qsub.txt")) == JOBS["completed"]
+    assert parse_qsub(fixture("sge", "qsub.txt")) == JOBS["completed"]
     assert parse_qsub("17\n") == "17" and parse_qsub('Your job-array 18.1-10:1 ("a") has been submitted') == "18"
     assert sanitize_job_name("1st job/x") == "j1st-job-x"
 

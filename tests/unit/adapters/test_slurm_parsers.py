@@ -5,9 +5,6 @@ No SLURM needed. manifest.json says which job id ended which way.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from hpc_cluster.adapters.base import BatchError, JOB_STATES
@@ -16,28 +13,24 @@ from hpc_cluster.adapters.slurm import (STATE_MAP, SLURMAdapter, accounting_disa
                                         parse_scontrol_job, parse_slurm_duration,
                                         parse_slurm_memory, parse_squeue)
 from helpers.fakes import ScriptedRunner
+from helpers.fixtures import fixture, manifest
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm"
-MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+MANIFEST = manifest("slurm")
 JOBS = MANIFEST["jobs"]
 MiB = 2**20
 GiB = 2**30
 
 
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
 @pytest.fixture(scope="module")
 def sacct():
-    return {r.job_id: r for r in parse_sacct(fixture("sacct_all.txt"))}
+    return {r.job_id: r for r in parse_sacct(fixture("slurm", "sacct_all.txt"))}
 
 
 # -- sbatch ---------------------------------------------------------------------------
 def test_sbatch_outputs():
-    assert parse_sbatch(fixture("sbatch_parsable.txt")) == JOBS["completed"]
-    assert parse_sbatch(fixture("sbatch_plain.txt")) == JOBS["plain"]
-    assert parse_sbatch(fixture("sbatch_parsable_cluster.txt")) == JOBS["cluster"]
+    assert parse_sbatch(fixture("slurm", "sbatch_parsable.txt")) == JOBS["completed"]
+    assert parse_sbatch(fixture("slurm", "sbatch_plain.txt")) == JOBS["plain"]
+    assert parse_sbatch(fixture("slurm", "sbatch_parsable_cluster.txt")) == JOBS["cluster"]
     # Site wrappers (lua cli filters, banners) may print before the id.
     assert parse_sbatch("sbatch: info: using default account\n123\n") == "123"
 
@@ -126,7 +119,7 @@ def test_sacct_half_written_records_do_not_break(sacct):
 
 
 def test_sacct_while_running():
-    records = {r.job_id: r for r in parse_sacct(fixture("sacct_running.txt"))}
+    records = {r.job_id: r for r in parse_sacct(fixture("slurm", "sacct_running.txt"))}
     # The job line still says PENDING but its batch step is RUNNING: we say running.
     r = records[JOBS["timeout"]]
     assert (r.raw_state, r.state, r.final) == ("PENDING", "running", False)
@@ -146,7 +139,7 @@ def test_sacct_malformed_line_is_an_error():
 
 
 def test_sacct_job_name_with_separator():
-    text = fixture("sacct_all.txt").splitlines()
+    text = fixture("slurm", "sacct_all.txt").splitlines()
     header, line = text[0], text[1].replace("t-completed", "a|b")
     (r,) = parse_sacct(f"{header}\n{line}\n")
     assert (r.state, r.time_limit) == ("completed", 120)
@@ -154,7 +147,7 @@ def test_sacct_job_name_with_separator():
 
 # -- squeue ---------------------------------------------------------------------------
 def test_squeue_mixed():
-    statuses = parse_squeue(fixture("squeue_mixed.txt"))
+    statuses = parse_squeue(fixture("slurm", "squeue_mixed.txt"))
     assert statuses[JOBS["preemptor"]].state == "pending"
     assert statuses[JOBS["preemptor"]].reason == "Resources"
     assert statuses[JOBS["preemptor"]].node is None
@@ -166,7 +159,7 @@ def test_squeue_mixed():
 
 
 def test_squeue_finished():
-    statuses = parse_squeue(fixture("squeue_all.txt"))
+    statuses = parse_squeue(fixture("slurm", "squeue_all.txt"))
     assert {j: s.state for j, s in statuses.items()} == {
         JOBS["cancelled"]: "cancelled", JOBS["completed"]: "completed", JOBS["exit3"]: "failed",
         JOBS["segfault"]: "failed", JOBS["plain"]: "failed", JOBS["cluster"]: "failed",
@@ -176,14 +169,14 @@ def test_squeue_finished():
 
 
 def test_squeue_without_header():
-    body = "".join(fixture("squeue_all.txt").splitlines(keepends=True)[1:])
-    assert set(parse_squeue(body)) == set(parse_squeue(fixture("squeue_all.txt")))
+    body = "".join(fixture("slurm", "squeue_all.txt").splitlines(keepends=True)[1:])
+    assert set(parse_squeue(body)) == set(parse_squeue(fixture("slurm", "squeue_all.txt")))
     assert parse_squeue("") == {}
 
 
 # -- scontrol -------------------------------------------------------------------------
 def test_scontrol_multiline():
-    records = {r.job_id: r for r in parse_scontrol_job(fixture("scontrol_show_job.txt"))}
+    records = {r.job_id: r for r in parse_scontrol_job(fixture("slurm", "scontrol_show_job.txt"))}
     oom = records[JOBS["oom"]]
     assert (oom.state, oom.exit_code, oom.signal) == ("out-of-memory", 0, 125)
     assert oom.requested_memory == 100 * MiB and oom.time_limit == 300
@@ -193,7 +186,7 @@ def test_scontrol_multiline():
 
 
 def test_scontrol_oneline_matches_sacct(sacct):
-    records = {r.job_id: r for r in parse_scontrol_job(fixture("scontrol_show_job_oneline.txt"))}
+    records = {r.job_id: r for r in parse_scontrol_job(fixture("slurm", "scontrol_show_job_oneline.txt"))}
     for name in ("completed", "exit3", "segfault", "oom", "cancelled", "preempted", "preemptor"):
         a, b = records[JOBS[name]], sacct[JOBS[name]]
         assert (a.state, a.exit_code, a.requested_memory, a.node, a.start) == \
@@ -203,7 +196,7 @@ def test_scontrol_oneline_matches_sacct(sacct):
 
 # -- accounting switched off: sacct's complaint sends the adapter to scontrol --------------
 def test_accounting_disabled_is_read_from_sacct_stderr():
-    assert accounting_disabled(fixture("sacct_disabled_stderr.txt"))
+    assert accounting_disabled(fixture("slurm", "sacct_disabled_stderr.txt"))
     # Other sacct failures are errors to report, not a reason to give up on accounting.
     assert not accounting_disabled("sacct: error: Problem talking to the database: Connection refused\n")
     assert not accounting_disabled("sacct: error: Invalid job id specified\n")
@@ -213,11 +206,11 @@ def test_accounting_disabled_is_read_from_sacct_stderr():
 def sacct_refused(sacct_stderr: str) -> ScriptedRunner:
     """sacct fails with `sacct_stderr`; scontrol answers with its captured output."""
     return ScriptedRunner([(["sacct"], (1, "", sacct_stderr)),
-                           (["scontrol"], (0, fixture("scontrol_show_job_oneline.txt"), ""))])
+                           (["scontrol"], (0, fixture("slurm", "scontrol_show_job_oneline.txt"), ""))])
 
 
 def test_adapter_falls_back_to_scontrol_only_when_accounting_is_disabled():
-    runner = sacct_refused(fixture("sacct_disabled_stderr.txt"))
+    runner = sacct_refused(fixture("slurm", "sacct_disabled_stderr.txt"))
     records = SLURMAdapter(runner).accounting([JOBS["oom"], JOBS["completed"]])
     assert [argv[0] for argv in runner.commands] == ["sacct", "scontrol"]
     assert records[JOBS["oom"]].state == "out-of-memory" and records[JOBS["completed"]].state == "completed"

@@ -12,6 +12,7 @@ import pytest
 from hpc_cluster.adapters.base import BatchError, JobSpec
 from hpc_cluster.adapters.slurm import SLURMAdapter
 from hpc_cluster.runners.local import LocalRunner
+from helpers.fixtures import bash_n
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +22,6 @@ def adapter():
 
 def directives(script: str) -> list[str]:
     return [line for line in script.splitlines() if line.startswith("#SBATCH")]
-
-
-def bash_n(script: str) -> None:
-    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{proc.stderr}\n---\n{script}"
 
 
 def test_minimal(adapter):

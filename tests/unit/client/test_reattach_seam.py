@@ -123,24 +123,24 @@ class FakeClient:
 FUNC = Opaque(b"f")
 
 
-def spec(key, deps=()):
+def task_spec(key, deps=()):
     return {"key": key, "func": FUNC, "args": Opaque(b"a"), "deps": list(deps)}
 
 
 def test_resume_tells_what_is_held_then_the_unfinished_work_then_the_queue():
     c = FakeClient(refs={"done": 1, "bad": 1, "todo": 2}, failed={"bad"},
-                   specs=[spec("todo", ["done"])],
-                   queue=[{"op": "update-graph", "tasks": [spec("todo")]}, "gone", {"op": "cancel", "keys": ["x"]}])
+                   specs=[task_spec("todo", ["done"])],
+                   queue=[{"op": "update-graph", "tasks": [task_spec("todo")]}, "gone", {"op": "cancel", "keys": ["x"]}])
     assert reattach.resume(c) == (2, 1)
     assert c.sent == [{"op": "want-keys", "keys": ["done"]},       # not the failed one, not the spec'd one
-                      {"op": "update-graph", "tasks": [spec("todo", ["done"])], "keys": ["todo"]}]
+                      {"op": "update-graph", "tasks": [task_spec("todo", ["done"])], "keys": ["todo"]}]
     # The queued submission is among the specs: it does not go twice; the rest keeps its order.
     assert c.requeued == ["gone", {"op": "cancel", "keys": ["x"]}]
 
 
 def test_resume_splits_within_the_new_schedulers_limits_and_carries_inputs():
     # max_frames 5: two tasks a part. "a" is an input of a later part, held by no future.
-    specs = [spec("a"), spec("b"), spec("c", ["a"])]
+    specs = [task_spec("a"), task_spec("b"), task_spec("c", ["a"])]
     c = FakeClient(refs={"b": 1, "c": 1}, specs=specs, limits=Limits(max_frames=5))
     reattach.resume(c)
     parts = [m for m in c.sent if m["op"] == "update-graph"]
@@ -180,7 +180,7 @@ def bare_client(refs, states, specs, queue) -> Client:
 def test_the_clients_holdings_take_the_queue_and_requeue_puts_items_before_later_ones():
     client = bare_client({"ok": 1, "err": 1, "off": 1, "todo": 1},
                          {"ok": "finished", "err": "error", "off": "cancelled", "todo": "pending"},
-                         [spec("todo")], ["r1", {"op": "cancel"}])
+                         [task_spec("todo")], ["r1", {"op": "cancel"}])
     refs, failed, specs, queue = client.holdings()
     assert refs == {"ok": 1, "err": 1, "off": 1, "todo": 1} and failed == {"err", "off"}
     assert [s["key"] for s in specs] == ["todo"] and queue == ["r1", {"op": "cancel"}]
