@@ -23,6 +23,7 @@ import pytest
 
 import helpers.sshd as private_sshd  # noqa: E402
 from helpers.funcs import double
+from helpers.slurm import squeue_ids
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
@@ -96,11 +97,6 @@ def slurm_up() -> bool:
     return "UP" in res.stdout
 
 
-def squeue_ids() -> set[str]:
-    out = subprocess.run([SQUEUE, "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
 # -- pure ------------------------------------------------------------------------------
 
 def test_login_node_paths():
@@ -171,7 +167,7 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=180)
             job_ids = sorted(cluster.jobs)
-            assert len(job_ids) == 2 and set(job_ids) <= squeue_ids()
+            assert len(job_ids) == 2 and set(job_ids) <= squeue_ids(SQUEUE)
             assert client.gather(client.map(double, range(10))) == [2 * x for x in range(10)]
         # Two logins: launch() preparing the login node, and the daemon's one connection.
         wait_until(lambda: login.accepted() >= logins_before + 2, 10, "sshd to log both logins")
@@ -189,6 +185,6 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
         cluster.close()
     assert not cluster.cluster_file.exists() and cluster._proc.poll() is not None
     assert not remote_file.exists()                      # removed on the login node too
-    wait_until(lambda: not (set(job_ids) & squeue_ids()), 60, "the jobs to leave squeue")
+    wait_until(lambda: not (set(job_ids) & squeue_ids(SQUEUE)), 60, "the jobs to leave squeue")
     # Not one batch command ran on this machine.
     assert not laptop["calls"].exists(), laptop["calls"].read_text()

@@ -11,7 +11,7 @@ import pytest
 
 from hpc_cluster.adapters.base import BatchError
 from hpc_cluster.scheduler.state import SchedulerState
-from helpers import aio, capture, files, fixtures, funcs, sims, wire
+from helpers import aio, capture, files, fixtures, funcs, sims, slurm, wire
 from helpers.ask import task_counts, worker_pids
 from helpers.cli import run_cli
 from helpers.fakes import STATUS_ERROR, FakeAdapter, ScriptedRunner
@@ -144,6 +144,18 @@ def test_the_simulators_job_logs_under_tmp_path_and_a_suite_binds_its_defaults(t
     suites = functools.partial(sims.sim_job, walltime=600, batch_options={"disk": 1})
     job = suites(tmp_path, "x", walltime=2, memory=7)
     assert (job.walltime, job.memory, job.batch_options) == (2, 7, {"disk": 1})
+
+
+def test_squeue_ids_lists_the_queue_and_a_failing_squeue_raises_unless_told(tmp_path):
+    import subprocess
+    squeue = tmp_path / "squeue"
+    squeue.write_text('#!/bin/sh\n[ "$*" = "-h -o %i" ] || exit 9\nprintf "12\\n13_1\\n12\\n"\n')
+    squeue.chmod(0o755)
+    assert slurm.squeue_ids(str(squeue)) == {"12", "13_1"}
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out' >&2\nexit 1\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        slurm.squeue_ids(str(squeue))
+    assert slurm.squeue_ids(str(squeue), check=False) == set()
 
 
 def _finds_the_helpers_package():

@@ -39,9 +39,6 @@ def allowed(name: str) -> bool:
 
 # Duplicates still to remove (issue 30): remove a name from here when its copies are one.
 NOT_YET = {
-    # SLURM's queue: slurm_jobs.py's, and copies in scenarios.py, test_pools_slurm.py and
-    # test_ssh_deploy.py (its squeue by path); one helper once the SLURM suites are rerun with it
-    "squeue_ids",
     # the three simulators' shared state handling (their own processes: a shared module beside them)
     "load", "save", "sim_home", "monitor", "directives", "cleanup",
     # the SLURM and SGE death scenarios, and the two peers' suites (dask-jobqueue's and dask's)

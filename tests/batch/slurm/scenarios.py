@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from slurm_jobs import job_pids, restore_node, wait_for  # noqa: E402
 from helpers.funcs import grow, segfault, sleep_then, slow_inc, slow_square  # noqa: E402
+from helpers.slurm import squeue_ids  # noqa: E402
 
 # The task functions below travel by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -43,11 +44,6 @@ def hard_exit(code=1):
 
 
 # ---------------------------------------------------------------------------- helpers
-
-def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60)
-    return set(out.stdout.split())
-
 
 class Run:
     """One scenario's cluster and client, the job ids it ever had, and its outcome."""
@@ -111,10 +107,10 @@ def deployed(name: str, nanny: bool, log_dir: Path, jobs: int = 1, **kwargs):
         cluster.close()
         ids = run.job_ids if run else set()
         try:
-            wait_for(lambda: not (ids & squeue_ids()), 120, f"jobs {sorted(ids)} to leave squeue", interval=1)
+            wait_for(lambda: not (ids & squeue_ids(check=False)), 120, f"jobs {sorted(ids)} to leave squeue", interval=1)
         finally:
             outcome["jobs"] = sorted(ids)
-            outcome["left_in_squeue"] = sorted(ids & squeue_ids())
+            outcome["left_in_squeue"] = sorted(ids & squeue_ids(check=False))
 
 
 def capture(fut) -> dict:
@@ -357,7 +353,7 @@ def node_failure(node: str, log_dir: Path) -> list[dict]:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
                         "reason=hpc-cluster scenario: node failure"], check=True, timeout=60)
         # Bring the node back as soon as SLURM has ended the jobs: other jobs wait on it.
-        wait_for(lambda: not (set(job_ids) & squeue_ids()), 60, f"jobs {job_ids} to end")
+        wait_for(lambda: not (set(job_ids) & squeue_ids(check=False)), 60, f"jobs {job_ids} to end")
         restore_node(node)
         for run, long, normal, w in runs:
             run.record(run.death(lambda d, a=w["address"]: d["worker"] == a))

@@ -142,12 +142,6 @@ def restore_node(node: str) -> None:
     wait_for(in_service, 60, f"node {node} back in service")
 
 
-def squeue_ids() -> set[str]:
-    """The ids squeue lists now (pending, running, completing)."""
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """`hpc-cluster ARGS` in a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "hpc_cluster.cli", *args], capture_output=True,

@@ -18,7 +18,8 @@ import pytest
 
 from helpers.funcs import square
 from helpers.wait import wait_until  # noqa: E402
-from slurm_jobs import cli, squeue_ids  # noqa: E402  (own_home: conftest.py)
+from slurm_jobs import cli  # noqa: E402  (own_home: conftest.py)
+from helpers.slurm import squeue_ids  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402

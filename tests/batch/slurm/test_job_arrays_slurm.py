@@ -19,7 +19,7 @@ import pytest
 
 from helpers.funcs import inc
 from helpers.wait import wait_until  # noqa: E402
-from slurm_jobs import squeue_ids  # noqa: E402
+from helpers.slurm import squeue_ids  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402

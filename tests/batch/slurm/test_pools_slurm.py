@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.funcs import inc
+from helpers.slurm import squeue_ids
 from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client, SLURMCluster  # noqa: E402
@@ -30,10 +31,6 @@ def scontrol(job_id: str) -> dict[str, str]:
 def batch_script(job_id: str) -> str:
     return subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True,
                           check=True).stdout
-
-
-def squeue_ids() -> set[str]:
-    return set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout.split())
 
 
 def live(cluster, pool: str) -> list[dict]:
