@@ -158,6 +158,25 @@ def test_squeue_ids_lists_the_queue_and_a_failing_squeue_raises_unless_told(tmp_
     assert slurm.squeue_ids(str(squeue), check=False) == set()
 
 
+def test_the_simulators_state_numbers_jobs_saves_them_whole_and_reads_directives(tmp_path, monkeypatch, capsys):
+    import simstate     # beside pbssim.py (the simulators' own processes import it from there)
+    monkeypatch.delenv("X_SIM_HOME", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        simstate.sim_home("X_SIM_HOME", "xsim")
+    assert stopped.value.code == 2 and capsys.readouterr().err.startswith("xsim: set X_SIM_HOME")
+    monkeypatch.setenv("X_SIM_HOME", str(tmp_path / "home"))
+    home = simstate.sim_home("X_SIM_HOME", "xsim")
+    assert home == str(tmp_path / "home") and (tmp_path / "home" / "jobs").is_dir()
+    assert [simstate.next_seq(home) for _ in range(2)] == [1, 2]
+    (tmp_path / "home" / "jobs" / "2").mkdir()
+    simstate.save(home, 2, {"b": 1, "a": [2]}, indent=1)
+    assert list(simstate.load(home, 2).items()) == [("b", 1), ("a", [2])]
+    assert [p.name for p in (tmp_path / "home" / "jobs" / "2").iterdir()] == ["job.json"]    # renamed into place
+    script = "#!/bin/bash\n\n#PBS -N 'a b'\n# a comment\n#BSUB -q x\n#PBS -l walltime=1:00\necho hi\n#PBS -q late\n"
+    assert simstate.directives(script, "#PBS") == ["-N", "a b", "-l", "walltime=1:00"]
+    assert simstate.directives(script, "#BSUB") == ["-q", "x"]
+
+
 def _finds_the_helpers_package():
     import importlib.util
     return importlib.util.find_spec("helpers") is not None

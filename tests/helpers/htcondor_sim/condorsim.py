@@ -1,7 +1,7 @@
 """A command-level HTCondor simulator: condor_submit, condor_q, condor_rm, condor_history.
 
-State lives in $CONDOR_SIM_HOME, laid out as tests/helpers/pbs_sim's (jobs/<cluster>/job.json, pids),
-whose process helpers it reuses. condor_submit reads a submit description (stdin or a file):
+State lives in $CONDOR_SIM_HOME, laid out as tests/helpers/pbs_sim's (simstate.py: jobs/<cluster>/job.json,
+pids), whose process helpers it reuses. condor_submit reads a submit description (stdin or a file):
 `key = value` commands, `+Attr`/`MY.Attr` attributes, the macros $(ClusterId), $(ProcId),
 $(DOLLAR), $(name) of an earlier command and $F(name) (quotes stripped), the "new" syntax of
 `arguments` and `environment`, one `queue`. A detached monitor runs the executable as local
@@ -36,33 +36,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pbs_sim"))
-from pbssim import _killpg, cleanup, job_dir, live_pids, next_seq, session_usage  # noqa: E402
+from pbssim import _killpg, cleanup, live_pids, session_usage  # noqa: E402
+from simstate import job_dir, load, next_seq, save, sim_home  # noqa: E402
 
 __all__ = ["cleanup", "live_pids", "load", "main"]      # the tests' fixtures use these
 POLL = 0.1
 _QUEUED = (1, 2, 5)
-
-
-def sim_home() -> str:
-    home = os.environ.get("CONDOR_SIM_HOME")
-    if not home:
-        sys.stderr.write("condorsim: set CONDOR_SIM_HOME to the simulator's state directory\n")
-        sys.exit(2)
-    os.makedirs(os.path.join(home, "jobs"), exist_ok=True)
-    return home
-
-
-def load(home: str, cluster: int) -> dict:
-    with open(os.path.join(job_dir(home, cluster), "job.json")) as fh:
-        return json.load(fh)
-
-
-def save(home: str, cluster: int, ad: dict) -> None:
-    path = os.path.join(job_dir(home, cluster), "job.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(ad, fh)
-    os.replace(tmp, path)
 
 
 # -- the submit description ------------------------------------------------------------------------
@@ -173,7 +152,7 @@ def evaluate(expr: str, ad: dict, now: float) -> bool:
 
 # -- condor_submit -----------------------------------------------------------------------------------
 def condor_submit(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("CONDOR_SIM_HOME", "condorsim")
     files, skip = [], False
     for a in argv:                               # -name SCHEDD (submit_command_extra): one schedd here
         if skip or a == "-name":
@@ -223,8 +202,8 @@ def condor_submit(argv: list[str]) -> int:
 
 
 # -- the monitor (schedd, shadow and starter) ----------------------------------------------------------
-def monitor(cluster: int) -> int:
-    home = sim_home()
+def condor_monitor(cluster: int) -> int:
+    home = sim_home("CONDOR_SIM_HOME", "condorsim")
     jdir = job_dir(home, cluster)
     remove_marker = os.path.join(jdir, "remove")
     with open(os.path.join(jdir, "run.json")) as fh:
@@ -319,7 +298,7 @@ def _removed(home: str, cluster: int, ad: dict, user: str) -> int:
 
 # -- condor_q, condor_history, condor_rm ------------------------------------------------------------
 def _query(argv: list[str], queued: bool) -> int:
-    home = sim_home()
+    home = sim_home("CONDOR_SIM_HOME", "condorsim")
     attrs, ids, as_json, limit, i = None, [], False, None, 0
     while i < len(argv):
         a = argv[i]
@@ -359,7 +338,7 @@ def _query(argv: list[str], queued: bool) -> int:
 
 
 def condor_rm(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("CONDOR_SIM_HOME", "condorsim")
     rc, user, skip = 0, os.environ.get("USER", "root"), False
     for a in argv:
         if skip or a == "-name":
@@ -383,7 +362,7 @@ def condor_rm(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     command, args = os.path.basename(argv[0]), argv[1:]
     if command == "condorsim.py" and args[:1] == ["_monitor"]:
-        return monitor(int(args[1]))
+        return condor_monitor(int(args[1]))
     handler = {"condor_submit": condor_submit, "condor_q": lambda a: _query(a, True),
                "condor_history": lambda a: _query(a, False), "condor_rm": condor_rm}.get(command)
     if handler is None:

@@ -1,7 +1,7 @@
 """A command-level LSF simulator: `bsub`, `bjobs`, `bkill` over a state directory.
 
-State lives in $LSF_SIM_HOME, laid out as tests/helpers/pbs_sim's (jobs/<n>/job.json, script, pids),
-whose process helpers it reuses. bsub starts a detached monitor per job that runs the script in
+State lives in $LSF_SIM_HOME, laid out as tests/helpers/pbs_sim's (simstate.py: jobs/<n>/job.json, script,
+pids), whose process helpers it reuses. bsub starts a detached monitor per job that runs the script in
 its own session and enforces what LSF enforces, ending the job as LSF reports it (the formats
 of tests/unit/adapters/fixtures/lsf):
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -34,7 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pbs_sim"))
-from pbssim import _killpg, cleanup, job_dir, live_pids, next_seq, session_usage  # noqa: E402
+from pbssim import _killpg, cleanup, live_pids, session_usage  # noqa: E402
+from simstate import directives, job_dir, load, next_seq, save, sim_home  # noqa: E402
 
 __all__ = ["cleanup", "live_pids", "load", "main"]      # the tests' fixtures use these
 
@@ -42,30 +42,8 @@ POLL = 0.1
 UNITS = {"kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
 
 
-def sim_home() -> str:
-    home = os.environ.get("LSF_SIM_HOME")
-    if not home:
-        sys.stderr.write("lsfsim: set LSF_SIM_HOME to the simulator's state directory\n")
-        sys.exit(2)
-    os.makedirs(os.path.join(home, "jobs"), exist_ok=True)
-    return home
-
-
 def minute() -> float:
     return float(os.environ.get("LSF_SIM_MINUTE", "60"))
-
-
-def load(home: str, seq: int) -> dict:
-    with open(os.path.join(job_dir(home, seq), "job.json")) as fh:
-        return json.load(fh)
-
-
-def save(home: str, seq: int, job: dict) -> None:
-    path = os.path.join(job_dir(home, seq), "job.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(job, fh)
-    os.replace(tmp, path)
 
 
 def lsf_time(t: float) -> str:
@@ -92,19 +70,6 @@ def options(words: list[str], opts: dict) -> list[str]:
     return []
 
 
-def directives(script: str) -> list[str]:
-    words: list[str] = []
-    for n, line in enumerate(script.splitlines()):
-        s = line.strip()
-        if n == 0 and s.startswith("#!") or not s:
-            continue
-        if s.startswith("#BSUB"):
-            words += shlex.split(s[5:])
-        elif not s.startswith("#"):
-            break
-    return words
-
-
 def run_limit(text: str) -> int:
     """-W [hours:]minutes -> minutes; ValueError otherwise."""
     parts = [int(p) for p in text.split(":")]
@@ -116,12 +81,12 @@ def run_limit(text: str) -> int:
 
 
 def bsub(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("LSF_SIM_HOME", "lsfsim")
     opts: dict = {}
     try:
         operands = options(argv, {})
         script = open(operands[0]).read() if operands else sys.stdin.read()
-        options(directives(script), opts)
+        options(directives(script, "#BSUB"), opts)
         limit_min = run_limit(opts["-W"][-1]) if "-W" in opts else None
         unit = UNITS[os.environ.get("LSF_SIM_UNITS", "kb").lower()]
         mem = int(opts["-M"][-1]) * unit if "-M" in opts else None
@@ -162,8 +127,8 @@ def bsub(argv: list[str]) -> int:
 
 
 # -- the monitor (sbatchd's part) -----------------------------------------------------------------
-def monitor(seq: int) -> int:
-    home = sim_home()
+def lsf_monitor(seq: int) -> int:
+    home = sim_home("LSF_SIM_HOME", "lsfsim")
     jdir = job_dir(home, seq)
     job = load(home, seq)
     delete = os.path.join(jdir, "delete")
@@ -222,7 +187,7 @@ def monitor(seq: int) -> int:
 
 # -- bjobs and bkill -------------------------------------------------------------------------------
 def bjobs(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("LSF_SIM_HOME", "lsfsim")
     fields, as_json, ids, i = None, False, [], 0
     while i < len(argv):
         if argv[i] == "-o":
@@ -250,7 +215,7 @@ def bjobs(argv: list[str]) -> int:
 
 
 def bkill(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("LSF_SIM_HOME", "lsfsim")
     rc = 0
     for job_id in [a for a in argv if not a.startswith("-")]:
         try:
@@ -272,7 +237,7 @@ def bkill(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     command, args = os.path.basename(argv[0]), argv[1:]
     if command == "_monitor" or (command == "lsfsim.py" and args[:1] == ["_monitor"]):
-        return monitor(int(args[-1]))
+        return lsf_monitor(int(args[-1]))
     handler = {"bsub": bsub, "bjobs": bjobs, "bkill": bkill}.get(command)
     if handler is None:
         sys.stderr.write(f"lsfsim: unknown command {command!r}\n")

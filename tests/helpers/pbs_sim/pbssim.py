@@ -20,10 +20,8 @@ the seconds between SIGTERM and SIGKILL (default 2; real PBS defaults to 10).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -32,43 +30,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from qstat_format import SERVER, as_torque, format_full, format_json, format_table  # noqa: E402
+from simstate import directives, job_dir, load, next_seq, save, sim_home  # noqa: E402
 
 POLL = 0.1
 
 
-# -- state ---------------------------------------------------------------------------
-def sim_home() -> str:
-    home = os.environ.get("PBS_SIM_HOME")
-    if not home:
-        sys.stderr.write("pbssim: set PBS_SIM_HOME to the simulator's state directory\n")
-        sys.exit(2)
-    os.makedirs(os.path.join(home, "jobs"), exist_ok=True)
-    return home
-
-
+# -- state (the layout the three simulators share: simstate.py) ---------------------------
 def flavor() -> str:
     return os.environ.get("PBS_SIM_FLAVOR", "openpbs").lower()
-
-
-def job_dir(home: str, seq: int) -> str:
-    return os.path.join(home, "jobs", str(seq))
-
-
-def next_seq(home: str) -> int:
-    with open(os.path.join(home, "seq"), "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        text = fh.read().strip()
-        seq = int(text) + 1 if text else 1
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(seq))
-        return seq
-
-
-def load(home: str, seq: int) -> dict:
-    with open(os.path.join(job_dir(home, seq), "job.json")) as fh:
-        return json.load(fh)
 
 
 # qstat prints attributes in the server's order, not in the order they were set.
@@ -80,14 +49,10 @@ ORDER = ["Job_Name", "Job_Owner", "resources_used", "job_state", "queue", "serve
          "Submit_arguments", "history_timestamp", "project", "Submit_Host"]
 
 
-def save(home: str, seq: int, job: dict) -> None:
+def save_job(home: str, seq: int, job: dict) -> None:
+    """simstate.save with the attributes in qstat's order (the record is printed as stored)."""
     rank = {k: i for i, k in enumerate(ORDER)}
-    job = dict(sorted(job.items(), key=lambda kv: rank.get(kv[0], len(ORDER))))
-    path = os.path.join(job_dir(home, seq), "job.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(job, fh, indent=1)
-    os.replace(tmp, path)
+    save(home, seq, dict(sorted(job.items(), key=lambda kv: rank.get(kv[0], len(ORDER)))), indent=1)
 
 
 def pbs_time(t: float) -> str:
@@ -156,22 +121,6 @@ def parse_options(argv: list[str], opts: dict) -> list[str]:
     return []
 
 
-def directives(script: str) -> list[str]:
-    """#PBS lines up to the first command, as PBS reads them."""
-    found = []
-    for n, line in enumerate(script.splitlines()):
-        stripped = line.strip()
-        if n == 0 and stripped.startswith("#!"):
-            continue
-        if not stripped or (stripped.startswith("#") and not stripped.startswith("#PBS")):
-            continue
-        if stripped.startswith("#PBS"):
-            found.extend(shlex.split(stripped[4:], comments=False))
-            continue
-        break
-    return found
-
-
 def resource_list(specs: list[str]) -> dict:
     res: dict = {}
     for spec in specs:
@@ -200,14 +149,14 @@ def resource_list(specs: list[str]) -> dict:
 
 
 def qsub(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("PBS_SIM_HOME", "pbssim")
     opts: dict = {}
     try:
         cli = {}
         operands = parse_options(argv, cli)
         script = (open(operands[0]).read() if operands and operands[0] not in ("-", "--")
                   else sys.stdin.read())
-        parse_options(directives(script), opts)
+        parse_options(directives(script, "#PBS"), opts)
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"qsub: {exc}\n")
         return 2
@@ -269,7 +218,7 @@ def qsub(argv: list[str]) -> int:
         job["Submit_arguments"] = " ".join(argv)
     if "A" in opts:
         job["Account_Name"] = opts["A"]
-    save(home, seq, job)
+    save_job(home, seq, job)
     env = dict(os.environ) if opts.get("V") else {k: os.environ[k] for k in (
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "PBS_SIM_HOME", "PBS_SIM_FLAVOR",
         "PBS_SIM_KILL_DELAY") if k in os.environ}
@@ -323,8 +272,8 @@ def _append(path: str, text: str) -> None:
         pass
 
 
-def monitor(seq: int) -> int:
-    home = sim_home()
+def pbs_monitor(seq: int) -> int:
+    home = sim_home("PBS_SIM_HOME", "pbssim")
     jdir = job_dir(home, seq)
     job = load(home, seq)
     if os.path.exists(os.path.join(jdir, "delete")):
@@ -332,7 +281,7 @@ def monitor(seq: int) -> int:
         now = time.time()
         job.update({"job_state": "F", "substate": 91, "mtime": pbs_time(now),
                     "history_timestamp": int(now)})
-        save(home, seq, job)
+        save_job(home, seq, job)
         return 0
     with open(os.path.join(jdir, "env.json")) as fh:
         env = json.load(fh)
@@ -371,7 +320,7 @@ def monitor(seq: int) -> int:
     used = {"cpupercent": 0, "cput": "00:00:00", "mem": "0kb", "ncpus": ncpus, "vmem": "0kb",
             "walltime": "00:00:00"}
     job["resources_used"] = used
-    save(home, seq, job)
+    save_job(home, seq, job)
 
     wall_limit = parse_hms(res["walltime"]) if "walltime" in res else None
     mem_limit = parse_size(res["mem"]) if "mem" in res else None
@@ -410,7 +359,7 @@ def monitor(seq: int) -> int:
                          "vmem": f"{max_vsz // 1024}kb", "cput": hms(cpu),
                          "cpupercent": int(100 * cpu / max(now - start, 1e-3))})
             job["mtime"] = pbs_time(now)
-            save(home, seq, job)
+            save_job(home, seq, job)
             last_save = now
         time.sleep(POLL)
     _killpg(proc.pid, signal.SIGKILL)   # PBS ends every process of the job with it
@@ -429,7 +378,7 @@ def monitor(seq: int) -> int:
     job.update({"job_state": "F", "substate": substate, "mtime": pbs_time(end),
                 "obittime": pbs_time(end), "Exit_status": status,
                 "comment": f"{job['comment']} and {ending}", "history_timestamp": int(end)})
-    save(home, seq, job)
+    save_job(home, seq, job)
     return 0
 
 
@@ -442,7 +391,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 # -- qdel ------------------------------------------------------------------------------
 def qdel(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("PBS_SIM_HOME", "pbssim")
     rc = 0
     user = os.environ.get("USER") or "root"
     for job_id in [a for a in argv if not a.startswith("-")]:
@@ -460,7 +409,7 @@ def qdel(argv: list[str]) -> int:
             now = time.time()
             job.update({"job_state": "F", "substate": 91, "mtime": pbs_time(now),
                         "history_timestamp": int(now)})
-            save(home, seq, job)
+            save_job(home, seq, job)
             continue
         with open(os.path.join(job_dir(home, seq), "delete"), "w") as fh:
             fh.write(f"{user}@{socket.gethostname()}\n")
@@ -469,7 +418,7 @@ def qdel(argv: list[str]) -> int:
 
 # -- qstat -----------------------------------------------------------------------------
 def qstat(argv: list[str]) -> int:
-    home = sim_home()
+    home = sim_home("PBS_SIM_HOME", "pbssim")
     torque = flavor() == "torque"
     history = full = False
     fmt = None
@@ -570,7 +519,7 @@ def main(argv: list[str]) -> int:
     if command == "pbssim.py" and args:
         command, args = args[0], args[1:]
     if command == "_monitor":
-        return monitor(int(args[0]))
+        return pbs_monitor(int(args[0]))
     handler = {"qsub": qsub, "qstat": qstat, "qdel": qdel}.get(command)
     if handler is None:
         sys.stderr.write(f"pbssim: unknown command {command!r}\n")

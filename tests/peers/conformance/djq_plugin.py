@@ -92,8 +92,8 @@ def pytest_runtest_setup(item):
         item.add_marker(pytest.mark.xfail(reason=xfail[env]))
 
 
-@pytest.fixture
-def cleanup():
+@pytest.fixture(name="cleanup")     # replaces distributed.utils_test.cleanup by its name
+def no_distributed_cleanup():
     """As in their conftest, distributed's `cleanup` (which `loop` asks for) is switched off:
     it kills every child process when a test starts, fails the test for any thread or child
     process still alive when it ends, and clears distributed's own registries. dask-jobqueue

@@ -20,7 +20,7 @@ def adapter():
     return SLURMAdapter(LocalRunner())
 
 
-def directives(script: str) -> list[str]:
+def sbatch_lines(script: str) -> list[str]:
     return [line for line in script.splitlines() if line.startswith("#SBATCH")]
 
 
@@ -28,7 +28,7 @@ def test_minimal(adapter):
     script = adapter.render(JobSpec(worker_command="python3 -m hpc_cluster.worker"))
     assert script.startswith("#!/usr/bin/env bash\n")
     # dask-jobqueue's directives and spelling, then ours (--no-requeue).
-    assert directives(script) == [
+    assert sbatch_lines(script) == [
         "#SBATCH -J hpc-cluster", "#SBATCH -n 1", "#SBATCH --cpus-per-task=1",
         "#SBATCH --mem=954M",  # 10**9 bytes is 953.7 MiB: rounded up, never below the ask
         "#SBATCH -t 01:00:00", "#SBATCH --no-requeue",
@@ -44,7 +44,7 @@ def test_every_keyword(adapter):
                    memory=16 * 2**30, walltime=5401, queue="gpu", account="proj-42",
                    log_directory="/scratch/me/logs/", working_directory="/scratch/me/run",
                    extra_directives=["--exclusive", "#SBATCH --qos=long"])
-    assert directives(adapter.render(spec)) == [
+    assert sbatch_lines(adapter.render(spec)) == [
         "#SBATCH -J 'my workers'", "#SBATCH -e /scratch/me/logs/%x-%j.err",
         "#SBATCH -o /scratch/me/logs/%x-%j.out", "#SBATCH -p gpu", "#SBATCH -A proj-42",
         "#SBATCH -n 1", "#SBATCH --cpus-per-task=8",
@@ -75,7 +75,7 @@ def test_job_cpu_job_mem_and_shebang(adapter):
 def test_directives_skip(adapter):
     spec = JobSpec(worker_command="w", account="x", queue="q", directives_skip=["--account", "--mem"],
                    extra_directives=["--mem-per-cpu=2G"])
-    lines = directives(adapter.render(spec))
+    lines = sbatch_lines(adapter.render(spec))
     assert not any(line.startswith("#SBATCH -A") for line in lines)
     assert "#SBATCH -p q" in lines
     # Built-in lines only: the user's own memory request replaces ours and stays.
@@ -95,8 +95,8 @@ def test_directives_skip(adapter):
 def test_skip_lists_match_both_spellings(adapter, skip, gone):
     # Written for dask-jobqueue's short flags or for sbatch's long ones: both drop the line.
     spec = JobSpec(worker_command="w", account="acct", queue="q", log_directory="/l")
-    every = directives(adapter.render(spec))
-    lines = directives(adapter.render(spec.replace(directives_skip=skip)))
+    every = sbatch_lines(adapter.render(spec))
+    lines = sbatch_lines(adapter.render(spec.replace(directives_skip=skip)))
     assert [line for line in every if line not in lines] == \
         [line for line in every if any(line.startswith(f"#SBATCH {g}") for g in gone)]
 
