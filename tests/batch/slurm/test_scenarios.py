@@ -107,7 +107,7 @@ def test_segfault_is_a_crash_charged_to_the_task(outcomes, nanny):
     assert o["error"]["error"] == "TaskCrashedError"
     assert "SIGSEGV" in o["death"]["text"] and "'segfault-task'" in o["death"]["text"]
     # The worker's faulthandler stack (from the nanny, or the job log without one) names the site.
-    assert any("crashed in string_at (ctypes/__init__.py:" in e and "<- segfault (slurm/scenarios.py:" in e
+    assert any("crashed in string_at (ctypes/__init__.py:" in e and "<- segfault (helpers/funcs.py:" in e
                for e in o["death"]["evidence"]), o["death"]["evidence"]
     all_correct(o)
 
