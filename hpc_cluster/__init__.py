@@ -27,6 +27,10 @@ __all__ = [*_EXPORTS, "__version__"]
 
 def __getattr__(name):
     module = _EXPORTS.get(name)
+    if module is None and name.endswith("Cluster") and not name.startswith("_"):
+        # Any installed adapter's cluster class (its `cluster_name`, a plugin's too), made
+        # from the adapter (deploy/batch_clusters.py): a new batch system adds no line here.
+        module = "deploy.batch_clusters"
     if module is None:
         raise AttributeError(f"module 'hpc_cluster' has no attribute {name!r}")
     import importlib

@@ -69,6 +69,7 @@ class FakeBatchAdapter(BatchAdapter):
     template_dir = Path(__file__).resolve().parent / "templates"
     submit_command = "fbsub"
     cancel_command = "fbdel"
+    cluster_name = "FakeBatchCluster"          # `from hpc_cluster import FakeBatchCluster`, made from this adapter
     keywords = (
         AdapterOption("fakebatch_grace", "seconds 1-300", "seconds a job at its time limit has between SIGTERM "
                       "and SIGKILL (#FB --grace); unset: fakebatch's 5", check=check_grace, example=30),

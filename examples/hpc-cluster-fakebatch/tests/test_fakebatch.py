@@ -91,6 +91,17 @@ def test_the_plugins_own_keyword_is_a_setting_checked_and_handed_to_it(tmp_path)
     assert "--grace" not in get_adapter("fakebatch").render(JobSpec(worker_command="w"))
 
 
+def test_the_plugins_cluster_class_is_importable_from_hpc_cluster():
+    # A batch system's cluster class needs no line in hpc_cluster: it is made from its adapter.
+    import hpc_cluster
+    from hpc_cluster import FakeBatchCluster
+    from hpc_cluster.deploy.cluster import JobQueueCluster
+    assert issubclass(FakeBatchCluster, JobQueueCluster) and FakeBatchCluster.batch == "fakebatch"
+    assert hpc_cluster.FakeBatchCluster is FakeBatchCluster and "fakebatch_grace" in FakeBatchCluster.__doc__
+    with pytest.raises(AttributeError):
+        hpc_cluster.NoSuchCluster
+
+
 def test_parser_refuses_a_changed_output_format():
     with pytest.raises(BatchError, match="fbstat printed a line of 3 fields"):
         parse_fbstat("ID|NAME|STATE\n1|x|running\n")
