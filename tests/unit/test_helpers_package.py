@@ -25,7 +25,7 @@ def test_wait_until_returns_the_value_and_fails_naming_what_it_waited_for():
     t0 = time.monotonic()
     with pytest.raises(WaitTimeout, match=r"after 0.05 s waiting for the moon") as caught:
         wait_until(lambda: False, 0.05, "the moon")
-    assert 0.05 <= time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 >= 0.05          # (no upper bound: a loaded machine may oversleep)
     # Callers catch either to add what they saw (the SLURM scenarios TimeoutError, SGE's AssertionError).
     assert isinstance(caught.value, AssertionError) and isinstance(caught.value, TimeoutError)
 
