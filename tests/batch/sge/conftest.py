@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-CLUSTER_SH = Path(__file__).resolve().parent / "cluster.sh"
-
-
-def gridengine_is_up() -> bool:
-    if shutil.which("qstat") is None:
-        return False
-    return subprocess.run(["bash", str(CLUSTER_SH), "status"], capture_output=True, timeout=60).returncode == 0
+from helpers.sge import CLUSTER_SH, gridengine_is_up
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from djq_suite import VERSION, SuiteUnavailable  # noqa: E402
 from djq_table import TableError, known_failures  # noqa: E402
 from slurm_jobs import CLUSTER_SH, cluster_is_up  # noqa: E402
 
-SGE_CLUSTER_SH = HERE.parents[1] / "batch" / "sge" / "cluster.sh"
+from helpers.sge import CLUSTER_SH as SGE_CLUSTER_SH, gridengine_is_up  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -53,11 +53,6 @@ def unavailable(system: str, cluster_sh: Path, is_up, command: str) -> str | Non
     if proc.returncode != 0:
         raise RuntimeError(f"{cluster_sh} up failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return None
-
-
-def gridengine_is_up() -> bool:
-    return shutil.which("qstat") is not None and subprocess.run(
-        ["bash", str(SGE_CLUSTER_SH), "status"], capture_output=True, timeout=60).returncode == 0
 
 
 # The runs that need a real batch system, and how to know it is there.

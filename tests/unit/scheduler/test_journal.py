@@ -18,7 +18,7 @@ from hpc_cluster.scheduler import journal as jr
 from hpc_cluster.scheduler.journal import Journal, Recorder, Recovered, load, snapshot
 from hpc_cluster.scheduler.state import SchedulerState
 import helpers.tasks
-from test_state_fuzz import PoolsRun, Run, check, fuzz, stable_hashes
+from test_state_fuzz import FuzzRun, PoolsRun, check, fuzz, stable_hashes
 
 F, A = Opaque(b"f" * 100), Opaque(b"a", [b"buffer"])      # payloads with a size and a buffer to store
 task = functools.partial(helpers.tasks.task, func=F, args=A, retries=0)
@@ -191,11 +191,11 @@ def replay(run, most: int):
         run.settle()
 
 
-class BusyRun(Run):
+class BusyRun(FuzzRun):
     """test_state_fuzz's world with more of the work done: results are made, copied and lost
     more often than in its mix, so more of what the journal follows changes."""
 
-    EVENTS = Run.EVENTS + ["worker_reports", "deliver", "deliver", "deliver", "deliver", "submit"]
+    EVENTS = FuzzRun.EVENTS + ["worker_reports", "deliver", "deliver", "deliver", "deliver", "submit"]
 
 
 @fuzz(150)

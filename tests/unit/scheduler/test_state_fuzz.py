@@ -35,7 +35,7 @@ def check(s: SchedulerState) -> None:
     s.validate()
 
 
-class Run:
+class FuzzRun:
     """One example: the state machine, the world around it, and the reports in flight."""
 
     duration = 0.1                     # what each task takes, as the workers report it
@@ -244,7 +244,7 @@ def fuzz(examples: int):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def play(run: Run, most: int) -> None:
+def play(run: FuzzRun, most: int) -> None:
     """Up to `most` random events, the invariants checked after each, then the settling."""
     with stable_hashes():
         run.start()
@@ -258,10 +258,10 @@ def play(run: Run, most: int) -> None:
 @fuzz(300)
 @given(st.data())
 def test_random_event_sequences_keep_the_state_machine_consistent(data):
-    play(Run(data), 60)
+    play(FuzzRun(data), 60)
 
 
-class ShortRun(Run):
+class ShortRun(FuzzRun):
     """Tasks said to take a millisecond (most of them), which workers are sent beyond their base
     slots (prefetch.py), among ones of unknown and of long durations."""
 
@@ -286,7 +286,7 @@ POOLS = {"default": {"memory": 4 * GiB, "walltime": None, "nthreads": 2},
          "long": {"memory": 4 * GiB, "walltime": None, "nthreads": 1, "escalation_only": True}}
 
 
-class PoolsRun(Run):
+class PoolsRun(FuzzRun):
     """The same world in a cluster with pools (issue 15): workers of each pool, tasks with
     memory= and pool= (some that no pool holds), memory deaths that move tasks."""
 
@@ -301,7 +301,7 @@ class PoolsRun(Run):
         self.s.add_worker(addr, nthreads=self.draw(st.integers(1, 2)), now=self.now,
                           memory_limit=POOLS[pool]["memory"], info={"pool": pool})
 
-    EVENTS = Run.EVENTS + ["memory_death", "memory_death", "refine"]
+    EVENTS = FuzzRun.EVENTS + ["memory_death", "memory_death", "refine"]
 
     def memory_death(self):
         """A running task kills its worker by memory (the verdict final or not): it moves."""
@@ -338,7 +338,7 @@ def test_random_event_sequences_with_pools_keep_the_state_machine_consistent(dat
     play(PoolsRun(data), 80)
 
 
-class ReattachRun(Run):
+class ReattachRun(FuzzRun):
     """The same world with workers that come back holding results and running threads, known to
     the scheduler or not, clients wanting keys again, and placement held (issue 16,
     scheduler/state/reattach.py); the windows end with the ticks."""
@@ -383,7 +383,7 @@ class ReattachRun(Run):
         self.s.tick(self.now)
         super().settle()
 
-    EVENTS = Run.EVENTS + ["reattach_worker", "reattach_worker", "want_keys", "submit_unknown", "hold"]
+    EVENTS = FuzzRun.EVENTS + ["reattach_worker", "reattach_worker", "want_keys", "submit_unknown", "hold"]
 
 
 @fuzz(200)
