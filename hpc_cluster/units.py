@@ -7,6 +7,7 @@ strings come straight from users' keyword arguments and site files.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _MEMORY_UNITS = {
     "": 1,
@@ -88,45 +89,31 @@ def format_memory(nbytes: int | float | None, unit: str | None = None, digits: i
 _WALL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WALL_UNIT_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
 
-# How each batch system reads a walltime string: a bare number is minutes to sbatch and
-# seconds to qsub, and both take more than 59 minutes in 'MM:SS' ('90:00' is 90 minutes).
-# dask-jobqueue hands the string to the batch system as written, so we read it as that
-# batch system would (batch=None: our own reading, a bare number is seconds).
-WALLTIME_FORMS_BY_BATCH = {
-    "slurm": "SLURM's forms: minutes ('60'), 'MM:SS' ('90:00'), 'HH:MM:SS', 'D-HH', 'D-HH:MM', "
-             "'D-HH:MM:SS', or units like '90m', '1h30m', '2d'",
-    "pbs": "PBS's forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may pass 24), "
-           "or units like '90m', '1h30m', '2d'",
-    # h_rt is [[hours:]minutes:]seconds, like PBS's walltime (sge_types(1): time_specifier).
-    "sge": "Grid Engine's h_rt forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may "
-           "pass 24), or units like '90m', '1h30m', '2d'",
-    # bsub -W is [hours:]minutes: '30' is 30 minutes and '00:30' half an hour (dask-jobqueue's
-    # LSF default). Seconds are not LSF's; 'HH:MM:SS' is read as ours, rounded up to minutes.
-    "lsf": "LSF's -W forms: minutes ('30'), 'HH:MM' ('01:30' is 90 minutes), 'HH:MM:SS' (rounded up "
-           "to whole minutes), or units like '90m', '1h30m', '2d'",
-}
-# Batch systems without a day form ('D-HH:MM:SS' is SLURM's alone).
-_NO_DAYS = ("pbs", "sge", "lsf")
-# Batch systems for which a bare number is minutes.
-_MINUTES = ("slurm", "lsf")
+@dataclass(frozen=True)
+class WalltimeReading:
+    """How one batch system reads a walltime string: each adapter declares its own
+    (`BatchAdapter.walltime_reading`), so units.py holds no list of batch systems. dask-jobqueue
+    hands the string to the batch system as written, so we read it as that batch system would;
+    without a reading (None: 'local', or a plugin that declares none) it is ours: a bare number
+    is seconds, 'MM:SS' is clock form."""
 
-
-def walltime_batch(batch: str | None) -> str | None:
-    """The `batch=` to read a walltime with: the batch system's own reading where this module
-    knows it, else ours (None): a plugin's batch system, or 'local'."""
-    return batch if batch in WALLTIME_FORMS_BY_BATCH else None
+    title: str                       # as the errors name it: "SLURM"
+    forms: str                       # the forms it accepts, for the error that lists them
+    bare_minutes: bool = False       # a bare number is minutes (sbatch -t, bsub -W), else seconds
+    days: bool = False               # the 'D-HH:MM:SS' form ('2-00:00:00')
+    hours_minutes: bool = False      # two parts are 'HH:MM' (bsub -W), else 'MM:SS' with any minutes
 
 
 class _Hint(ValueError):
     """A reason worth showing the user (not int()'s own complaint)."""
 
 
-def _colon_seconds(text: str, batch: str | None) -> float:
-    """Seconds for 'H:M:S', 'M:S', 'D-H[:M[:S]]' as `batch` reads them; ValueError if not."""
+def _colon_seconds(text: str, reading: WalltimeReading | None) -> float:
+    """Seconds for 'H:M:S', 'M:S', 'D-H[:M[:S]]' as `reading` reads them; ValueError if not."""
     days = 0
     if "-" in text:
-        if batch in _NO_DAYS:
-            raise _Hint(f"{batch.upper()} has no day form")
+        if reading is not None and not reading.days:
+            raise _Hint(f"{reading.title} has no day form")
         d, text = text.split("-", 1)
         days = int(d)
     parts = [int(p) for p in text.split(":")]
@@ -140,7 +127,7 @@ def _colon_seconds(text: str, batch: str | None) -> float:
         h, m, s = parts
         if m >= 60 or s >= 60:
             raise ValueError
-    elif len(parts) == 2 and batch == "lsf":
+    elif len(parts) == 2 and reading is not None and reading.hours_minutes:
         (h, m), s = parts, 0                   # bsub -W HH:MM
         if m >= 60:
             raise ValueError
@@ -148,20 +135,22 @@ def _colon_seconds(text: str, batch: str | None) -> float:
         h, (m, s) = 0, parts
         # SLURM and PBS both read 'MM:SS' with any number of minutes; our own reading
         # kept to clock form, where '90:00' would more likely be a typo for '01:30:00'.
-        if s >= 60 or (batch is None and m >= 60):
+        if s >= 60 or (reading is None and m >= 60):
             raise ValueError
     else:
         raise ValueError                       # a bare number is handled by the caller
     return days * 86400 + h * 3600 + m * 60 + s
 
 
-def parse_walltime(value: int | float | str, what: str = "walltime", batch: str | None = None) -> int:
-    """Seconds for a walltime, read as `batch` ("slurm", "pbs", "sge", "lsf" or None for ours) reads it.
+def parse_walltime(value: int | float | str, what: str = "walltime", batch: WalltimeReading | None = None) -> int:
+    """Seconds for a walltime, read as a batch system reads it (`batch`: its adapter's
+    WalltimeReading), or as we do (None).
 
     '01:00:00', '30:00', '2-00:00:00' (SLURM), '90m', '1h30m', 3600 ... A bare number is
     minutes for SLURM and LSF and seconds otherwise, whether written as text or as a number.
     """
-    forms = WALLTIME_FORMS_BY_BATCH.get(batch or "", WALLTIME_FORMS)
+    forms = batch.forms if batch is not None else WALLTIME_FORMS
+    minutes = batch is not None and batch.bare_minutes
     if isinstance(value, bool):
         raise UnitError(f"{what}={value!r} is not a duration; use {forms}")
     text = str(value).strip().lower().replace(" ", "")
@@ -169,9 +158,9 @@ def parse_walltime(value: int | float | str, what: str = "walltime", batch: str 
     try:
         if re.fullmatch(r"\d+(\.\d+)?", text):
             number = float(text)
-            if batch in _MINUTES and not number.is_integer():
+            if minutes and not number.is_integer():
                 raise ValueError
-            seconds = number * 60 if batch in _MINUTES else number
+            seconds = number * 60 if minutes else number
         elif _WALL_UNIT_RE.match(text):
             seconds = sum(float(n) * _WALL_UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
         else:

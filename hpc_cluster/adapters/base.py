@@ -201,6 +201,9 @@ class BatchAdapter:
     # used with batch= in a site or JobQueueCluster(batch=...).
     cluster_name: str | None = None
     cluster_doc: str | None = None        # that class's docstring, before its Parameters (numpydoc)
+    # How the batch system reads a walltime string (units.WalltimeReading); None: as we do (a
+    # bare number is seconds), for a batch system whose submit command takes seconds.
+    walltime_reading = None
     # dask-jobqueue's names of a core setting on this batch system, read without the renamed-
     # keyword warning they get elsewhere: {"project": "account"} (qsub -P, bsub -P).
     native_keywords: dict = {}

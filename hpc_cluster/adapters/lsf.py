@@ -21,6 +21,7 @@ from typing import Sequence
 from .base import (AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus, check_env_names,
                    clock_seconds, kept_directives)
 from .options import AdapterOption
+from ..units import WalltimeReading
 
 # The bjobs -o fields we read, in one call (LSF 10.1 names; -json prints them upper case).
 BJOBS_FIELDS = ("jobid stat exit_code exit_reason pend_reason run_time runtimelimit max_mem memlimit "
@@ -235,6 +236,11 @@ class LSFAdapter(BatchAdapter):
     `walltime` is read as bsub -W reads it ('00:30' is half an hour, '90' is 90 minutes).
     Verified on outputs captured from public sources and on a simulator, not a real LSF (docs/lsf.md)."""
     native_keywords = {"project": "account"}          # dask-jobqueue's LSFCluster: bsub -P
+    # bsub -W is [hours:]minutes: '30' is 30 minutes and '00:30' half an hour (dask-jobqueue's
+    # LSF default). Seconds are not LSF's; 'HH:MM:SS' is read as ours, rounded up to minutes.
+    walltime_reading = WalltimeReading(
+        "LSF", "LSF's -W forms: minutes ('30'), 'HH:MM' ('01:30' is 90 minutes), 'HH:MM:SS' (rounded up "
+        "to whole minutes), or units like '90m', '1h30m', '2d'", bare_minutes=True, hours_minutes=True)
     keywords = (
         AdapterOption("ncpus", "int > 0", "bsub -n, instead of cores", example=8, instead="cores"),
         AdapterOption("mem", "size", "the bsub -M memory limit, instead of memory", example="16GB", instead="memory"),

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from .base import (RESOURCE_SPEC, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                    check_env_names, fill_resource_spec, kept_directives)
-from ..units import format_walltime
+from ..units import WalltimeReading, format_walltime
 
 # -- states ---------------------------------------------------------------------------
 _STATE_MAP = {
@@ -376,6 +376,10 @@ class PBSAdapter(BatchAdapter):
     submit_command = "qsub"
     cancel_command = "qdel"
     cluster_name = "PBSCluster"
+    # qsub -l walltime=: [[hours:]minutes:]seconds, a bare number is seconds, no day form.
+    walltime_reading = WalltimeReading(
+        "PBS", "PBS's forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may pass 24), "
+        "or units like '90m', '1h30m', '2d'")
     keywords = (RESOURCE_SPEC,)
 
     @classmethod

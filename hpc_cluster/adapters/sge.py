@@ -18,7 +18,7 @@ from typing import Sequence
 
 from .base import (RESOURCE_SPEC, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                    check_env_names, clock_seconds, fill_resource_spec, kept_directives)
-from ..units import format_walltime
+from ..units import WalltimeReading, format_walltime
 
 # qstat's state letters (a job shows several at once: 'hqw', 'Eqw', 'dr', 'Rr'). Checked in
 # this order: an error state wins over the rest, deletion and running over waiting.
@@ -265,6 +265,10 @@ class SGEAdapter(BatchAdapter):
     submit_command = "qsub"
     cancel_command = "qdel"
     cluster_name = "SGECluster"
+    # h_rt is [[hours:]minutes:]seconds, like PBS's walltime (sge_types(1): time_specifier).
+    walltime_reading = WalltimeReading(
+        "SGE", "Grid Engine's h_rt forms: seconds ('3600'), 'MM:SS' ('90:00'), 'HH:MM:SS' (hours may "
+        "pass 24), or units like '90m', '1h30m', '2d'")
     keywords = (RESOURCE_SPEC,)
     native_keywords = {"project": "account"}          # dask-jobqueue's SGECluster: qsub -P
 

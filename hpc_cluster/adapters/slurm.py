@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 from .base import (FINAL_STATES, AccountingRecord, BatchAdapter, BatchError, JobSpec, JobStatus,
                    StepRecord, check_env_names, kept_directives)
-from ..units import format_walltime
+from ..units import WalltimeReading, format_walltime
 from .options import AdapterOption
 
 COMMAND_TIMEOUT = 60.0
@@ -412,6 +412,10 @@ class SLURMAdapter(BatchAdapter):
     submit_command = "sbatch"
     cancel_command = "scancel"
     cluster_name = "SLURMCluster"
+    # sbatch -t: a bare number is minutes, 'MM:SS' takes any minutes ('90:00'), days come first.
+    walltime_reading = WalltimeReading(
+        "SLURM", "SLURM's forms: minutes ('60'), 'MM:SS' ('90:00'), 'HH:MM:SS', 'D-HH', 'D-HH:MM', "
+        "'D-HH:MM:SS', or units like '90m', '1h30m', '2d'", bare_minutes=True, days=True)
     # dask-jobqueue's SLURMCluster keywords (JobSpec.job_cpu / job_mem, fields of their own).
     keywords = (
         AdapterOption("job_cpu", "int > 0", "--cpus-per-task, instead of cores", example=8,

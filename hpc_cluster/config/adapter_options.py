@@ -57,6 +57,17 @@ def adapter_class_of(batch: str | None) -> type | None:
     return adapter_classes().get(str(batch).lower())
 
 
+def walltime_reading(batch: str | None):
+    """How `batch` reads a walltime string: its adapter's `walltime_reading` (units.WalltimeReading),
+    or None (ours: a bare number is seconds) for 'local', unset, or an adapter declaring none."""
+    return getattr(adapter_class_of(batch), "walltime_reading", None)
+
+
+def walltime_readings() -> list:
+    """Every installed adapter's walltime reading (those declaring one), in name order."""
+    return [r for r in (getattr(c, "walltime_reading", None) for c in adapter_classes().values()) if r is not None]
+
+
 def collect(classes: Mapping[str, type], core_names: set[str]) -> dict[str, Declared]:
     """name -> Declared, from each class's `keywords`. Pure. One name declared by several
     adapters must be one declaration (the same object, or an equal one); a name of the core

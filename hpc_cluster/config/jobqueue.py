@@ -18,8 +18,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..units import UnitError, parse_walltime, walltime_batch
-from .adapter_options import adapter_classes, cluster_name, declares_keywords, native_keywords
+from ..units import UnitError, parse_walltime
+from .adapter_options import adapter_classes, cluster_name, declares_keywords, native_keywords, walltime_reading
 from .files import Entry, load_yaml
 from .schema import ConfigError, option_by_name, parse_value
 
@@ -133,7 +133,7 @@ def _add(into: dict, problems: list, option: str, raw: Any, source: str, where: 
          batch: str | None = None) -> None:
     try:
         if option == "walltime" and batch:        # read as this batch system reads it
-            parse_walltime(raw, what="walltime", batch=batch)
+            parse_walltime(raw, what="walltime", batch=walltime_reading(batch))
         into[option] = Entry(raw, parse_value(option, raw), source)
     except ValueError as e:
         problems.append(f"{where} ({source.removeprefix('jobqueue:')}): {e}")
@@ -288,7 +288,7 @@ def customized(section: Mapping[str, Any], batch: str | None = None) -> dict:
 
 def _reads_as(walltime: Any, batch: str) -> float | None:
     try:
-        return parse_walltime(walltime, what="walltime", batch=walltime_batch(batch))
+        return parse_walltime(walltime, what="walltime", batch=walltime_reading(batch))
     except UnitError:
         return None
 
@@ -325,7 +325,7 @@ def site_from_section(section: Mapping[str, Any], config_name: str, batch: str) 
         else:
             try:
                 if option == "walltime":                  # as this batch system reads it
-                    parse_walltime(value, what="walltime", batch=batch)
+                    parse_walltime(value, what="walltime", batch=walltime_reading(batch))
                 parse_value(option, value)
             except ValueError as e:
                 notes.append(f"{where}: {e}; left out")

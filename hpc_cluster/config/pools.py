@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..units import UnitError, parse_walltime, walltime_batch
+from ..units import UnitError, parse_walltime
+from .adapter_options import walltime_reading
 
 DEFAULT_POOL = "default"
 
@@ -219,7 +220,7 @@ def resolve_pools(values: Mapping[str, Any], raw: Mapping[str, Any], sources: Ma
             written = (raw_pools.get(name) or {}).get("walltime", given["walltime"])
             try:
                 v["walltime"] = parse_walltime(written, what=f"pools.{name}.walltime",
-                                               batch=walltime_batch(batch))
+                                               batch=walltime_reading(batch))
             except UnitError as e:
                 raise ValueError(f"pool '{name}': {e}") from None
         if "cores" in given and "processes" not in given:

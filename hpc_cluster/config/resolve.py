@@ -15,9 +15,9 @@ from typing import Any, Mapping
 import yaml
 
 from ..plugins import LOCAL
-from ..units import UnitError, format_memory, format_walltime, parse_walltime, walltime_batch
+from ..units import UnitError, format_memory, format_walltime, parse_walltime
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
-from .adapter_options import native_keywords, resolve_hook
+from .adapter_options import native_keywords, resolve_hook, walltime_reading
 from .jobqueue import DEPRECATED, deprecation_message, elsewhere, jobqueue_layer, scheduler_option_notes
 from .pools import Pool, resolve_pools
 from .schema import ConfigError, Option, canonical_key, did_you_mean, option_by_name, options, parse_value
@@ -278,7 +278,7 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     problems = []
     wall = merged["walltime"]
     try:
-        seconds = parse_walltime(wall.raw, what="walltime", batch=walltime_batch(batch))
+        seconds = parse_walltime(wall.raw, what="walltime", batch=walltime_reading(batch))
         merged["walltime"] = Entry(wall.raw, seconds, wall.source)
     except UnitError as e:
         problems.append(f"{e} ({wall.source})")
@@ -286,7 +286,7 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     if sched_wall.raw is not None:
         try:
             seconds = parse_walltime(sched_wall.raw, what="scheduler_job_walltime",
-                                     batch=walltime_batch(batch))
+                                     batch=walltime_reading(batch))
             merged["scheduler_job_walltime"] = Entry(sched_wall.raw, seconds, sched_wall.source)
         except UnitError as e:
             problems.append(f"{e} ({sched_wall.source})")

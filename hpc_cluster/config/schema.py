@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..plugins import LOCAL, AdapterLookupError, installed_batch_systems, unknown_batch_message
-from ..units import WALLTIME_FORMS_BY_BATCH, UnitError, parse_memory, parse_walltime
-from .adapter_options import adapter_classes, collect, title_of
+from ..units import UnitError, parse_memory, parse_walltime
+from .adapter_options import adapter_classes, collect, title_of, walltime_readings
 from .pools import ESCALATE_DEFAULTS, PoolKeyError, check_escalate, check_pools
 
 class ConfigError(ValueError):
@@ -146,9 +146,9 @@ def _size(key, v):
 def _walltime(key, v):
     """Kept as written: how a walltime reads depends on the batch system ('60' is an hour to
     sbatch, a minute to qsub), which is known only once every layer is merged (resolve.py):
-    here it must read as a walltime to one of them (units.py knows each one's reading)."""
+    here it must read as a walltime to one of them (each adapter declares its reading)."""
     errors = []
-    for batch in (*WALLTIME_FORMS_BY_BATCH, None):
+    for batch in (*walltime_readings(), None):
         try:
             parse_walltime(v, what=key, batch=batch)
             return v

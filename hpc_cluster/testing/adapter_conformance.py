@@ -200,6 +200,18 @@ class AdapterConformance:
         problems = keyword_problems(self.adapter_class, self.entry_point or self.adapter_class.name)
         assert not problems, "the adapter's keywords:\n  " + "\n  ".join(problems)
 
+    def test_walltime_reading_is_declared_well(self):
+        from ..units import WalltimeReading, parse_walltime
+        reading = getattr(self.adapter_class, "walltime_reading", None)
+        if reading is None:
+            return                                   # read as ours: a bare number is seconds
+        assert isinstance(reading, WalltimeReading), (
+            f"walltime_reading={reading!r} must be a hpc_cluster.units.WalltimeReading (or None)")
+        assert reading.title and reading.forms, "walltime_reading needs a title and the forms it accepts"
+        # Every batch system takes the unit forms and HH:MM:SS (hours:minutes:seconds).
+        assert parse_walltime("1h30m", batch=reading) == 5400
+        assert parse_walltime("01:30:00", batch=reading) == 5400
+
     # -- render ------------------------------------------------------------------------------
     def test_render_asks_for_the_resources(self):
         adapter, runner = self.adapter()

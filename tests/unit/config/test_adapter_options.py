@@ -118,3 +118,27 @@ def test_the_installed_table_has_our_settings_as_before():
     table = option_by_name()
     assert table["ncpus"].owners == ("lsf",) and table["job_mem"].owners == ("slurm",)
     assert table["use_stdin"].default is True and table["submit_command_extra"].default == []
+
+
+def test_each_adapter_declares_how_its_batch_system_reads_a_walltime(env, monkeypatch):
+    from hpc_cluster.config import adapter_options
+    from hpc_cluster.units import UnitError, WalltimeReading, parse_walltime
+
+    # Ours, as their batch systems read '60' and '90:00': minutes to sbatch and bsub, seconds to qsub.
+    assert resolve(batch="slurm", walltime="60", jobqueue=False, environ=env)["walltime"] == 3600
+    assert resolve(batch="pbs", walltime="60", jobqueue=False, environ=env)["walltime"] == 60
+    assert resolve(batch="lsf", walltime="01:30", jobqueue=False, environ=env)["walltime"] == 5400
+    with pytest.raises(ConfigError, match="SGE has no day form"):
+        resolve(batch="sge", walltime="1-00:00:00", jobqueue=False, environ=env)
+
+    # A plugin's batch system declares its own reading; units.py knows no batch system by name.
+    class Hours(Tape):
+        walltime_reading = WalltimeReading("TAPE", "hours ('2') or 'HH:MM'", bare_minutes=True,
+                                           hours_minutes=True)
+    monkeypatch.setattr(adapter_options, "adapter_classes", lambda: {**OURS, "tape": Hours})
+    reading = adapter_options.walltime_reading("tape")
+    assert parse_walltime("02:00", batch=reading) == 7200
+    assert reading in adapter_options.walltime_readings()
+    with pytest.raises(UnitError, match=r"use hours \('2'\) or 'HH:MM'"):
+        parse_walltime("soon", batch=reading)
+    assert adapter_options.walltime_reading("local") is None
