@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
-from hpc_cluster import Client, SGECluster
+from hpc_cluster import SGECluster
 from helpers.funcs import grow, segfault, sleep_then, square
+from helpers.scenarios import VERDICT_TIMEOUT, deployed
 from helpers.wait import wait_until
 
 pytestmark = [pytest.mark.sge, pytest.mark.timeout(600)]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])     # the workers cannot import this module
-VERDICT_TIMEOUT = 120
 
 
 # -- tasks --------------------------------------------------------------------------------------
@@ -45,54 +43,14 @@ def queued_ids() -> set[str]:
     return {line.split()[0] for line in out.splitlines()[2:] if line.strip()}
 
 
-class Run:
-    def __init__(self, cluster, client):
-        self.cluster, self.client, self.job_ids = cluster, client, set()
-
-    def jobs(self) -> dict:
-        jobs = self.cluster.jobs
-        self.job_ids |= set(jobs)
-        return jobs
-
-    def death(self, predicate, timeout=VERDICT_TIMEOUT) -> dict:
-        """The first death matching `predicate`, once its verdict is final (accounting read)."""
-        def final():
-            found = [d for d in self.client.deaths() if predicate(d)]
-            return found[0] if found and found[0].get("final_at") is not None else None
-        try:
-            return wait_until(final, timeout, "a final verdict", interval=0.3)
-        except AssertionError:
-            seen = [(d["name"], d["cause"], d.get("final_at")) for d in self.client.deaths()]
-            raise TimeoutError(f"no final verdict in {timeout} s; deaths so far: {seen}") from None
-
-
-@contextmanager
-def deployed(tmp: Path, name: str, jobs: int = 1, wait: bool = True, **kwargs):
-    """An SGECluster with `jobs` workers up; on exit closed, and its jobs gone from qstat."""
+def on_sge(tmp: Path, name: str, jobs: int = 1, wait: bool = True, **kwargs):
+    """helpers.scenarios.deployed: an SGECluster named sge-<name>, its logs under `tmp`, with
+    `jobs` workers up (wait=False: asked for, not waited on); on exit closed, and its jobs gone
+    from qstat."""
     kwargs = {"cores": 1, "memory": "1GB", "walltime": "00:05:00", **kwargs}
     logs = tmp / "logs"
     logs.mkdir(exist_ok=True)
-    cluster = SGECluster(name=f"sge-{name}", log_directory=str(logs), **kwargs)
-    client = run = None
-    try:
-        client = Client(cluster)
-        run = Run(cluster, client)
-        cluster.scale(jobs)
-        if wait:
-            client.wait_for_workers(jobs, timeout=120)
-        run.jobs()
-        yield run
-    finally:
-        if run is not None:
-            try:
-                run.jobs()
-            except Exception:
-                pass
-        if client is not None:
-            client.close()
-        cluster.close()
-        ids = run.job_ids if run else set()
-        wait_until(lambda: not (ids & queued_ids()), 60, f"jobs {sorted(ids)} to leave the queue", interval=0.5)
+    return deployed(SGECluster(name=f"sge-{name}", log_directory=str(logs), **kwargs), queued_ids, jobs, wait=wait)
 
 
 def qacct_words(death: dict) -> str:
@@ -102,7 +60,7 @@ def qacct_words(death: dict) -> str:
 
 # -- the tests --------------------------------------------------------------------------------------
 def test_a_small_computation_on_sge_workers(gridengine, isolated_home):
-    with deployed(isolated_home, "compute", jobs=2) as run:
+    with on_sge(isolated_home, "compute", jobs=2) as run:
         assert "#$ -l h_rt=00:05:00" in run.cluster.job_script()
         futures = run.client.map(square, range(200))
         assert run.client.gather(futures) == [x * x for x in range(200)]
@@ -114,7 +72,7 @@ def test_a_small_computation_on_sge_workers(gridengine, isolated_home):
 
 def test_walltime_h_rt_kill_is_walltime_not_charged(gridengine, isolated_home):
     """A 40 s job; a 30 s task started 15 s in is still running when qmaster's h_rt ends the job."""
-    with deployed(isolated_home, "walltime", walltime="00:00:40") as run:
+    with on_sge(isolated_home, "walltime", walltime="00:00:40") as run:
         wait_until(lambda: any((j.get("uptime") or 0) >= 15 for j in run.jobs().values()), 60, "15 s of the job", interval=0.5)
         first = next(iter(run.jobs()))
         long = run.client.submit(sleep_then, 42, 30, key="long-30s")
@@ -131,7 +89,7 @@ def test_walltime_h_rt_kill_is_walltime_not_charged(gridengine, isolated_home):
 def test_h_vmem_kill_of_the_job_is_a_batch_memory_fault(gridengine, isolated_home):
     """h_vmem 600M for the job, the workers' budget above it (memory=3GB): the task starts two
     processes of 350 MB, each under h_vmem alone, together over it; execd ends the job (failed 37)."""
-    with deployed(isolated_home, "vmem", memory="3GB", resource_spec="h_vmem=600M", allowed_failures=0) as run:
+    with on_sge(isolated_home, "vmem", memory="3GB", resource_spec="h_vmem=600M", allowed_failures=0) as run:
         assert "#$ -l h_vmem=600M" in run.cluster.job_script()
         hog = run.client.submit(children_hog, 350, key="hog-2x350MB")
         others = run.client.map(square, range(20))
@@ -152,7 +110,7 @@ def test_h_vmem_inside_the_worker_fails_the_allocation_not_the_job(gridengine, i
     resident size: a worker's address space is ~200 MB over that, so the worker's own allocation
     fails first (MemoryError in the task) and the worker lives on. Grid Engine's h_vmem cannot
     end a job for memory the worker itself takes (docs/sge.md)."""
-    with deployed(isolated_home, f"vmem-own-{'n' if nanny else 'b'}", nanny=nanny, memory="3GB",
+    with on_sge(isolated_home, f"vmem-own-{'n' if nanny else 'b'}", nanny=nanny, memory="3GB",
                   resource_spec="h_vmem=800M") as run:
         hog = run.client.submit(grow, 1500 << 20, chunk=4 << 20, pause=0.05, key="hog-1500MB")
         err = hog.exception(timeout=VERDICT_TIMEOUT)
@@ -163,7 +121,7 @@ def test_h_vmem_inside_the_worker_fails_the_allocation_not_the_job(gridengine, i
 
 @pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
 def test_segfault_is_a_crash_charged_to_the_task(gridengine, isolated_home, nanny):
-    with deployed(isolated_home, f"segv-{'n' if nanny else 'b'}", nanny=nanny, allowed_failures=0) as run:
+    with on_sge(isolated_home, f"segv-{'n' if nanny else 'b'}", nanny=nanny, allowed_failures=0) as run:
         bad = run.client.submit(segfault, key="segfault-task")
         others = run.client.map(square, range(20))
         err = bad.exception(timeout=VERDICT_TIMEOUT)
@@ -176,7 +134,7 @@ def test_segfault_is_a_crash_charged_to_the_task(gridengine, isolated_home, nann
 
 
 def test_qdel_of_a_busy_worker_is_cancelled_and_its_task_reruns(gridengine, isolated_home):
-    with deployed(isolated_home, "qdel", jobs=2) as run:
+    with on_sge(isolated_home, "qdel", jobs=2) as run:
         long = run.client.submit(sleep_then, 42, 8, key="long-8s")
         wait_until(lambda: any(w.get("executing") for w in run.client.scheduler_info()["workers"].values()),
                  60, "the long task to start", interval=0.2)
@@ -189,7 +147,7 @@ def test_qdel_of_a_busy_worker_is_cancelled_and_its_task_reruns(gridengine, isol
 
 
 def test_a_job_whose_prologue_fails_is_a_startup_failure_with_its_log(gridengine, isolated_home):
-    with deployed(isolated_home, "startup", wait=False, job_script_prologue=[
+    with on_sge(isolated_home, "startup", wait=False, job_script_prologue=[
             f"{sys.executable} -c 'import no_such_module_for_sge_test'"]) as run:
         death = run.death(lambda d: True)              # the first death, whatever it is called
         assert death["cause"] == "startup", death
@@ -201,7 +159,7 @@ def test_a_job_whose_prologue_fails_is_a_startup_failure_with_its_log(gridengine
 def test_a_job_grid_engine_cannot_start_is_a_startup_failure_and_leaves_no_error_job(gridengine, isolated_home):
     """Its output file cannot be opened: Grid Engine holds the job in error state (Eqw) for
     ever; we report why (qstat -j's reason) and delete it, so nothing is left in the queue."""
-    with deployed(isolated_home, "eqw", wait=False, job_directives_skip=["-o ", "-e "],
+    with on_sge(isolated_home, "eqw", wait=False, job_directives_skip=["-o ", "-e "],
                   job_extra_directives=["-o /nonexistent/dir/"]) as run:
         death = run.death(lambda d: True)
         assert death["cause"] == "startup", death

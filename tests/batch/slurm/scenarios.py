@@ -21,20 +21,19 @@ from pathlib import Path
 
 import cloudpickle
 
-from hpc_cluster import Client
 from hpc_cluster.deploy.cluster import SLURMCluster
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from slurm_jobs import job_pids, restore_node, wait_for  # noqa: E402
 from helpers.funcs import grow, segfault, sleep_then, slow_inc, slow_square  # noqa: E402
+from helpers.scenarios import VERDICT_TIMEOUT, deployed  # noqa: E402
 from helpers.slurm import squeue_ids  # noqa: E402
 
 # The task functions below travel by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MB = 10**6
-VERDICT_TIMEOUT = 180        # the evidence collector stops asking after ~90 s; be generous
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -45,72 +44,14 @@ def hard_exit(code=1):
 
 # ---------------------------------------------------------------------------- helpers
 
-class Run:
-    """One scenario's cluster and client, the job ids it ever had, and its outcome."""
-
-    def __init__(self, cluster: SLURMCluster, client: Client, outcome: dict):
-        self.cluster, self.client, self.outcome = cluster, client, outcome
-        self.job_ids: set[str] = set()
-
-    def jobs(self) -> dict[str, dict]:
-        jobs = self.cluster.jobs
-        self.job_ids |= set(jobs)
-        return jobs
-
-    def worker_of(self, predicate, timeout=180, what="a worker") -> dict:
-        """A worker row (scheduler_info) for which `predicate(row)` holds."""
-        def find():
-            return next((w for w in self.client.scheduler_info()["workers"].values() if predicate(w)), None)
-        return wait_for(find, timeout, what, interval=0.2)
-
-    def death(self, predicate=lambda d: True, timeout=VERDICT_TIMEOUT) -> dict:
-        """The first death matching `predicate` once its verdict is final (`final_at` set)."""
-        def final():
-            ds = [d for d in self.client.deaths() if predicate(d)]
-            return ds[0] if ds and ds[0].get("final_at") is not None else None
-        try:
-            return wait_for(final, timeout, "a final verdict", interval=0.5)
-        except TimeoutError:
-            seen = [(d["name"], d["cause"], d.get("final_at")) for d in self.client.deaths()]
-            raise TimeoutError(f"no final verdict in {timeout} s; deaths so far: {seen}") from None
-
-    def record(self, death: dict) -> None:
-        self.outcome.update(death=death, cause=death["cause"], blame=death["blame"],
-                            to_final=round(death["final_at"] - death["time"], 1))
-
-
-@contextmanager
-def deployed(name: str, nanny: bool, log_dir: Path, jobs: int = 1, **kwargs):
-    """A SLURMCluster with `jobs` workers up; closed, and its jobs gone from squeue, on exit."""
+def on_slurm(name: str, nanny: bool, log_dir: Path, jobs: int = 1, **kwargs):
+    """helpers.scenarios.deployed: a SLURMCluster named sc-<name>, with `jobs` workers up, its
+    outcome named after the scenario; closed, and its jobs gone from squeue, on exit."""
     kwargs = {"cores": 1, "memory": "300MB", "walltime": "00:10:00", **kwargs}
-    outcome = {"scenario": name, "nanny": nanny}
     cluster = SLURMCluster(log_directory=str(log_dir / f"{name}-{'nanny' if nanny else 'bare'}"),
                            nanny=nanny, name=f"sc-{name}", **kwargs)
-    client = None
-    run = None
-    try:
-        client = Client(cluster)
-        run = Run(cluster, client, outcome)
-        if jobs:
-            cluster.scale(jobs)
-            client.wait_for_workers(jobs, timeout=240)
-        run.jobs()
-        yield run
-    finally:
-        if run is not None:
-            try:
-                run.jobs()
-            except Exception:
-                pass
-        if client is not None:
-            client.close()
-        cluster.close()
-        ids = run.job_ids if run else set()
-        try:
-            wait_for(lambda: not (ids & squeue_ids(check=False)), 120, f"jobs {sorted(ids)} to leave squeue", interval=1)
-        finally:
-            outcome["jobs"] = sorted(ids)
-            outcome["left_in_squeue"] = sorted(ids & squeue_ids(check=False))
+    # A failing squeue lists no job: the outcome is recorded either way, and the test says so.
+    return deployed(cluster, lambda: squeue_ids(check=False), jobs, outcome={"scenario": name, "nanny": nanny})
 
 
 def capture(fut) -> dict:
@@ -146,7 +87,7 @@ def walltime(nanny: bool, log_dir: Path) -> dict:
     (walltime_margin: 12 s for a 1-minute job) and leave as `retired`; one 50-second task,
     started ~40 s into a job, is still running when SLURM's time limit ends that job: a
     `walltime` death, not charged, and the task reruns on a fresh job."""
-    with deployed("walltime", nanny, log_dir, jobs=2, walltime="00:01:00") as run:
+    with on_slurm("walltime", nanny, log_dir, jobs=2, walltime="00:01:00") as run:
         n = 60
         futs = run.client.map(slow_square, range(n))
         wait_for(lambda: any((j.get("uptime") or 0) >= 38 for j in run.jobs().values()), 120,
@@ -169,7 +110,7 @@ def batch_oom(nanny: bool, log_dir: Path) -> dict:
     # above the job's memory no longer does it: as in dask, a worker's memory limit is capped
     # at its cgroup's, and the nanny would stop the worker at 95% of that.)
     extra = {"memory_terminate_fraction": False} if nanny else {}
-    with deployed("batch-oom", nanny, log_dir, jobs=1, allowed_failures=0, **extra) as run:
+    with on_slurm("batch-oom", nanny, log_dir, jobs=1, allowed_failures=0, **extra) as run:
         hog = run.client.submit(grow, 1 << 30, chunk=4 << 20, key="hog-1GB")
         normal = run.client.map(slow_inc, range(20), delay=0.1)
         run.outcome["error"] = capture(hog)
@@ -182,7 +123,7 @@ def batch_oom(nanny: bool, log_dir: Path) -> dict:
 
 def nanny_memory(nanny: bool, log_dir: Path) -> dict:
     """The nanny's budget (300 MB) is below the job's 1 GB: the nanny stops the worker."""
-    with deployed("nanny-memory", nanny, log_dir, jobs=1, memory="1GB", memory_limit="300MB",
+    with on_slurm("nanny-memory", nanny, log_dir, jobs=1, memory="1GB", memory_limit="300MB",
                   allowed_failures=0) as run:
         hog = run.client.submit(grow, 800 * MB, chunk=4 << 20, key="hog-800MB")
         normal = run.client.map(slow_inc, range(20), delay=0.1)
@@ -194,7 +135,7 @@ def nanny_memory(nanny: bool, log_dir: Path) -> dict:
 
 
 def _crash(name: str, func, nanny: bool, log_dir: Path) -> dict:
-    with deployed(name, nanny, log_dir, jobs=1, allowed_failures=0) as run:
+    with on_slurm(name, nanny, log_dir, jobs=1, allowed_failures=0) as run:
         bad = run.client.submit(func, key=f"{name}-task")
         normal = run.client.map(slow_inc, range(20), delay=0.1)
         run.outcome["error"] = capture(bad)
@@ -215,7 +156,7 @@ def exit_task(nanny: bool, log_dir: Path) -> dict:
 
 def _kill_busy_worker(name: str, nanny: bool, log_dir: Path, kill, jobs: int = 2, **kwargs) -> dict:
     """A 10 s task runs on one of two workers; `kill(run, worker_row)` ends that worker."""
-    with deployed(name, nanny, log_dir, jobs=jobs, **kwargs) as run:
+    with on_slurm(name, nanny, log_dir, jobs=jobs, **kwargs) as run:
         long = run.client.submit(sleep_then, 42, 10, key=f"{name}-long")
         w = run.worker_of(lambda w: w["executing"] >= 1, what="the long task to start")
         normal = run.client.map(slow_inc, range(20), delay=0.1)
@@ -261,7 +202,7 @@ def sigstop(nanny: bool, log_dir: Path) -> dict:
 
 def scale_down(nanny: bool, log_dir: Path) -> dict:
     """scale(2) -> scale(1) while 40 one-second tasks run: the worker that leaves is 'retired'."""
-    with deployed("scale-down", nanny, log_dir, jobs=2) as run:
+    with on_slurm("scale-down", nanny, log_dir, jobs=2) as run:
         futs = run.client.map(slow_square, range(40), seconds=1.0)
         wait_for(lambda: sum(f.done() for f in futs) >= 4, 120, "some tasks to finish")
         run.cluster.scale(1)
@@ -301,7 +242,7 @@ def startup(nanny: bool, log_dir: Path) -> dict:
     """The job cannot start its worker: a bad python= (nanny) or a failing prologue (none)."""
     bad = ({"python": "/nonexistent/python"} if nanny
            else {"job_script_prologue": ["module load does-not-exist/1.0"]})
-    with deployed("startup", nanny, log_dir, jobs=0, **bad) as run:
+    with on_slurm("startup", nanny, log_dir, jobs=0, **bad) as run:
         waiting = run.client.submit(slow_inc, 1, delay=0.1)              # work that no worker will ever run
         run.cluster.scale(1)
         table = wait_for(lambda: (t := run.cluster.status_table())["halted"] and t, 240,
@@ -333,7 +274,7 @@ def node_failure(node: str, log_dir: Path) -> list[dict]:
     outs = []
     try:
         for nanny in (True, False):
-            cm = deployed("node-failure", nanny, log_dir, jobs=1, job_extra_directives=["--no-requeue"])
+            cm = on_slurm("node-failure", nanny, log_dir, jobs=1, job_extra_directives=["--no-requeue"])
             run = cm.__enter__()
             stack.append(cm)
             long = run.client.submit(sleep_then, 42, 10, key="nf-long")
@@ -399,7 +340,7 @@ def safely(fn, *args) -> dict | list:
 def outcome(outcomes, name, nanny) -> dict:
     o = outcomes[(name, nanny)]
     assert "failed" not in o, o.get("traceback") or o["failed"]
-    assert o["jobs"] and not o["left_in_squeue"], f"jobs left in squeue: {o['left_in_squeue']}"
+    assert o["jobs"] and not o["left_in_queue"], f"jobs left in squeue: {o['left_in_queue']}"
     return o
 
 

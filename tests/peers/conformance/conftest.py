@@ -19,11 +19,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "batch" / "slurm"))
 
-from djq_runs import DESCRIPTIONS, SUMMARIES, Run, make_run, prepare  # noqa: E402
-from djq_suite import VERSION, SuiteUnavailable  # noqa: E402
-from djq_table import TableError, known_failures  # noqa: E402
+from djq_runs import DESCRIPTIONS, SUMMARIES, DjqRun, env_run, prepare  # noqa: E402
+from djq_suite import VERSION  # noqa: E402
+from djq_table import TABLE  # noqa: E402
 from slurm_jobs import CLUSTER_SH, cluster_is_up  # noqa: E402
 
+from helpers.peers import Row, SuiteUnavailable, TableError, known_failures  # noqa: E402
 from helpers.sge import CLUSTER_SH as SGE_CLUSTER_SH, gridengine_is_up  # noqa: E402
 
 
@@ -66,12 +67,12 @@ class Runs:
     """The inner runs by -E value (None: no -E), or why one did not start."""
 
     def __init__(self):
-        self.table: dict[str, str] = {}
-        self.runs: dict[str | None, Run] = {}
+        self.table: dict[str, Row] = {}
+        self.runs: dict[str | None, DjqRun] = {}
         self.skipped: dict[str | None, str] = {}
         self.failed: dict[str | None, str] = {}
 
-    def get(self, env: str | None) -> Run:
+    def get(self, env: str | None) -> DjqRun:
         """The run for `env`, finished; skips or fails the calling test when there is none."""
         if env in self.failed or env in self.skipped:
             failed = env in self.failed
@@ -99,7 +100,7 @@ def djq_runs(request, tmp_path_factory):
     runs = Runs()
     base = tmp_path_factory.mktemp("dask-jobqueue")
     try:
-        runs.table = known_failures()
+        runs.table = known_failures(TABLE)
         suite = prepare(base)
     except (SuiteUnavailable, TableError, OSError) as e:
         runs.failed = {env: str(e) for env in (None, *REAL_SYSTEMS, *SIMULATED)}
@@ -107,7 +108,7 @@ def djq_runs(request, tmp_path_factory):
         return
     for env in (None, *SIMULATED):
         if env in wanted:
-            runs.runs[env] = make_run(suite, base, env).start()
+            runs.runs[env] = env_run(suite, base, env).start()
     for env, unavailable in REAL_SYSTEMS.items():
         if env not in wanted:
             continue
@@ -119,7 +120,7 @@ def djq_runs(request, tmp_path_factory):
             if reason:
                 runs.skipped[env] = reason
             else:
-                runs.runs[env] = make_run(suite, base, env).start()
+                runs.runs[env] = env_run(suite, base, env).start()
     yield runs
     for run in runs.runs.values():
         run.close()                       # in case a test was interrupted before its run ended

@@ -27,8 +27,9 @@ import pytest
 from distributed.utils_test import loop, loop_in_thread  # noqa: F401  (fixtures their tests use)
 
 from djq_placeholders import Placeholder, placeholder
-from djq_suite import PACKAGE
-from djq_table import DOC, known_failures, reason_for
+from djq_suite import IDS
+from djq_table import DOC, TABLE
+from helpers.peers import known_failures, row_for
 from hpc_cluster import HTCondorCluster, LSFCluster, PBSCluster, SGECluster, SLURMCluster
 
 # dask-jobqueue is installed in the venv (the benchmarks run it side by side with ours); a
@@ -57,18 +58,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xfail_env(NAME): known failure for environment NAME")
 
 
-def table_id(nodeid: str) -> str:
-    """`dask_jobqueue_tests/test_slurm.py::test_header` -> `test_slurm.py::test_header`, as in the table."""
-    return nodeid.removeprefix(f"{PACKAGE}/")
-
-
 def pytest_collection_modifyitems(config, items):
-    table = known_failures()
+    table = known_failures(TABLE)
     for item in items:
-        reason = reason_for(table, table_id(item.nodeid))
-        if reason is not None:
+        row = row_for(table, IDS.from_nodeid(item.nodeid))
+        if row is not None:
             # First in the list, so it wins over an xfail_env mark added at setup.
-            item.add_marker(pytest.mark.xfail(reason=f"{DOC.name}: {reason}", strict=True), append=False)
+            item.add_marker(pytest.mark.xfail(reason=f"{DOC.name}: {row.reason}", strict=True), append=False)
 
 
 def pytest_runtest_setup(item):

@@ -27,10 +27,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from djq_suite import PACKAGE, extract
-from djq_table import DOC, reason_for
+from djq_suite import IDS, PACKAGE, extract_package
+from djq_table import DOC
+from helpers.peers import PytestRun, Result, Row, indent, last_lines, make_run, read_junit, row_for, tail
 from helpers.wait import WaitTimeout, wait_until
-from upstream import PYTEST, PytestRun, Result, indent, isolated_environ, last_lines, read_junit, tail
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -72,7 +72,7 @@ DESCRIPTIONS = {
 def prepare(base: Path) -> Path:
     """The rewritten test package and its pytest.ini under `base`/suite; returns that directory."""
     suite = base / "suite"
-    extract(suite)
+    extract_package(suite)
     (suite / "pytest.ini").write_text(INI)
     return suite
 
@@ -85,7 +85,9 @@ def _load_pbssim():
 
 
 @dataclass
-class Run(PytestRun):
+class DjqRun(PytestRun):
+    """One -E run of dask-jobqueue's tests (env None: the run without -E)."""
+
     env: str | None = None
     run_timeout: float = RUN_TIMEOUT
 
@@ -116,27 +118,21 @@ class Run(PytestRun):
                     self.leftovers.append(f"(still alive after SIGKILL: {sim.live_pids(home)})")
 
     def results(self) -> list[Result]:
-        return read_junit(self.junit, table_id) if self.junit.exists() else []
+        return read_junit(self.junit, IDS.from_junit) if self.junit.exists() else []
 
 
-def make_run(suite: Path, base: Path, env: str | None) -> Run:
-    cwd = base / f"run-{env or 'none'}"
-    cwd.mkdir()
-    # Our plugin and placeholders, then this checkout's hpc_cluster (not another install).
-    environ = isolated_environ(cwd, [str(HERE), str(REPO)])
+def env_run(suite: Path, base: Path, env: str | None) -> DjqRun:
+    """The run (not started) of the extracted `suite` with `-E env` (None: without -E)."""
+    # Our plugin and placeholders first on its path.
+    run = make_run(DjqRun, suite, base / f"run-{env or 'none'}", [suite / PACKAGE], "djq_plugin", [HERE],
+                   ["-E", env] if env else [], env=env)
     if env in SIMULATORS:
         directory, home_var, delay_var = SIMULATORS[env]
-        (cwd / f"{env}_sim_home").mkdir()
-        environ[home_var] = str(cwd / f"{env}_sim_home")
-        environ[delay_var] = "1"
-        environ["PATH"] = f"{directory / 'bin'}{os.pathsep}{environ['PATH']}"
-    command = [*PYTEST, str(suite / PACKAGE),
-               "-c", str(suite / "pytest.ini"),
-               "--rootdir", str(suite), "-p", "djq_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
-               "--tb=short", "--junit-xml", str(cwd / "junit.xml")]
-    if env:
-        command += ["-E", env]
-    return Run(env=env, cwd=cwd, command=command, environ=environ)
+        home = run.cwd / f"{env}_sim_home"
+        home.mkdir()
+        run.environ.update({home_var: str(home), delay_var: "1",
+                            "PATH": f"{directory / 'bin'}{os.pathsep}{run.environ['PATH']}"})
+    return run
 
 
 def _cancel_sge_jobs_under(cwd: Path) -> list[str]:
@@ -157,20 +153,14 @@ def _cancel_sge_jobs_under(cwd: Path) -> list[str]:
 
 
 # -- results ----------------------------------------------------------------------------
-def table_id(classname: str, name: str) -> str:
-    """`dask_jobqueue_tests.test_slurm`, `test_header` -> `test_slurm.py::test_header`, as in the table."""
-    module = classname.rsplit(".", 1)[-1]
-    return f"{module}.py::{name}" if module.startswith("test_") else f"{classname}::{name}"
-
-
-def problems(run: Run, results: list[Result], table: dict[str, str]) -> list[str]:
+def problems(run: DjqRun, results: list[Result], table: dict[str, Row]) -> list[str]:
     """What makes this run a failure, each with the test's own words."""
     out = run.ended_badly(results)
     code = run.proc.returncode
     for r in results:
         if r.outcome not in ("failed", "error"):
             continue
-        if reason_for(table, r.test_id) and r.message.startswith("[XPASS(strict)]"):
+        if row_for(table, r.test_id) and r.message.startswith("[XPASS(strict)]"):
             out.append(f"{r.test_id} now PASSES: take it out of the table in {DOC.relative_to(REPO)} "
                        "(a row without [parameters] covers all of them: narrow it to those still failing)")
         else:
@@ -180,7 +170,9 @@ def problems(run: Run, results: list[Result], table: dict[str, str]) -> list[str
     return out
 
 
-def summary(run: Run, results: list[Result]) -> str:
+def run_summary(run: DjqRun, results: list[Result]) -> str:
+    """The run's figures: passed, expected failures, failed, skipped (each reason), and how
+    to repeat it by hand."""
     counts = Counter(r.outcome for r in results)
     # Ours are marked with the page's name (djq_plugin.py); the others are their xfail_env.
     ours = sum(1 for r in results if r.outcome == "xfailed" and r.message.startswith(DOC.name))

@@ -33,12 +33,9 @@ run their classes by accident (dask-jobqueue is installed in the venv for the be
 from __future__ import annotations
 
 import ast
-import hashlib
-import tarfile
-from email.parser import HeaderParser
 from pathlib import Path
 
-from upstream import SuiteUnavailable, cache_dir, download_sdist
+from helpers.peers import TableIds, sdist_files
 
 VERSION = "0.9.0"
 SDIST = f"dask_jobqueue-{VERSION}.tar.gz"
@@ -48,6 +45,8 @@ SHA256 = "494ef64b7bb3848c7d72ed334c288030caca6a09dca54cfaa3f395f4ba7f5c47"
 TEST_FILES = ("__init__.py", "test_slurm.py", "test_pbs.py", "test_sge.py", "test_lsf.py", "test_htcondor.py",
               "test_jobqueue_core.py", "test_job.py")
 PACKAGE = "dask_jobqueue_tests"
+# `dask_jobqueue_tests/test_slurm.py::test_header` is `test_slurm.py::test_header` in the table.
+IDS = TableIds(PACKAGE)
 
 OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster", "SGECluster": "hpc_cluster",
         "LSFCluster": "hpc_cluster", "HTCondorCluster": "hpc_cluster",
@@ -55,35 +54,14 @@ OURS = {"SLURMCluster": "hpc_cluster", "PBSCluster": "hpc_cluster", "SGECluster"
 OUR_CLIENT = "hpc_cluster"
 
 
-def sdist() -> Path:
-    """The checked sdist: from the cache, or downloaded from the registry now."""
-    path = cache_dir() / SDIST
-    if not path.exists():
-        download(path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SHA256:
-        raise SuiteUnavailable(f"{path} has sha256 {digest}, not dask-jobqueue {VERSION}'s {SHA256}; "
-                               "delete it and the next run downloads it again")
-    return path
-
-
-def download(path: Path) -> None:
-    download_sdist(f"dask-jobqueue=={VERSION} --hash=sha256:{SHA256}", SDIST, path, f"dask-jobqueue {VERSION}")
-
-
-def extract(dest: Path) -> Path:
+def extract_package(dest: Path) -> Path:
     """The rewritten test package under `dest`; returns its directory."""
     package = dest / PACKAGE
     package.mkdir(parents=True)
-    top = f"dask_jobqueue-{VERSION}"
-    with tarfile.open(sdist()) as tar:
-        info = HeaderParser().parsestr(tar.extractfile(f"{top}/PKG-INFO").read().decode())
-        if info["Name"] != "dask-jobqueue" or info["Version"] != VERSION:
-            raise SuiteUnavailable(f"the sdist's PKG-INFO says {info['Name']} {info['Version']}, "
-                                   f"not dask-jobqueue {VERSION}")
+    with sdist_files("dask-jobqueue", VERSION, SDIST, SHA256) as read:
         for name in TEST_FILES:
-            # extractfile reads one member by name: nothing else of the archive is written.
-            source = tar.extractfile(f"{top}/dask_jobqueue/tests/{name}").read().decode()
+            # Read one member by name: nothing else of the archive is written.
+            source = read(f"dask_jobqueue/tests/{name}")
             (package / name).write_text(rewrite_imports(source, name))
     return package
 

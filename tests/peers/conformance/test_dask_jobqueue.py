@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import pytest
 from djq_placeholders import placeholder
-from djq_runs import RUN_TIMEOUT, SUMMARIES, problems, summary
-from djq_suite import rewrite_imports
-from djq_table import DOC, HEADING, TableError, covers, known_failures, reason_for
+from djq_runs import RUN_TIMEOUT, SUMMARIES, problems, run_summary
+from djq_suite import IDS, rewrite_imports
+from djq_table import DOC, HEADING, TABLE
+
+from helpers.peers import TableError, covers, known_failures, row_for, unknown_rows
 
 UPSTREAM = '''import sys
 from dask_jobqueue import (
@@ -85,17 +87,25 @@ def test_table_rows_are_read_strictly(tmp_path):
     doc.write_text(f"# Page\n\n{HEADING}\n\nText.\n\n| test | reason |\n|---|---|\n"
                    "| `test_job.py::test_basic` | job_cls |\n"
                    "| `test_pbs.py::test_header[PBSCluster]` | directives |\n\n## Next\n| `x` | y |\n")
-    table = known_failures(doc)
-    assert table == {"test_job.py::test_basic": "job_cls", "test_pbs.py::test_header[PBSCluster]": "directives"}
-    assert reason_for(table, "test_job.py::test_basic[SLURMCluster]") == "job_cls"    # a bare row: every param
-    assert reason_for(table, "test_job.py::test_basic_more") is None
-    assert reason_for(table, "test_pbs.py::test_header[MoabCluster]") is None         # a row with a param: that one
+    table = known_failures(TABLE, doc)
+    assert {k: row.reason for k, row in table.items()} == {
+        "test_job.py::test_basic": "job_cls", "test_pbs.py::test_header[PBSCluster]": "directives"}
+    assert row_for(table, "test_job.py::test_basic[SLURMCluster]").reason == "job_cls"    # a bare row: every param
+    assert row_for(table, "test_job.py::test_basic_more") is None
+    assert row_for(table, "test_pbs.py::test_header[MoabCluster]") is None         # a row with a param: that one
     assert covers("test_job.py::test_basic", "test_job.py::test_basic[PBSCluster]")
     for bad in ("| test_job.py::test_basic | no backticks |", "| `test_job.py::test_basic` |  |",
                 "| `test_basic` | no file |"):
         doc.write_text(f"{HEADING}\n\n| test | reason |\n|---|---|\n{bad}\n")
         with pytest.raises(TableError):
-            known_failures(doc)
+            known_failures(TABLE, doc)
+
+
+def test_test_ids_are_as_in_the_table():
+    assert IDS.from_junit("dask_jobqueue_tests.test_slurm", "test_header[x]") == "test_slurm.py::test_header[x]"
+    assert IDS.from_nodeid("dask_jobqueue_tests/test_slurm.py::test_header[x]") == "test_slurm.py::test_header[x]"
+    # A test in a class: junit-xml's classname ends with the class, the node id has it after the file.
+    assert IDS.from_junit("dask_jobqueue_tests.test_job.TestK", "test_a") == "test_job.py::TestK::test_a"
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 120)
@@ -105,7 +115,7 @@ def test_table_rows_are_read_strictly(tmp_path):
 def test_their_tests_pass_on_our_classes(djq_runs, env):
     run = djq_runs.get(env)
     results = run.results()
-    text = summary(run, results)
+    text = run_summary(run, results)
     SUMMARIES.append(text)                 # the whole of it ends the session's output
     bad = problems(run, results, djq_runs.table)
     if bad:
@@ -119,5 +129,5 @@ def test_table_names_only_their_tests(djq_runs):
     check nothing: every id in the table must be one the suite collects."""
     collected = {r.test_id for r in djq_runs.get(None).results()}
     assert collected, "the run without -E reported no tests"
-    unknown = sorted(row for row in djq_runs.table if not any(covers(row, t) for t in collected))
+    unknown = unknown_rows(djq_runs.table, collected)
     assert not unknown, f"{DOC.name} lists tests the suite does not have: {unknown}"

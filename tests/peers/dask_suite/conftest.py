@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "conformance"))        # upstream.py, djq_table.covers
 sys.path.insert(0, str(HERE))
 
 from dask_clusters import private_tmp_mode  # noqa: E402
-from dask_runs import SUMMARIES, Campaign, session_directory, summary  # noqa: E402
-from dask_table import known_failures  # noqa: E402
-from upstream import SuiteUnavailable, TableError  # noqa: E402
+from dask_runs import SUMMARIES, Campaign, campaign_summary, session_directory  # noqa: E402
+from dask_table import TABLE  # noqa: E402
+
+from helpers.peers import SuiteUnavailable, TableError, known_failures  # noqa: E402
 
 def pytest_terminal_summary(terminalreporter):
     if SUMMARIES:
@@ -49,7 +49,7 @@ def dask_suite():
     setup = Setup()
     base = None
     try:
-        setup.table = known_failures()
+        setup.table = known_failures(TABLE)
         base = session_directory()
         setup.campaign = Campaign(base=base, private_tmp=setup.private_tmp).start()
     except (SuiteUnavailable, TableError, OSError) as e:
@@ -62,7 +62,7 @@ def dask_suite():
     if setup.campaign is not None:
         setup.campaign.close()
         if setup.campaign.seconds is not None:
-            SUMMARIES.append(summary(setup.campaign, kept=bool(FAILURES)))
+            SUMMARIES.append(campaign_summary(setup.campaign, kept=bool(FAILURES)))
     if base is not None and not FAILURES:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from helpers.wait import WaitTimeout, wait_until
 from hpc_cluster import LocalCluster
 
 WORKERS = 2
@@ -164,16 +165,16 @@ class DistributedProcesses:
             return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
     def _wait(self, condition, timeout: float, what: str):
-        # Not helpers.wait: this module runs in the inner pytest of dask's own tests, whose
-        # sys.path has this folder and hpc_cluster but not tests/ (dask_runs.make_run).
-        deadline = time.monotonic() + timeout
-        while not (value := condition()):
-            dead = [p.args[2] for p in self.procs if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} not up within {timeout} s" + (f" ({dead} exited)" if dead else "")
-                                   + f"; logs in {self.directory}")
-            time.sleep(0.05)
-        return value
+        def up():
+            value = condition()
+            dead = [p.args[2] for p in self.procs if p.poll() is not None] if not value else []
+            if dead:             # it will not come up: say so now, not at the deadline
+                raise RuntimeError(f"{what} not up: {dead} exited; logs in {self.directory}")
+            return value
+        try:
+            return wait_until(up, timeout, what, interval=0.05)
+        except WaitTimeout:
+            raise RuntimeError(f"{what} not up within {timeout} s; logs in {self.directory}") from None
 
     def close(self) -> None:
         _stop(self.procs[1:])            # the workers first, so they leave the scheduler cleanly

@@ -1,8 +1,9 @@
 """dask's own tests for the installed dask version, fetched from the package registry.
 
 Nothing of dask's is kept in this repository: the installed version's sdist is downloaded
-with pip at test time into the cache outside git that tests/peers/conformance uses
-(~/.cache/hpc-cluster-tests, or $XDG_CACHE_HOME; pip checks the registry's published hash),
+with pip at test time into the cache outside git that tests/peers/conformance uses too
+(helpers.peers.sdist: ~/.cache/hpc-cluster-tests, or $XDG_CACHE_HOME; pip checks the registry's
+published hash),
 its PKG-INFO is checked against the installed version, and only these files are extracted:
 
 * the test files in FILES, and the helper modules they import (HELPERS);
@@ -24,12 +25,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import tarfile
-from email.parser import HeaderParser
 from importlib.metadata import version
 from pathlib import Path
 
-from upstream import SuiteUnavailable, cache_dir, download_sdist
+from helpers.peers import SuiteUnavailable, TableIds, sdist_files
 
 try:
     import tomllib
@@ -37,6 +36,8 @@ except ImportError:  # Python 3.10: pip vendors the same parser
     from pip._vendor import tomli as tomllib
 
 PACKAGE = "dask_upstream"
+# `dask_upstream/array/tests/test_x.py::test_y[1]` is `dask/array/tests/test_x.py::test_y[1]` in the table.
+IDS = TableIds(PACKAGE, prefix="dask/")
 VERSION = version("dask")
 SDIST = f"dask-{VERSION}.tar.gz"
 
@@ -58,31 +59,12 @@ CONFTESTS = ("conftest.py", "dask/conftest.py")
 _TEST_IMPORT = re.compile(r"^(\s*)(from|import) dask((?:\.\w+)*\.tests\.\w+)\b", re.M)
 
 
-def sdist() -> Path:
-    """The installed dask's sdist: from the cache, or downloaded from the registry now."""
-    path = cache_dir() / SDIST
-    if not path.exists():
-        download_sdist(f"dask=={VERSION}", SDIST, path, f"dask {VERSION}")
-    return path
-
-
-def extract(dest: Path) -> Path:
+def extract_tree(dest: Path) -> Path:
     """The test package under `dest` (which is made; it also gets the conftest.py and the
-    pytest.ini); returns `dest`."""
+    pytest.ini), laid out as dask's tree; returns `dest`."""
     dest.mkdir(parents=True)
-    top = f"dask-{VERSION}"
     wanted = set(FILES) | set(HELPERS)
-    with tarfile.open(sdist()) as tar:
-        def read(name: str) -> str:
-            try:
-                return tar.extractfile(f"{top}/{name}").read().decode()
-            except KeyError:
-                raise SuiteUnavailable(f"dask {VERSION}'s sdist has no {name}: is FILES in "
-                                       f"{Path(__file__).name} still right for this version?") from None
-
-        info = HeaderParser().parsestr(read("PKG-INFO"))
-        if info["Name"] != "dask" or info["Version"] != VERSION:
-            raise SuiteUnavailable(f"{sdist()}: its PKG-INFO says {info['Name']} {info['Version']}, not dask {VERSION}")
+    with sdist_files("dask", VERSION, SDIST) as read:
         (dest / "conftest.py").write_text(read("conftest.py"))
         for name in sorted(wanted) + ["dask/conftest.py"]:
             rel = Path(name).relative_to("dask")

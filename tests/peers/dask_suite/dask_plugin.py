@@ -30,7 +30,7 @@ import pytest
 
 from dask_clusters import (THREADS, WORKERS, DistributedProcesses, PrivateTmpLocalCluster, check_probe,
                            kept_under_tmp, private_tmp_wrapper, probe_task)
-from dask_fetch import PACKAGE
+from dask_fetch import IDS
 
 REPORT = "dask-run.json"
 PROBE_TIMEOUT = 60
@@ -45,11 +45,6 @@ def pytest_addoption(parser):
     group.addoption("--dask-run-dir", default=".", help="where the cluster's logs and dask-run.json go")
     group.addoption("--dask-only", metavar="FILE", help="run only the test ids listed in FILE")
     group.addoption("--dask-shard", metavar="I/N", help="run only every N-th test, from the I-th (0-based)")
-
-
-def table_id(nodeid: str) -> str:
-    """`dask_upstream/array/tests/test_x.py::test_y[1]` -> `dask/array/tests/test_x.py::test_y[1]`."""
-    return "dask/" + nodeid.removeprefix(f"{PACKAGE}/")
 
 
 class Session:
@@ -106,7 +101,7 @@ class Session:
             self.report["scheduler_changed_by"].append(
                 {"after": self.last_test, "scheduler": repr(now)})
             dask.config.set(scheduler=self.expected)
-        self.last_test = table_id(item.nodeid)
+        self.last_test = IDS.from_nodeid(item.nodeid)
 
     def close(self) -> None:
         for thing in (self.client, self.cluster):
@@ -144,8 +139,8 @@ def pytest_collection_modifyitems(config, items):
     only = config.getoption("--dask-only")
     if only:
         wanted = set(Path(only).read_text().split("\n")) - {""}
-        keep = [i for i in items if table_id(i.nodeid) in wanted]
-        config.hook.pytest_deselected(items=[i for i in items if table_id(i.nodeid) not in wanted])
+        keep = [i for i in items if IDS.from_nodeid(i.nodeid) in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if IDS.from_nodeid(i.nodeid) not in wanted])
         items[:] = keep
     shard = config.getoption("--dask-shard")
     if shard:

@@ -1,6 +1,6 @@
 """The inner pytest runs of dask's tests: one per test file, on our client, then on distributed's.
 
-Each run is a pytest subprocess (tests/peers/conformance/upstream.py's PytestRun: its own
+Each run is a pytest subprocess (tests/helpers/peers.py's PytestRun: its own
 process group and directory, HOME and dask's config directories there, none of the
 caller's settings) that loads our plugin, dask_plugin.py, with one cluster for the run.
 The directories are not under /tmp, which each worker has its own of: workers import the
@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dask_clusters import own_network
-from dask_fetch import FILES, PACKAGE, VERSION, extract
-from upstream import PYTEST, PytestRun, Result, cache_dir, isolated_environ, read_junit
+from dask_fetch import FILES, IDS, PACKAGE, VERSION, extract_tree
+from helpers.peers import PytestRun, Result, cache_dir, make_run, read_junit
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-CONFORMANCE = REPO / "tests" / "peers" / "conformance"
 
 # Two runs at a time on two cores: a run spends much of its time in round trips to its
 # cluster, so two overlap well; more only share the cores.
@@ -59,12 +57,6 @@ RUNSLOW = True
 STALE_AFTER = 6 * 3600
 
 
-def table_id(classname: str, name: str) -> str:
-    """`dask_upstream.array.tests.test_x`, `test_y[1]` -> `dask/array/tests/test_x.py::test_y[1]`."""
-    module = classname.removeprefix(f"{PACKAGE}.").replace(".", "/")
-    return f"dask/{module}.py::{name}"
-
-
 def short(path: str) -> str:
     """`dask/array/tests/test_reductions.py` -> `array/test_reductions.py` (for tables)."""
     parts = path.removeprefix("dask/").split("/")
@@ -79,7 +71,7 @@ class DaskRun(PytestRun):
     run_timeout: float = RUN_TIMEOUT
 
     def results(self) -> list[Result]:
-        return read_junit(self.junit, table_id) if self.junit.exists() else []
+        return read_junit(self.junit, IDS.from_junit) if self.junit.exists() else []
 
     def report(self) -> dict:
         """What our plugin wrote: the cluster, the probe, tests that changed dask's scheduler."""
@@ -87,28 +79,31 @@ class DaskRun(PytestRun):
         return json.loads(path.read_text()) if path.exists() else {}
 
 
-def make_run(suite: Path, base: Path, client: str, files: tuple[str, ...], private_tmp: str,
-             only: tuple[str, ...] = (), shard: tuple[int, int] | None = None) -> DaskRun:
+def client_run(suite: Path, base: Path, client: str, files: tuple[str, ...], private_tmp: str,
+               only: tuple[str, ...] = (), shard: tuple[int, int] | None = None) -> DaskRun:
+    """The run (not started) of `files` (or, with `only`, of those test ids in them, or of
+    one `shard` of a file) on `client`'s client: ours, or distributed's."""
     name = short(files[0]).replace("/", "-").removesuffix(".py") if len(files) == 1 else "selected"
     if shard:
         name += f"-part{shard[0] + 1}of{shard[1]}"
     cwd = base / f"{client}-{name}"
-    cwd.mkdir()
-    # The extracted tests, our plugin, the shared helpers, then this checkout's hpc_cluster.
-    environ = isolated_environ(cwd, [str(suite), str(HERE), str(CONFORMANCE), str(REPO)])
-    command = [*PYTEST, *(str(suite / PACKAGE / f.removeprefix("dask/")) for f in files),
-               "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-o", f"timeout={TEST_TIMEOUT}",
+    options = ["-o", f"timeout={TEST_TIMEOUT}",
                # pytest-asyncio (installed for our own tests) warns at start-up about its
                # settings, which dask's `filterwarnings = error` makes fatal; dask does not use it.
-               "-p", "dask_plugin", "-p", "no:cacheprovider", "-p", "no:asyncio", "-q", "-rfE", "--tb=short",
-               "--junit-xml", str(cwd / "junit.xml"), "--dask-client", client, "--private-tmp", private_tmp,
+               "-p", "no:asyncio", "--dask-client", client, "--private-tmp", private_tmp,
                "--dask-run-dir", str(cwd), *(["--runslow"] if RUNSLOW else [])]
     if only:
-        (cwd / "only.txt").write_text("\n".join(only) + "\n")
-        command += ["--dask-only", str(cwd / "only.txt")]
+        options += ["--dask-only", str(cwd / "only.txt")]
     if shard:
-        command += ["--dask-shard", f"{shard[0]}/{shard[1]}"]
-    return DaskRun(cwd=cwd, command=own_network(private_tmp, command), environ=environ, client=client, files=files, only=only)
+        options += ["--dask-shard", f"{shard[0]}/{shard[1]}"]
+    # The extracted tests and our plugin first on its path.
+    run = make_run(DaskRun, suite, cwd, [suite / PACKAGE / f.removeprefix("dask/") for f in files], "dask_plugin",
+                   [suite, HERE], options, client=client, files=files, only=only)
+    if only:
+        (cwd / "only.txt").write_text("\n".join(only) + "\n")
+    # The whole run in a network namespace of its own, where it can have one (dask_clusters.own_network).
+    run.command = own_network(private_tmp, run.command)
+    return run
 
 
 def session_directory() -> Path:
@@ -154,12 +149,12 @@ class Campaign:
     _stopping: bool = False
 
     def start(self) -> Campaign:
-        self.suite = extract(self.base / "suite")
-        self.ours = {f: [make_run(self.suite, self.base, "ours", (f,), self.private_tmp,
+        self.suite = extract_tree(self.base / "suite")
+        self.ours = {f: [client_run(self.suite, self.base, "ours", (f,), self.private_tmp,
                                   shard=(i, SHARDS[f]) if f in SHARDS else None)
                          for i in range(SHARDS.get(f, 1))] for f in self.files}
         if self.distributed_on == "all":
-            self.distributed = {f: make_run(self.suite, self.base, "distributed", (f,), self.private_tmp)
+            self.distributed = {f: client_run(self.suite, self.base, "distributed", (f,), self.private_tmp)
                                 for f in self.files}
         self.started = time.monotonic()
         threading.Thread(target=self._drive, daemon=True).start()
@@ -173,7 +168,7 @@ class Campaign:
             if self.distributed_on != "all":
                 failing = tuple(r.test_id for run in ours for r in run.results() if r.outcome in FAILED)
                 if failing:
-                    run = make_run(self.suite, self.base, "distributed", self.files, self.private_tmp, failing)
+                    run = client_run(self.suite, self.base, "distributed", self.files, self.private_tmp, failing)
                     self.distributed = {f: run for f in self.files}
                     self._run([run])
         except BaseException as e:  # noqa: BLE001  (reported by every test that waits)
@@ -236,7 +231,7 @@ def counts(results: list[Result]) -> Counter:
     return c
 
 
-def summary(campaign: Campaign, kept: bool) -> str:
+def campaign_summary(campaign: Campaign, kept: bool) -> str:
     """Per file: passed / failed / skipped / xfailed on ours and on distributed's, and times;
     with `kept` (the session's directory is kept), how to repeat each run by hand."""
     everything = campaign.distributed_on == "all"

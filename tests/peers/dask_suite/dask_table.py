@@ -11,63 +11,38 @@ happen to land); it must say "deliberately" too, and its second column is not ch
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from djq_table import covers
-from upstream import TableError, table_section
+from helpers.peers import FailureTable, Row
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "dask-collections.md"
 HEADING = "## dask's own tests, on our Client and on distributed's"
-HEADER = "| test | fails with distributed's Client too? | reason |"
-
-# A row: | `dask/x/tests/test_y.py::test_z[param]` | yes or no (and words) | reason |
-_ROW = re.compile(r"^\|\s*`(?P<id>[^`]+)`\s*\|\s*(?P<shared>[^|]*?)\s*\|\s*(?P<reason>.*?)\s*\|\s*$")
-_ID = re.compile(r"^dask/(\w+/)*tests/test_\w+\.py::test_\w+(\[.+\])?$")
 
 
-@dataclass(frozen=True)
-class Row:
-    test_id: str
-    shared: bool | None   # distributed's client fails it too (None: it varies)
-    reason: str
-    line: int
-    deliberate: bool = False    # ours alone on purpose ("no, deliberately")
+def distributed_fails_too(row: Row) -> bool | None:
+    """The second column: distributed's client fails it too (None: it varies)."""
+    said = row.middle[0].lower()
+    return None if said.startswith("varies") else said.startswith("yes")
 
 
-def known_failures(doc: Path = DOC) -> dict[str, Row]:
-    """Row id -> its row. A row id is a test id, `dask/tests/test_delayed.py::test_x[1]`, or
-    a test without its parameters, `dask/tests/test_delayed.py::test_x`, for all of them."""
-    table: dict[str, Row] = {}
-    for n, line in table_section(doc, HEADING, HEADER):
-        m = _ROW.match(line)
-        if m is None:
-            raise TableError(f"{doc}:{n}: expected {HEADER}, the test id in backticks")
-        test_id, shared, reason = m["id"], m["shared"].lower(), m["reason"]
-        if not _ID.match(test_id):
-            raise TableError(f"{doc}:{n}: {test_id!r} is not a test id like dask/tests/test_delayed.py::test_name[param]")
-        if not shared.startswith(("yes", "no", "varies")):
-            raise TableError(f"{doc}:{n}: {test_id}: the second column must start with yes, no or varies, "
-                             f"not {m['shared']!r}")
-        deliberate = not shared.startswith("yes") and "deliberately" in shared
-        if shared.startswith("varies") and not deliberate:
-            raise TableError(f"{doc}:{n}: {test_id}: a failure distributed's client has only sometimes is ours "
-                             "alone the other times: a bug, unless the row says 'varies, deliberately'")
-        if not reason:
-            raise TableError(f"{doc}:{n}: {test_id} has no reason")
-        if test_id in table:
-            raise TableError(f"{doc}:{n}: {test_id} is listed twice")
-        table[test_id] = Row(test_id, None if shared.startswith("varies") else shared.startswith("yes"), reason, n,
-                             deliberate=deliberate)
-    return table
+def deliberate(row: Row) -> bool:
+    """Ours alone on purpose ("no, deliberately", "varies, deliberately")."""
+    said = row.middle[0].lower()
+    return not said.startswith("yes") and "deliberately" in said
 
 
-def row_for(table: dict[str, Row], test_id: str) -> Row | None:
-    """The row for `test_id` (its own first, else its function's), or None."""
-    return table.get(test_id) or table.get(test_id.split("[", 1)[0])
+def _second_column_problem(middle: tuple[str, ...]) -> str | None:
+    said = middle[0].lower()
+    if not said.startswith(("yes", "no", "varies")):
+        return f"the second column must start with yes, no or varies, not {middle[0]!r}"
+    if said.startswith("varies") and "deliberately" not in said:
+        return ("a failure distributed's client has only sometimes is ours alone the other times: "
+                "a bug, unless the row says 'varies, deliberately'")
+    return None
 
 
-def unknown_rows(table: dict[str, Row], collected: set[str]) -> list[str]:
-    """Rows that name no collected test (renamed, mistyped): they would hide nothing and check nothing."""
-    return sorted(row for row in table if not any(covers(row, t) for t in collected))
+# A row: | `dask/x/tests/test_y.py::test_z[param]` | yes or no (and words) | reason |; its test id
+# is a test id, or a test without its parameters, for all of them.
+TABLE = FailureTable(DOC, HEADING, "| test | fails with distributed's Client too? | reason |",
+                     test_id=r"dask/(\w+/)*tests/test_\w+\.py::test_\w+(\[.+\])?",
+                     example="dask/tests/test_delayed.py::test_name[param]", check=_second_column_problem)

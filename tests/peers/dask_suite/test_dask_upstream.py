@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 from dask_clusters import WORKERS, check_probe, private_tmp_mode, private_tmp_wrapper
-from dask_fetch import FILES, PACKAGE, ini, rewrite
+from dask_fetch import FILES, IDS, PACKAGE, ini, rewrite
 from dask_plugin import in_shard
-from dask_runs import DEADLINE, FAILED, SUMMARIES, Campaign, DaskRun, short, table_id
-from dask_table import DOC, HEADING, known_failures, row_for, unknown_rows
-from djq_table import covers
-from upstream import TableError, indent, last_lines
+from dask_runs import DEADLINE, FAILED, SUMMARIES, Campaign, DaskRun, short
+from dask_table import DOC, HEADING, TABLE, deliberate, distributed_fails_too
+
+from helpers.peers import TableError, covers, indent, known_failures, last_lines, row_for, unknown_rows
 
 WAIT = DEADLINE + 120
 
@@ -119,11 +119,11 @@ def test_ours_fails_no_test_that_distributed_passes(dask_suite):
     A failure of ours alone is a bug, unless its row says we refuse it deliberately."""
     ours_alone = [(r, row, d) for r, row, d in compared(dask_suite) if d is not None and d.outcome not in FAILED]
     SUMMARIES.append(f"Failures that are ours alone, {len(ours_alone)}:" + "".join(
-        f"\n  {r.test_id}: {'deliberate: ' if row and row.deliberate else 'BUG: '}{row.reason if row else r.first_line}"
+        f"\n  {r.test_id}: {'deliberate: ' if row and deliberate(row) else 'BUG: '}{row.reason if row else r.first_line}"
         for r, row, d in ours_alone))
     bugs = [f"{r.test_id} (distributed's client: {d.outcome}):\n    ours: {r.first_line}"
             + (f"\n    the table's reason (line {row.line}): {row.reason}" if row else "")
-            for r, row, d in ours_alone if row is None or not row.deliberate]
+            for r, row, d in ours_alone if row is None or not deliberate(row)]
     assert not bugs, (f"{len(bugs)} test(s) fail on our client that distributed's client passes: fix them "
                       f"(or, for a refusal on purpose, say 'no, deliberately' in {DOC.name}):\n" + "\n".join(bugs))
 
@@ -133,13 +133,14 @@ def test_table_says_which_failures_are_shared(dask_suite):
     """Each row's 'fails with distributed's Client too?' is what distributed's client does."""
     wrong = []
     for r, row, d in compared(dask_suite):
-        if row is None or row.shared is None:
+        said = distributed_fails_too(row) if row is not None else None
+        if said is None:
             continue                       # not in the table (the per-file test says so), or it varies
         if d is None:
             wrong.append(f"{r.test_id}: not run on distributed's client")
-        elif (d.outcome in FAILED) != row.shared:
+        elif (d.outcome in FAILED) != said:
             wrong.append(f"{r.test_id}: the table (line {row.line}) says distributed's client "
-                         f"{'fails' if row.shared else 'passes'} it, but it {d.outcome}"
+                         f"{'fails' if said else 'passes'} it, but it {d.outcome}"
                          + (f": {d.first_line}" if d.outcome in FAILED else ""))
     assert not wrong, f"{DOC.name}'s second column is wrong:\n" + "\n".join(wrong)
 
@@ -229,9 +230,10 @@ def test_shards_split_a_file_into_parts_that_cover_it_once():
 
 
 def test_test_ids_are_dask_paths():
-    assert table_id(f"{PACKAGE}.array.tests.test_reductions", "test_x[1-a]") == \
+    assert IDS.from_junit(f"{PACKAGE}.array.tests.test_reductions", "test_x[1-a]") == \
         "dask/array/tests/test_reductions.py::test_x[1-a]"
-    assert table_id(f"{PACKAGE}.tests.test_delayed", "test_y") == "dask/tests/test_delayed.py::test_y"
+    assert IDS.from_junit(f"{PACKAGE}.tests.test_delayed", "test_y") == "dask/tests/test_delayed.py::test_y"
+    assert IDS.from_nodeid(f"{PACKAGE}/array/tests/test_x.py::test_y[1]") == "dask/array/tests/test_x.py::test_y[1]"
     assert short("dask/dataframe/tests/test_shuffle.py") == "dataframe/test_shuffle.py"
 
 
@@ -267,14 +269,15 @@ def test_table_rows_are_read_strictly(tmp_path):
                    "| `dask/array/tests/test_x.py::test_c` | no, deliberately | refused |\n"
                    "| `dask/array/tests/test_x.py::test_d` | varies, deliberately | refused; random there |\n"
                    "\n## Next\n| `x` | y |\n")
-    table = known_failures(doc)
+    table = known_failures(TABLE, doc)
     assert sorted(table) == ["dask/array/tests/test_x.py::test_b[1-2]", "dask/array/tests/test_x.py::test_c",
                              "dask/array/tests/test_x.py::test_d", "dask/tests/test_delayed.py::test_a"]
-    assert table["dask/array/tests/test_x.py::test_d"].shared is None and table["dask/array/tests/test_x.py::test_d"].deliberate
-    assert table["dask/tests/test_delayed.py::test_a"].shared
-    assert not table["dask/array/tests/test_x.py::test_b[1-2]"].shared
-    assert not table["dask/array/tests/test_x.py::test_b[1-2]"].deliberate
-    assert table["dask/array/tests/test_x.py::test_c"].deliberate and not table["dask/array/tests/test_x.py::test_c"].shared
+    a, b, c, d = (table[f"dask/{t}"] for t in ("tests/test_delayed.py::test_a", "array/tests/test_x.py::test_b[1-2]",
+                                               "array/tests/test_x.py::test_c", "array/tests/test_x.py::test_d"))
+    assert distributed_fails_too(d) is None and deliberate(d)
+    assert distributed_fails_too(a) and not deliberate(a)
+    assert distributed_fails_too(b) is False and not deliberate(b)
+    assert distributed_fails_too(c) is False and deliberate(c)
     assert row_for(table, "dask/tests/test_delayed.py::test_a[p]").reason == "identity"   # a bare row: every param
     assert row_for(table, "dask/array/tests/test_x.py::test_b[3]") is None                 # a row with one: that one
     assert unknown_rows(table, {"dask/tests/test_delayed.py::test_a[p]"}) == [
@@ -287,4 +290,4 @@ def test_table_rows_are_read_strictly(tmp_path):
                 "| `test_delayed.py::test_a` | yes | not a dask path |"):
         doc.write_text(head + bad + "\n")
         with pytest.raises(TableError):
-            known_failures(doc)
+            known_failures(TABLE, doc)

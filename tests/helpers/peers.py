@@ -3,27 +3,39 @@
 Shared by tests/peers/conformance (dask-jobqueue's tests on our cluster classes) and
 tests/peers/dask_suite (dask's collection tests on our Client):
 
-* the cache outside git the sdists are kept in, and their download with pip;
+* the cache outside git the sdists are kept in, their download with pip, and reading the
+  files of a checked sdist;
 * an inner pytest run: a subprocess in its own process group and directory, with nothing of
   the caller's settings, timed, stopped whole if it overruns;
-* its junit-xml, read into results;
-* the table section of a documentation page that lists the tests we expect to fail.
+* its junit-xml, read into results, each under its id in the documentation's table;
+* that table: the section of a documentation page that lists the tests we expect to fail.
+
+The inner runs import it too (their plugins read the table): make_run puts tests/ on their
+PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email.parser import HeaderParser
 from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
 
 
 class SuiteUnavailable(RuntimeError):
@@ -62,6 +74,44 @@ def download_sdist(requirement: str, filename: str, path: Path, what: str) -> No
                 f"could not download {what}'s sdist from the package registry (pip exit code "
                 f"{proc.returncode}). These tests need the registry; CI has it. pip said:\n{tail}")
         os.replace(got, path)
+
+
+def sdist(project: str, version: str, filename: str, sha256: str | None = None) -> Path:
+    """`project` `version`'s sdist, `filename`: from the cache, or downloaded from the registry
+    now. With `sha256` (the one the registry publishes), pip checks it on download and we
+    check it again on every use of the cached copy."""
+    path = cache_dir() / filename
+    requirement = f"{project}=={version}" + (f" --hash=sha256:{sha256}" if sha256 else "")
+    if not path.exists():
+        download_sdist(requirement, filename, path, f"{project} {version}")
+    if sha256:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != sha256:
+            raise SuiteUnavailable(f"{path} has sha256 {digest}, not {project} {version}'s {sha256}; "
+                                   "delete it and the next run downloads it again")
+    return path
+
+
+@contextmanager
+def sdist_files(project: str, version: str, filename: str, sha256: str | None = None) -> Iterator[Callable[[str], str]]:
+    """`read(name)`: the text of the file `name` (a path in the project's tree, `PKG-INFO`,
+    `dask/conftest.py`) of the sdist (see sdist()), once its PKG-INFO says it is `project`
+    `version`. Only the files read are taken out of the archive."""
+    path = sdist(project, version, filename, sha256)
+    top = filename.removesuffix(".tar.gz")
+    with tarfile.open(path) as tar:
+        def read(name: str) -> str:
+            try:
+                return tar.extractfile(f"{top}/{name}").read().decode()
+            except KeyError:
+                raise SuiteUnavailable(f"{project} {version}'s sdist has no {name}: is the list of its "
+                                       "files we extract still right for this version?") from None
+
+        info = HeaderParser().parsestr(read("PKG-INFO"))
+        if info["Name"] != project or info["Version"] != version:
+            raise SuiteUnavailable(f"{path}: its PKG-INFO says {info['Name']} {info['Version']}, "
+                                   f"not {project} {version}")
+        yield read
 
 
 def isolated_environ(cwd: Path, pythonpath: list[str]) -> dict[str, str]:
@@ -193,7 +243,45 @@ class PytestRun:
         return out
 
 
+def make_run(run_class: type[PytestRun], suite: Path, cwd: Path, targets: list, plugin: str,
+             pythonpath: list, options: list[str] = (), **fields) -> PytestRun:
+    """A `run_class` run (not started) of pytest on `targets`, the extracted `suite`'s
+    (its pytest.ini, its rootdir), with our `plugin` loaded, in the new directory `cwd`:
+    `pythonpath` first, then tests/ (these helpers) and this checkout (its hpc_cluster, not
+    another install). Each junit-xml is `cwd`/junit.xml; `fields` go to the run."""
+    cwd.mkdir()
+    environ = isolated_environ(cwd, [*map(str, pythonpath), str(TESTS), str(REPO)])
+    command = [*PYTEST, *map(str, targets), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite),
+               "-p", plugin, "-p", "no:cacheprovider", "-q", "-rfE", "--tb=short",
+               "--junit-xml", str(cwd / "junit.xml"), *options]
+    return run_class(cwd=cwd, command=command, environ=environ, **fields)
+
+
 # -- results ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableIds:
+    """How a suite's tests are named in its documentation's table: a test of the extracted
+    package `package` (`dask_upstream/array/tests/test_x.py::test_y[1]`) is `prefix` and its
+    path in there (`dask/array/tests/test_x.py::test_y[1]`)."""
+
+    package: str
+    prefix: str = ""
+
+    def from_nodeid(self, nodeid: str) -> str:
+        """A pytest node id (in the inner run's plugin) -> the table's id."""
+        return self.prefix + nodeid.removeprefix(f"{self.package}/")
+
+    def from_junit(self, classname: str, name: str) -> str:
+        """A junit-xml test case (`dask_upstream.array.tests.test_x`, `test_y[1]`) -> the table's id."""
+        parts = classname.removeprefix(f"{self.package}.").split(".")
+        # The module's dotted path, then its test classes (TestK): the module is the last test_* part.
+        modules = [i for i, part in enumerate(parts) if part.startswith("test_")]
+        if not modules:
+            return f"{classname}::{name}"
+        end = modules[-1] + 1
+        return "::".join([self.prefix + "/".join(parts[:end]) + ".py", *parts[end:], name])
+
+
 @dataclass
 class Result:
     test_id: str          # as in the documentation's table
@@ -256,6 +344,68 @@ def table_section(doc: Path, heading: str, header: str) -> list[tuple[int, str]]
 
 def _columns(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+@dataclass(frozen=True)
+class FailureTable:
+    """Where a documentation page lists the tests we expect to fail, and how its rows look."""
+
+    doc: Path
+    heading: str               # the section, as `## ...`
+    header: str                # the table's column names: the test first, the reason last
+    test_id: str               # a regular expression every row's test id matches
+    example: str               # a test id as the page writes them (for the error messages)
+    # What is wrong with a row's middle columns (those between the test and the reason), or None.
+    check: Callable[[tuple[str, ...]], str | None] = lambda middle: None
+
+
+@dataclass(frozen=True)
+class Row:
+    test_id: str               # a test id, or a test without its parameters: all of them
+    middle: tuple[str, ...]    # the columns between the test and the reason
+    reason: str
+    line: int
+
+
+def known_failures(table: FailureTable, doc: Path | None = None) -> dict[str, Row]:
+    """Row id -> its row, from `table`'s page (or `doc`, a page laid out as it). Strict: a row
+    that cannot be read, has no reason, or is listed twice is a TableError naming its line."""
+    doc = doc or table.doc
+    columns = len(_columns(table.header))
+    rows: dict[str, Row] = {}
+    for n, line in table_section(doc, table.heading, table.header):
+        line = line.strip()
+        # The reason, the last column, may itself hold a `|`.
+        cells = [c.strip() for c in line[1:-1].split("|", columns - 1)] if line.endswith("|") else []
+        if len(cells) != columns or not re.fullmatch(r"`[^`]+`", cells[0]):
+            raise TableError(f"{doc}:{n}: expected {table.header}, the test id in backticks, as `{table.example}`")
+        test_id, middle, reason = cells[0][1:-1], tuple(cells[1:-1]), cells[-1]
+        if not re.fullmatch(table.test_id, test_id):
+            raise TableError(f"{doc}:{n}: {test_id!r} is not a test id like {table.example}")
+        problem = table.check(middle)
+        if problem:
+            raise TableError(f"{doc}:{n}: {test_id}: {problem}")
+        if not reason:
+            raise TableError(f"{doc}:{n}: {test_id} has no reason")
+        if test_id in rows:
+            raise TableError(f"{doc}:{n}: {test_id} is listed twice")
+        rows[test_id] = Row(test_id, middle, reason, n)
+    return rows
+
+
+def covers(row: str, test_id: str) -> bool:
+    """The row id `row` is `test_id`, or `test_id`'s function without parameters (all of them)."""
+    return test_id == row or ("[" not in row and test_id.startswith(row + "["))
+
+
+def row_for(rows: dict[str, Row], test_id: str) -> Row | None:
+    """The row for `test_id` (its own first, else its function's), or None."""
+    return rows.get(test_id) or rows.get(test_id.split("[", 1)[0])
+
+
+def unknown_rows(rows: dict[str, Row], collected: set[str]) -> list[str]:
+    """Rows that name no collected test (renamed, mistyped): they would hide nothing and check nothing."""
+    return sorted(row for row in rows if not any(covers(row, t) for t in collected))
 
 
 # -- text -----------------------------------------------------------------------------------
