@@ -7,16 +7,25 @@ __version__ = "0.1.0"
 # client, cloudpickle, jinja2 and yaml into every one of them (slower starts, and the
 # scheduler would carry a pickler it must never use).
 _EXPORTS = {
-    "Client": "client.client",
-    "Future": "client.futures", "as_completed": "client.futures", "wait": "client.futures",
+    # From the module that also registers what Client() starts (the client layer may not import deploy).
+    "Client": "deploy.local.starting",
+    "default_client": "client.starting",         # issue 31: starting a client as in dask
+    "Future": "client.futures", "as_completed": "client.completion", "wait": "client.futures",
     "SLURMCluster": "deploy.cluster", "PBSCluster": "deploy.cluster", "SGECluster": "deploy.cluster",
     "LSFCluster": "deploy.batch_clusters", "HTCondorCluster": "deploy.batch_clusters",
     "LocalCluster": "deploy.local.cluster",
     "Security": "protocol.tls",
     "progress": "client.progress",
+    **{name: "client.report" for name in ("performance_report", "get_task_stream")},
+    **{name: "client.looking" for name in ("print", "warn")},      # a task's print/warn, on the clients too
     "futures_of": "client.dask_collections",
     **{name: "client.subtasks" for name in ("get_client", "worker_client")},
     **{name: "client.seceding" for name in ("secede", "rejoin")},
+    **{name: "client.coordination" for name in (      # issue 31: coordination
+        "Lock", "Semaphore", "MultiLock", "Event", "Variable", "Queue", "fire_and_forget")},
+    "get_worker": "client.workers",     # issue 31: reaching and preparing workers
+    **{name: "client.worker_plugins" for name in ("WorkerPlugin", "UploadFile", "PipInstall", "UploadDirectory",
+                                                  "Environ")},
     **{name: "client.exceptions" for name in (
         "CancelledError", "HPCClusterError", "KilledWorker", "LostDataError", "NoPoolError", "TaskCrashedError",
         "TaskMemoryError", "TaskTooLongError", "TaskWalltimeError", "TimeoutError")},
@@ -41,3 +50,65 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# -- joblib: our backends ("hpc-cluster", and "dask" while our Client is current) are put in
+# joblib's table as soon as joblib is loaded, before hpc_cluster or after, by a factory that
+# imports client/joblib_backend.py only when joblib asks for one: nothing here imports joblib or
+# our client (a scheduler or worker process imports this file too).
+def _joblib_backend(name, **kwargs):
+    from .client.joblib_backend import make_backend
+    return make_backend(name, **kwargs)
+
+
+def _register_joblib_backends(joblib) -> None:
+    from functools import partial
+    for name in ("hpc-cluster", "dask"):
+        joblib.register_parallel_backend(name, partial(_joblib_backend, name))
+
+
+class _AfterJoblib:
+    """On sys.meta_path until joblib is imported, for that one name: joblib loads as it would
+    without us (its own finder and loader), then our backends are registered."""
+
+    def __init__(self):
+        self.finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "joblib" or self.finding:
+            return None
+        import importlib.util
+        self.finding = True
+        try:
+            spec = importlib.util.find_spec(name)      # the finders after us
+        finally:
+            self.finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _JoblibLoader(spec.loader, self)
+        return spec
+
+
+class _JoblibLoader:
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader     # joblib sees only its own
+        self.loader.exec_module(module)
+        if self.hook in _sys.meta_path:
+            _sys.meta_path.remove(self.hook)
+        _register_joblib_backends(module)
+
+
+import sys as _sys  # noqa: E402  (here, with the one part of this file that needs it)
+
+if "joblib" in _sys.modules:
+    _register_joblib_backends(_sys.modules["joblib"])
+else:
+    _sys.meta_path.insert(0, _AfterJoblib())

@@ -21,20 +21,25 @@ import time
 import uuid
 from typing import Any
 
-from .exceptions import HPCClusterError, TimeoutError, error_from_record
+from .exceptions import TimeoutError, error_from_record
 from .loop import LoopThread
+from .asynchronous import AsyncClientMixin
+from .starting import StartingMixin, check_start_arguments, parse_timeout
 from .seceding import seceded_while_waiting
 from .reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .data import WorkerDataMixin
+from .datasets import DatasetsMixin
+from .looking import LookingMixin
 from .tools import ClusterToolsMixin
+from .workers import WorkersMixin
 from .dask_collections import CollectionsMixin
+from .future_ops import FutureOpsMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
-from .graph import task_needs
+from .graph import placement_keywords, task_needs, task_where
 from ..protocol import context, serialize
 from ..protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
 from ..protocol.frames import Limits, Opaque
 from ..protocol.messages import ErrorKind, Op
-from ..protocol.clusterfile import read_cluster_file, secret_from_env
 from ..protocol.versions import get_versions
 from ..retry import Backoff
 from .submission import CHUNK_TASKS, check_fits, gc_paused, release_messages, split_submission
@@ -51,12 +56,17 @@ def _funcname(func) -> str:
     return "lambda" if name == "<lambda>" else name
 
 
-class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
+# AsyncClientMixin first: its `asynchronous` is the one dask reads (client/asynchronous.py).
+class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, ClusterToolsMixin, WorkerDataMixin, WorkersMixin,
+             DatasetsMixin, FutureOpsMixin):
     """Connect to a cluster and run work on it.
 
-    `Client(cluster)`, `Client("tcp://host:port")` (secret from $HPC_CLUSTER_SECRET or
-    `secret=`), `Client(cluster_file=path)`, or `Client("name")` for a cluster started
-    with `hpc-cluster up --name name`. A tls:// cluster needs its certificates: the cluster
+    `Client()` or `Client(n_workers=2, processes=False, ...)` (a LocalCluster of its own, closed
+    with it; the keywords are LocalCluster's), `Client(cluster)`, `Client("tcp://host:port")`
+    (secret from $HPC_CLUSTER_SECRET or `secret=`), `Client(scheduler_file=path)`,
+    `Client(cluster_file=path)`, or `Client("name")` for a cluster started with
+    `hpc-cluster up --name name`. With `asynchronous=True`, `await Client(...)` in async code
+    and await its methods and futures (client/asynchronous.py). A tls:// cluster needs its certificates: the cluster
     and its cluster file carry them, else pass `security=` (a Security, or dask's, with the
     cluster's CA, a certificate and its key). It becomes dask's default scheduler (so
     `x.compute()` runs on the cluster) unless `set_as_default=False`.
@@ -66,38 +76,28 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
     the one its cluster file names then, and its futures resume (client/reattach.py).
     """
 
-    def __init__(self, address=None, *, cluster_file: str | None = None, secret: bytes | str | None = None,
-                 timeout: float = 30.0, set_as_default: bool = True, security=None,
-                 reconnect: float = DEFAULT_RECONNECT):
-        from ..protocol.tls import Security, resolve_security
+    def __init__(self, address=None, loop=None, timeout=30.0, set_as_default: bool = True, scheduler_file=None,
+                 security=None, asynchronous: bool = False, name: str | None = None, heartbeat_interval=None,
+                 serializers=None, deserializers=None, extensions=None, direct_to_workers=None,
+                 connection_limit: int = 512, *, cluster_file: str | None = None, secret: bytes | str | None = None,
+                 reconnect: float = DEFAULT_RECONNECT, **kwargs):
+        # distributed's signature. loop, heartbeat_interval, serializers, deserializers, extensions,
+        # direct_to_workers and connection_limit tune parts ours does not have: taken, unused
+        # (docs/migrating-from-distributed.md). Without an address, cluster, scheduler_file or
+        # cluster_file it starts a LocalCluster of its own with **kwargs (client/starting.py).
         context.refuse_on_loop("Client()")               # worker/inline.py
+        self._asynchronous = bool(asynchronous)           # read first: the awaitable methods look at it
+        check_start_arguments(address, scheduler_file, cluster_file, kwargs)
+        self.timeout = parse_timeout(timeout)
+        self.name = name
         self.cluster = None
+        self.scheduler_file = scheduler_file
+        self.scheduler_address: str | None = None
         self._cluster_file = None                         # re-read when reconnecting: a new address
-        if address is not None and not isinstance(address, str):
-            self.cluster = address
-            address, secret = address.scheduler_address, address.secret
-            security = security or getattr(self.cluster, "security", None)
-        elif cluster_file is not None or (isinstance(address, str) and "://" not in address
-                                          and ":" not in address):
-            from ..protocol.clusterfile import cluster_file_for
-            self._cluster_file = cluster_file or cluster_file_for(address)
-            info = read_cluster_file(self._cluster_file)
-            address, secret = info["address"], info["secret"]
-            security = security or Security.from_dict(info.get("tls"))
-        if address is None:
-            raise ValueError("Client() needs a cluster, an address, or cluster_file=")
-        if isinstance(secret, str):
-            secret = bytes.fromhex(secret)
-        secret = secret or secret_from_env()
-        if secret is None:
-            raise ValueError(f"no secret for {address}: pass secret=, set $HPC_CLUSTER_SECRET, "
-                             "or connect with the cluster object or its cluster file")
-        self.scheduler_address, self._secret, self.timeout = address, secret, timeout
         self.reconnect = float(reconnect)
         self._closed_by_scheduler: str | None = None      # why, if it shut down (no reattach then)
         self._specs = SpecKeeper()                        # unfinished work, for a scheduler that lost it
-        self.security = resolve_security(security)
-        self._tls = self.security.client_context() if self.security else None
+        self.security, self._tls = None, None
         self._lt = LoopThread.get()
         self._loop = self._lt.loop
         self._lock = threading.RLock()
@@ -111,13 +111,13 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self._funcs: collections.OrderedDict = collections.OrderedDict()
         self._versions_seen: set[str] = set()             # workers whose versions were checked
         self.halted: str | None = None                    # the cluster stopped starting workers: why
-        self.status = "connecting"
-        self._lt.run(self._start(timeout), timeout)
-        self.status = "running"
-        versions = self._lt.run(self._request({"op": Op.VERSIONS}), timeout)
-        self._warn_on_other_versions(versions["scheduler"], versions["workers"], stacklevel=2)
-        if set_as_default:
-            self._make_default()
+        self.status = "newly-created"
+        where = {"address": address, "scheduler_file": scheduler_file, "cluster_file": cluster_file,
+                 "secret": secret, "security": security, "keywords": kwargs}
+        if asynchronous:
+            self._start_in_background(self._begin, where, set_as_default)   # `await client` waits for it
+        else:
+            self._begin(where, set_as_default)
 
     # -- connection --------------------------------------------------------------
     @property
@@ -240,12 +240,16 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
             st = self._states.get(msg["key"])
             if st is not None and st.status == "finished":
                 st.status = "pending"
+        elif op == Op.TASK_RETRIED:                         # client.retry (future_ops.py)
+            self._states.retried(msg["key"])
         elif op == Op.SCHEDULER_CLOSED:                     # shut down, not crashed: nothing to reattach to
             self._closed_by_scheduler = msg.get("reason") or "the scheduler was shut down"
         elif op == Op.CLUSTER_HALTED:                       # reason None: it starts them again
             self.halted = msg.get("reason")
             if self.halted:
                 logger.error("the cluster stopped starting workers: %s", self.halted)
+        elif op == Op.EVENT:                                # a topic it hears (looking.py)
+            self._on_event(msg)
         elif op == Op.REPLY:
             fut = self._replies.pop(msg.get("rid"), None)
             if fut is not None and not fut.done():
@@ -394,18 +398,26 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
                     **common}
         return make
 
-    def submit(self, func, *args, key: str | None = None, pure: bool = True, retries: int = 0,
-               priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
-               memory: str | int | None = None, pool: str | None = None, **kwargs) -> Future:
-        """Run `func(*args, **kwargs)` on the cluster; returns a Future.
+    def submit(self, func, *args, key: str | None = None, workers=None, resources: dict | None = None,
+               retries: int | None = None, priority: int = 0, fifo_timeout="100 ms", allow_other_workers: bool = False,
+               actor: bool = False, actors: bool = False, pure: bool = True, duration: str | float | None = None,
+               memory: str | int | None = None, pool: str | None = None, batch_size: int | None = None,
+               **kwargs) -> Future:
+        """Run `func(*args, **kwargs)` on the cluster; returns a Future. The keywords named here,
+        distributed's and ours, are never passed to `func` (docs/migrating-from-distributed.md).
 
+        `workers` (addresses, names or hosts) runs it only there, or, with
+        `allow_other_workers=True`, there by preference; it waits while none of them is alive.
         `duration` ("5m", "90s", 300) says how long the task will run, so it is never
         started on a worker whose job would hit its walltime first. `memory` ("20GB") is
         reserved for it on a worker whose memory_limit holds it; `pool` ("bigmem") runs it
         only on that pool's workers. A task no pool can hold fails at once, saying which.
         """
-        spec = self._task_maker(func, kwargs, pure, retries, priority, resources,
-                                task_needs(duration, memory, pool))(args, key)
+        if allow_other_workers and workers is None:
+            raise ValueError("allow_other_workers=True goes with workers=: it lets the task leave those workers")
+        placement_keywords(fifo_timeout, batch_size, actor, actors)
+        needs = {**task_needs(duration, memory, pool), **task_where(workers, allow_other_workers)}
+        spec = self._task_maker(func, kwargs, pure, retries or 0, priority, resources, needs)(args, key)
         check_fits(spec, self.limits)
         fut = Future(spec["key"], self)
         with self._lock:
@@ -413,11 +425,16 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self._send({"op": Op.UPDATE_GRAPH, "tasks": [spec], "keys": [spec["key"]]})
         return fut
 
-    def map(self, func, *iterables, key: str | list | None = None, pure: bool = True, retries: int = 0,
-            priority: int = 0, resources: dict | None = None, duration: str | float | None = None,
-            memory: str | int | None = None, pool: str | None = None, **kwargs) -> list[Future]:
+    def map(self, func, *iterables, key: str | list | None = None, workers=None, retries: int | None = None,
+            resources: dict | None = None, priority: int = 0, allow_other_workers: bool = False,
+            fifo_timeout="100 ms", actor: bool = False, actors: bool = False, pure: bool = True,
+            batch_size: int | None = None, duration: str | float | None = None, memory: str | int | None = None,
+            pool: str | None = None, **kwargs) -> list[Future]:
         """`submit` for each element (zip of several iterables); one message for all tasks, or
-        several of bounded size for a long map."""
+        several of bounded size for a long map (at most `batch_size` tasks each, if given)."""
+        if allow_other_workers and workers is None:
+            raise ValueError("allow_other_workers=True goes with workers=: it lets the tasks leave those workers")
+        batch = placement_keywords(fifo_timeout, batch_size, actor, actors)
         argsets = list(zip(*iterables))
         if isinstance(key, (list, tuple)):
             if len(key) != len(argsets):
@@ -426,8 +443,8 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         else:
             keys = [None] * len(argsets)
         specs = []
-        needs = task_needs(duration, memory, pool)
-        make = self._task_maker(func, kwargs, pure, retries, priority, resources, needs, many=True)
+        needs = {**task_needs(duration, memory, pool), **task_where(workers, allow_other_workers)}
+        make = self._task_maker(func, kwargs, pure, retries or 0, priority, resources, needs, many=True)
         with gc_paused():
             with serialize.local_modules_by_value():
                 for args, k in zip(argsets, keys):
@@ -436,7 +453,8 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
                         spec["key"] = f"{key}-{spec['key'].rsplit('-', 1)[-1]}"
                     specs.append(spec)
             futures = [Future(s["key"], self) for s in specs]
-            self._submit(specs, [s["key"] for s in specs])
+            for part in (specs[i:i + batch] for i in range(0, len(specs), batch)) if batch else [specs]:
+                self._submit(part, [s["key"] for s in part])      # batch_size: a submission per batch
         return futures
 
     # -- results -------------------------------------------------------------------------
@@ -508,6 +526,7 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         flat: list[Future] = []
         flatten_futures(futures, flat)
         self._send({"op": Op.CANCEL, "keys": [f.key for f in flat], "reason": reason})
+        self._states.cancel_now([f.key for f in flat], reason, self._loop.call_soon_threadsafe)   # at once, as distributed's
 
     def on_future_done(self, fut: Future, fn) -> None:
         self._loop.call_soon_threadsafe(self._states.add_callback, fut.key, lambda: fn(fut))
@@ -520,21 +539,8 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
         self._warn_on_other_versions(None, {w["address"]: w.get("versions") for w in workers}, stacklevel + 1)
         return {"address": self.scheduler_address, "workers": {w["address"]: w for w in workers}}
 
-    def nthreads(self) -> dict[str, int]:
-        return {a: w["nthreads"] for a, w in self._scheduler_info(stacklevel=2)["workers"].items()}
-
-    def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        backoff = Backoff(0.05, 1.0, factor=1.5)
-        while len(self._scheduler_info(stacklevel=2)["workers"]) < n:
-            if self.halted:
-                raise HPCClusterError(f"waiting for {n} workers, but the cluster stopped starting them: "
-                                      f"{self.halted}")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {n} workers after {timeout} s")
-            time.sleep(backoff.next())
-
-    def close(self) -> None:
+    def close(self, timeout=None) -> None:
+        """Close this client, and the cluster it started (Client() without an address)."""
         if self.status in ("closed", "closing"):
             return
         self.status = "closing"
@@ -546,11 +552,12 @@ class Client(CollectionsMixin, ClusterToolsMixin, WorkerDataMixin):
             if self._pool is not None:
                 self._pool.close()
         try:
-            self._lt.run(_close(), 10)
+            self._lt.run(_close(), 10 if timeout is None else parse_timeout(timeout))
         except Exception:
-            pass
+            pass                                          # never connected, or the connection is gone
         self._states.close()
         self.status = "closed"
+        self._close_own_cluster()
 
     def __enter__(self):
         return self

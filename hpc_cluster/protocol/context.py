@@ -21,6 +21,8 @@ class WorkerContext:
     secede: Callable[[str], None]         # give up the task's thread slot (the task runs on)
     rejoin: Callable[[str], None]         # wait for a free slot and take it again
     security: object = None               # the cluster's TLS (protocol/tls.py's Security), if any
+    view: object = None                   # what get_worker() returns (worker/plugins.py's WorkerView)
+    log_event: Callable | None = None     # (topic, msg) -> None: an event to the scheduler (worker/events.py)
 
 
 _worker: WorkerContext | None = None
@@ -28,13 +30,33 @@ _local = threading.local()
 
 
 def set_worker(context: WorkerContext | None) -> None:
+    """This process's worker. Called from a thread that hosts workers inside a user's process
+    (host_workers: LocalCluster(processes=False)), it goes to that host instead: the process
+    is the user's, not a worker, and its other threads must not take it for one."""
     global _worker
+    host = getattr(_local, "host", None)
+    if host is not None:
+        host(context)
+        return
     _worker = context
 
 
 def worker() -> WorkerContext | None:
-    """This process's worker, when it is one."""
-    return _worker
+    """The worker this thread runs a task for: this process's, or, in a user's process that
+    hosts workers as threads, the one whose task thread this is (set_thread_worker)."""
+    ctx = getattr(_local, "worker", None)
+    return _worker if ctx is None else ctx
+
+
+def host_workers(on_worker: Callable[[WorkerContext | None], None]) -> None:
+    """This thread runs workers inside a user's process: their set_worker() calls go to
+    `on_worker` (deploy/local/threads.py keeps each worker's context for its task threads)."""
+    _local.host = on_worker
+
+
+def set_thread_worker(context: WorkerContext | None) -> None:
+    """The worker whose task this thread runs, when workers are threads of a user's process."""
+    _local.worker = context
 
 
 def set_task(key: str | None) -> None:

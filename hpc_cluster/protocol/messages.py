@@ -97,6 +97,64 @@ class Op(WireStr):
     JOBS = "jobs"
     ADAPT = "adapt"
     SHUTDOWN = "shutdown"
+    # issue 31, reaching and preparing workers: client.run, worker plugins, upload_file
+    # (client/workers.py, worker/plugins.py, scheduler/worker_plugins.py)
+    RUN = "run"                                          # client -> worker; nanny=True: -> scheduler -> nanny
+    RUN_RESULT = "run-result"                            # a worker's or nanny's answer to it
+    REGISTER_WORKER_PLUGIN = "register-worker-plugin"    # client -> scheduler: keep it for workers to come
+    UNREGISTER_WORKER_PLUGIN = "unregister-worker-plugin"
+    SETUP_PLUGIN = "setup-plugin"                        # client -> worker: set this plugin up now
+    TEARDOWN_PLUGIN = "teardown-plugin"                  # client -> worker: tear it down, forget it
+    RESTART_WORKERS = "restart-workers"                  # client -> scheduler: these through their nannies
+    # issue 31, looking inside the cluster (client/looking.py, scheduler/inspection.py, worker/events.py)
+    HAS_WHAT = "has-what"                                # client -> scheduler, each answered with a reply
+    PROCESSING = "processing"
+    NTHREADS = "nthreads"
+    ALL_WHO_HAS = "all-who-has"                          # who_has() of every task (WHO_HAS names its keys)
+    TASK_STREAM = "task-stream"
+    SCHEDULER_LOGS = "scheduler-logs"
+    GET_EVENTS = "get-events"
+    SET_METADATA = "set-metadata"
+    GET_METADATA = "get-metadata"
+    REBALANCE = "rebalance"
+    SUBSCRIBE_TOPIC = "subscribe-topic"                  # client -> scheduler, no reply
+    UNSUBSCRIBE_TOPIC = "unsubscribe-topic"
+    LOG_EVENT = "log-event"                              # client or worker (a task's print, warn) -> scheduler
+    FORWARD_LOGGING = "forward-logging"                  # client -> scheduler -> every worker: loggers to forward
+    EVENT = "event"                                      # scheduler -> client: an event of a topic it hears
+    # issue 31, coordination: client (or a task's client) -> scheduler, answered with a reply, the
+    # waiting ones when granted or timed out (client/coordination.py, scheduler/coordination.py)
+    SEMAPHORE_REGISTER = "semaphore-register"            # Lock is a semaphore of one lease
+    SEMAPHORE_ACQUIRE = "semaphore-acquire"
+    SEMAPHORE_RELEASE = "semaphore-release"
+    SEMAPHORE_VALUE = "semaphore-value"
+    SEMAPHORE_CLOSE = "semaphore-close"
+    MULTI_LOCK_ACQUIRE = "multi-lock-acquire"
+    MULTI_LOCK_RELEASE = "multi-lock-release"
+    EVENT_WAIT = "event-wait"
+    EVENT_SET = "event-set"
+    EVENT_CLEAR = "event-clear"
+    EVENT_IS_SET = "event-is-set"
+    VARIABLE_SET = "variable-set"
+    VARIABLE_GET = "variable-get"
+    VARIABLE_DELETE = "variable-delete"                  # no reply
+    QUEUE_CREATE = "queue-create"
+    QUEUE_PUT = "queue-put"
+    QUEUE_GET = "queue-get"
+    QUEUE_SIZE = "queue-size"
+    QUEUE_CLOSE = "queue-close"                          # no reply
+    FIRE_AND_FORGET = "fire-and-forget"                  # no reply
+    DATASET_PUT = "dataset-put"                          # client.publish_dataset (client/datasets.py)
+    DATASET_GET = "dataset-get"
+    DATASET_LIST = "dataset-list"
+    DATASET_DELETE = "dataset-delete"
+    COORDINATION_TAKEN = "coordination-taken"            # the client holds futures to a value's keys now
+    # issue 31, futures and the rest of Client's surface (client/future_ops.py,
+    # scheduler/state/retrying.py, deploy/local/adapt.py)
+    RETRY = "retry"                                      # client -> scheduler, answered with a reply
+    TASK_RETRIED = "task-retried"                        # scheduler -> client: its failed future runs again
+    WORKLOAD = "workload"                                # LocalCluster.adapt -> scheduler: queued work, workers
+    DRAIN_WORKERS = "drain-workers"                      # LocalCluster.adapt -> scheduler: retire these gracefully
 
 
 class ErrorKind(WireStr):

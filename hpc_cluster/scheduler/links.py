@@ -48,7 +48,8 @@ class WorkerLinksMixin:
             return
         # Reply before any task can be queued for it, so "registered" travels alone.
         await comm.write({"op": Op.REGISTERED, "address": addr,
-                          "heartbeat_interval": heartbeat_interval(len(self.state.workers) + 1)})
+                          "heartbeat_interval": heartbeat_interval(len(self.state.workers) + 1),
+                          "plugins": self.worker_plugins.entries()})     # set up before its first task
         self.streams[addr] = BatchedSend(comm, self.flusher)
         self.comms[addr] = comm
         info = {"pid": first.get("pid"), "host": first.get("host"), "versions": comm.peer_info.get("versions"),
@@ -137,6 +138,8 @@ class WorkerLinksMixin:
                     st.worker_memory(addr, check_memory(msg["memory"]), now)
             elif op == GOODBYE:
                 return GOODBYE
+            elif op == Op.LOG_EVENT:                     # a task's print, warn, log record (inspection.py)
+                self.inspection.worker_event(msg)
             else:
                 raise ProtocolError(f"unknown op {op!r} from worker")
         except (KeyError, TypeError, ValueError) as exc:
@@ -155,6 +158,7 @@ class WorkerLinksMixin:
             if nanny_id and self.nannies.get(nanny_id) is not None and self.nannies[nanny_id].comm is comm:
                 del self.nannies[nanny_id]
                 self.deaths.nanny_gone(nanny_id)
+                self.nanny_runs.nanny_gone(nanny_id)
                 self._flush()
 
     def _nanny_message(self, comm: Comm, msg: dict) -> None:
@@ -166,5 +170,7 @@ class WorkerLinksMixin:
         elif op == Op.EXIT_REPORT and isinstance(msg.get("report"), dict):
             self.deaths.exit_report(msg["report"])
             self._tell("exit-report", msg["report"])
+        elif op == Op.RUN_RESULT:                          # client.run(nanny=True)'s answer (nanny_runs.py)
+            self.nanny_runs.answered(msg)
         else:
             raise ProtocolError(f"unknown op {op!r} from nanny")

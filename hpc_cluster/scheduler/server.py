@@ -22,13 +22,18 @@ from ..protocol.messages import Cause, Op
 from ..protocol.versions import format_table, get_versions, mismatches
 from .backlog import BacklogMixin
 from .collector import Collector
+from .coordination import COORDINATION_OPS, Coordination
 from .checks import Refused, check_keys, check_restart_timeout, check_task, compact_payloads
 from .evidence import EvidenceCollector
+from .inspection import Inspection
 from .links import WorkerLinksMixin
+from .nanny_runs import NannyRuns
 from .state.machine import SchedulerState
+from .state.placement import workload
 from .state.validate import InvalidState
 from .stream import TaskStream
 from .workers import heartbeat_interval, worker_table
+from .worker_plugins import WorkerPluginRegistry
 
 logger = logging.getLogger("hpc_cluster.scheduler")
 
@@ -112,11 +117,15 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         # to each client as it registers (client.dashboard_link). Filled by whoever starts them.
         self.services: dict[str, str] = {}
         self.stream = TaskStream()                         # recent executions, for the dashboard
+        self.worker_plugins = WorkerPluginRegistry()       # handed to every worker that registers
+        self.nanny_runs = NannyRuns(self)                  # client.run(nanny=True), relayed to nannies
         # Who wants to hear of workers joining, lost, and nannies' exit reports (deploy's job
         # manager: it polls the batch system less when the workers tell it first): fn(kind, info).
         self.worker_events: list[Callable[[str, dict], None]] = []
         self.closed = asyncio.Event()
         self.collector = Collector()                       # full GCs when quiet (collector.py)
+        self.inspection = Inspection(self)                 # events, metadata, logs for clients (inspection.py)
+        self.coordination = Coordination(self, recovered)  # locks, queues, variables, datasets (coordination.py)
 
     async def start(self) -> str:
         info = {"role": "scheduler", "versions": get_versions()}
@@ -292,7 +301,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                            "held are recomputed where needed", len(missing), self.recovery_window,
                            ", ".join(sorted(missing)[:5]), len(lost))
         # Clients the journal knew that never reattached are gone: what only they wanted is released.
-        departed = [cid for cid in self.state.clients if cid not in self.comms]
+        departed = [cid for cid in self.state.clients if cid not in self.comms and not self.coordination.holds(cid)]
         for cid in departed:
             self.state.remove_client(cid)
         if departed:
@@ -325,6 +334,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self._drain_intent.pop(addr, None)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self.stream.worker_gone(addr, self.clock())
+        self.coordination.worker_gone(addr)              # leases its tasks took are released
         self.fail_if_stranded()
         self._pace_heartbeats()
         self._flush()
@@ -383,6 +393,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
             self.streams.pop(cid, None)
             self._backlog.pop(cid, None)
             self.comms.pop(cid, None)
+            self.coordination.client_gone(cid)           # its leases released, its waiting requests dropped
             self.state.remove_client(cid)
             self._flush()
 
@@ -433,7 +444,8 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                 ts = st.tasks.get(msg["key"])
                 self._reply(cid, msg, None if ts is None else {
                     "state": ts.state, "error": ts.error, "attempts": st._attempts(ts),
-                    "pool": ts.pool, "memory": ts.memory, "escalation": ts.escalation})
+                    "pool": ts.pool, "memory": ts.memory, "escalation": ts.escalation,
+                    "workers": st.restriction_note(ts)})
             elif op == Op.VERSIONS:
                 self._reply(cid, msg, {"scheduler": get_versions(), "workers": {
                     a: ws.info.get("versions") for a, ws in st.workers.items()}})
@@ -446,8 +458,24 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                 asyncio.create_task(self._restart(cid, msg, timeout))
             elif op in self.handlers:
                 asyncio.create_task(self._run_handler(cid, msg))
+            elif op in (Op.REGISTER_WORKER_PLUGIN, Op.UNREGISTER_WORKER_PLUGIN, Op.RESTART_WORKERS):
+                self._reply(cid, msg, self.worker_plugins.client_op(self, msg))
+            elif op == Op.RUN:                             # run(nanny=True): the nanny answers
+                self.nanny_runs.relay(cid, msg)
             elif op == Op.COUNTS:
                 self._reply(cid, msg, st.counts())
+            elif op in COORDINATION_OPS:               # locks, events, variables, queues, datasets (issue 31)
+                self.coordination.handle(cid, msg)
+            elif op in Inspection.CLIENT_OPS:          # who_has, task stream, events, metadata, ... (issue 31)
+                self.inspection.client_op(cid, msg)
+            elif op == Op.RETRY:                       # client.retry (state/retrying.py)
+                retried = st.retry(cid, check_keys(msg["keys"], "keys"))
+                self._flush()                          # its task-retried messages go ahead of the reply
+                self._reply(cid, msg, retried)
+            elif op == Op.WORKLOAD:                    # LocalCluster.adapt (deploy/local/adapt.py)
+                self._reply(cid, msg, {"workload": workload(st), "workers": self.worker_table()})
+            elif op == Op.DRAIN_WORKERS:
+                self.drain(check_keys(msg["workers"], "workers"), str(msg.get("intent") or "adapt"))
             elif op == Op.HEARTBEAT:
                 pass
             else:

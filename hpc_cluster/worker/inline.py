@@ -67,6 +67,8 @@ class InlineMixin:
         """Start `ts` and run it here, on the loop; report it before anything else starts."""
         ts.state = "executing"
         self.executing.add(ts.key)
+        if self.plugins.watching:                # worker/plugins.py: as on a thread (worker.py)
+            self.plugins.transition(ts.key, "ready", "executing")
         self.scheduler.send({"op": TASK_STARTED, "key": ts.key, "memory": self.memory.at_task_start()})
         self.scheduler.flush()
         # The task sees no running loop, as on a thread: asyncio.run() in it works (95 us,

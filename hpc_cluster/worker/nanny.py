@@ -26,6 +26,8 @@ from ..lifeline import watch_owner
 from ..memseries import MemoryTimeline
 from ..retry import Backoff
 from ..protocol.messages import Op
+from .plugins import worker_directory
+from .running import run_in_nanny
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -213,6 +215,7 @@ class Nanny:
         # A worker that was killed (by us over its budget, by the kernel) could not remove
         # its spill files; they are of no use to its successor.
         remove_spill_directory(spill_directory(self.local_directory, pid))
+        remove_spill_directory(worker_directory(self.local_directory, pid))     # its uploads (plugins.py)
         await asyncio.wait_for(pump, 5)
         try:
             registered = os.read(ready_r, 1) == b"1"
@@ -380,6 +383,8 @@ class SchedulerLink:
                         self.nanny.restart()
                     elif msg.get("op") == Op.END_UNRESPONSIVE:
                         self.nanny.end_unresponsive(msg.get("pid"))
+                    elif msg.get("op") == Op.RUN:          # client.run(nanny=True), relayed (running.py)
+                        run_in_nanny(self, msg)
         except Exception as exc:  # the connection is gone
             logger.debug("nanny link closed: %s", exc)
         if not self.closing and not self._retrying:

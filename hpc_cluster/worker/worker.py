@@ -25,9 +25,11 @@ from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool,
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.messages import Op
 from ..protocol.versions import get_versions
+from . import events
 from .fetch import FetchMixin
 from .inline import InlineMixin, inline_allowed
 from .logs import LogBuffer
+from .plugins import WorkerPlugins
 from .reattach import reattach
 from .sizeof import sizeof
 from .memory import MemoryManager
@@ -83,6 +85,7 @@ class Worker(FetchMixin, InlineMixin):
         # memory manager also decides when to pause. `nbytes`: the results that are ours.
         self.memory = MemoryManager(self.memory_limit, memory_fractions, local_directory)
         self.data = self.memory.store
+        self.plugins = WorkerPlugins(self, local_directory)   # client.run, plugins, get_worker() (plugins.py)
         self.nbytes: dict[str, int] = {}
         self.borrowed: collections.Counter = collections.Counter()
         self.tasks: dict[str, _Task] = {}
@@ -131,7 +134,8 @@ class Worker(FetchMixin, InlineMixin):
         await self._register()
         self._monitor = asyncio.create_task(self._watch_memory())
         context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
-                                                 self._secede, self._rejoin, self.security))
+                                                 self._secede, self._rejoin, self.security, self.plugins.view,
+                                                 log_event=events.event_sender(self)))
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
 
@@ -155,8 +159,9 @@ class Worker(FetchMixin, InlineMixin):
         self.scheduler_comm = comm
         offline, self.scheduler = self.scheduler, BatchedSend(comm)
         self.scheduler.extend(getattr(offline, "buffer", None) or [])   # what happened after `held` was made
-        self._reader = asyncio.create_task(self._read_scheduler())
         self._beat = asyncio.create_task(self._heartbeat())
+        await self.plugins.setup_registered(reply.get("plugins"))   # before the first task: what it may import
+        self._reader = asyncio.create_task(self._read_scheduler())
 
     async def _reconnect(self) -> None:
         """The connection to the scheduler broke: keep our results and reattach, to it or to the
@@ -200,6 +205,7 @@ class Worker(FetchMixin, InlineMixin):
         for t in (getattr(self, "_beat", None), getattr(self, "_reader", None), getattr(self, "_monitor", None)):
             if t is not None and t is not asyncio.current_task():
                 t.cancel()
+        await self.plugins.close()           # teardown(), as the worker closes
         self.listener.stop()
         self.peers.close()
         if self.scheduler is not None:
@@ -273,6 +279,8 @@ class Worker(FetchMixin, InlineMixin):
                         self._beat_floor = _seconds(msg.get("interval"), self._beat_floor)
                     elif op == Op.REGISTERED:
                         pass
+                    elif op == Op.FORWARD_LOGGING:          # client.forward_logging (worker/events.py)
+                        events.forward_loggers(self, msg.get("loggers") or [])
                     else:
                         logger.warning("unknown op %r from scheduler", op)
                 self._run_ready()
@@ -399,6 +407,8 @@ class Worker(FetchMixin, InlineMixin):
                 continue
             ts.state = "executing"
             self.executing.add(key)
+            if self.plugins.watching:
+                self.plugins.transition(key, "ready", "executing")
             if not starting:
                 start = self.memory.at_task_start()
             self.scheduler.send({"op": TASK_STARTED, "key": key, "memory": start})
@@ -496,6 +506,9 @@ class Worker(FetchMixin, InlineMixin):
         self.seceded.discard(ts.key)
         cancelled = ts.state == "cancelled" or self.tasks.get(ts.key) is not ts
         self._forget_task(ts)
+        if self.plugins.watching:
+            self.plugins.transition(ts.key, "executing", "released" if cancelled else
+                                    "memory" if outcome[0] == "ok" else "error")
         if cancelled:
             # The scheduler gave up on it but still counts this thread as busy.
             self.scheduler.send({"op": Op.ABANDONED_DONE, "key": ts.key})
@@ -548,6 +561,8 @@ class Worker(FetchMixin, InlineMixin):
                     n = msg.get("n", 200)
                     lines = list(self.logs)[-int(n):] if isinstance(n, int) and n > 0 else []
                     await comm.write({"op": Op.LOGS, "lines": lines})
+                elif op in (Op.RUN, Op.SETUP_PLUGIN, Op.TEARDOWN_PLUGIN):
+                    await comm.write(await self.plugins.answer(msg))
                 else:
                     raise ProtocolError(f"unknown op {op!r} on the worker's port")
 

@@ -34,6 +34,21 @@ WIRE_OPS = {
     "key-in-memory", "key-recomputing", "scheduler-closed", "cluster-halted", "reply", "get-data",
     "put-data", "ping", "get-logs", "data", "ok", "pong", "logs", "scale", "jobs", "adapt", "shutdown",
 }
+# issue 31, reaching and preparing workers (client.run, worker plugins)
+WIRE_OPS |= {"run", "run-result", "register-worker-plugin", "unregister-worker-plugin", "setup-plugin",
+             "teardown-plugin", "restart-workers"}
+# issue 31, looking inside the cluster (who_has, task streams, events, metadata, logs)
+WIRE_OPS |= {"has-what", "processing", "nthreads", "all-who-has", "task-stream", "scheduler-logs", "get-events",
+             "set-metadata", "get-metadata", "rebalance", "subscribe-topic", "unsubscribe-topic", "log-event",
+             "forward-logging", "event"}
+# issue 31, coordination (locks, semaphores, events, variables, queues, fire_and_forget, datasets)
+WIRE_OPS |= {"semaphore-register", "semaphore-acquire", "semaphore-release", "semaphore-value", "semaphore-close",
+             "multi-lock-acquire", "multi-lock-release", "event-wait", "event-set", "event-clear", "event-is-set",
+             "variable-set", "variable-get", "variable-delete", "queue-create", "queue-put", "queue-get",
+             "queue-size", "queue-close", "fire-and-forget", "dataset-put", "dataset-get", "dataset-list",
+             "dataset-delete", "coordination-taken"}
+# issue 31, futures (client.retry, LocalCluster.adapt)
+WIRE_OPS |= {"retry", "task-retried", "workload", "drain-workers"}
 WIRE_KINDS = {"exception", "dependency", "missing", "refused", "cancelled", "lost-data", "killed-worker",
               "too-long", "no-pool", "unsendable"}
 # DESIGN.md's table, in its order.
@@ -157,6 +172,11 @@ def op_problems(path: Path, module: str) -> tuple[list[str], set[str]]:
         value = _value_of(node, module)
         if isinstance(node, ast.Constant):
             bad.append(f"line {line}: {how} the literal {node.value!r} (name it Op.X)")
+        elif isinstance(value, frozenset):              # a named group of ops (COORDINATION_OPS): each a member
+            strays = sorted(v for v in value if v not in set(Op))
+            if strays:
+                bad.append(f"line {line}: {how} {ast.unparse(node)}, which holds {strays}, not Ops")
+            seen |= value
         elif value is not None and value not in set(Op):
             bad.append(f"line {line}: {how} {ast.unparse(node)} = {value!r}, not an Op")
         elif value is not None:
