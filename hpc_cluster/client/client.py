@@ -34,6 +34,7 @@ from .tools import ClusterToolsMixin
 from .workers import WorkersMixin
 from .dask_collections import CollectionsMixin
 from .future_ops import FutureOpsMixin
+from .html import ClientHTMLMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import placement_keywords, task_needs, task_where
 from ..protocol import context, serialize
@@ -58,7 +59,7 @@ def _funcname(func) -> str:
 
 # AsyncClientMixin first: its `asynchronous` is the one dask reads (client/asynchronous.py).
 class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, ClusterToolsMixin, WorkerDataMixin, WorkersMixin,
-             DatasetsMixin, FutureOpsMixin):
+             DatasetsMixin, FutureOpsMixin, ClientHTMLMixin):
     """Connect to a cluster and run work on it.
 
     `Client()` or `Client(n_workers=2, processes=False, ...)` (a LocalCluster of its own, closed
@@ -92,7 +93,7 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
         self.name = name
         self.cluster = None
         self.scheduler_file = scheduler_file
-        self.scheduler_address: str | None = None
+        self.scheduler_address = None                     # found by _begin (client/starting.py)
         self._cluster_file = None                         # re-read when reconnecting: a new address
         self.reconnect = float(reconnect)
         self._closed_by_scheduler: str | None = None      # why, if it shut down (no reattach then)

@@ -13,12 +13,13 @@ Mixed into Client (client/client.py), like client/tools.py: it uses the client's
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import weakref
 
 from .futures import Future, flatten_futures
-from .graph import graph_tasks, wire_key
+from .graph import graph_tasks, placement_keywords, wire_key
 from ..protocol.frames import Opaque
 from .submission import gc_paused
 
@@ -57,6 +58,9 @@ class _DefaultScheduler:
             warnings.warn("the hpc_cluster Client that was dask's default scheduler is gone; computing "
                           "with dask's local threads", UserWarning, stacklevel=2)
             return get(dsk, keys, **kwargs)
+        if client.asynchronous:               # dask's own words (dask/base.py's _ensure_not_async)
+            raise RuntimeError("Attempting to use an asynchronous Client in a synchronous context of "
+                               "`dask.compute`: use `await client.compute(x)` (client/asynchronous.py)")
         return client.get(dsk, keys, **kwargs)
 
     @property
@@ -72,6 +76,8 @@ class _DefaultScheduler:
 
 _lock = threading.RLock()
 _defaults: list[weakref.ref] = []          # clients made default, the current one last
+# The client of the innermost as_current() block of this thread or task (Client.current(allow_global=False)).
+_inside: contextvars.ContextVar = contextvars.ContextVar("hpc_cluster_as_current", default=None)
 _before: dict | None = None                 # dask's settings before the first one
 _SCHEDULER = _DefaultScheduler()
 
@@ -86,6 +92,13 @@ def current_client(default: bool = True):
                 return client
             _defaults.pop()
     raise ValueError("no hpc_cluster Client: create one, e.g. client = Client(cluster)")
+
+
+def as_current_client():
+    """The client of the innermost `as_current()` block around this call, or None."""
+    ref = _inside.get()
+    client = ref() if ref is not None else None
+    return client if client is not None and client.status not in ("closed", "closing") else None
 
 
 def _apply() -> None:
@@ -149,9 +162,11 @@ class CollectionsMixin:
             ref = weakref.ref(self)
             _defaults.append(ref)
             _apply()
+        token = _inside.set(ref)
         try:
             yield self
         finally:
+            _inside.reset(token)
             with _lock:
                 for i in range(len(_defaults) - 1, -1, -1):
                     if _defaults[i] is ref:
@@ -211,12 +226,12 @@ class CollectionsMixin:
             # schedulers and distributed's do (a warning would make dask code that passes
             # another scheduler's keyword fail where warnings are errors). Said in the log.
             logger.warning("compute(): ignored keyword arguments %s (the cluster takes retries=, priority=, "
-                           "resources=, memory=, pool=, duration=)", unknown)
+                           "resources=, workers=, allow_other_workers=, memory=, pool=, duration=)", unknown)
             kwargs = {k: v for k, v in kwargs.items() if k in _LOCAL_ONLY}
         elif unknown:
             raise TypeError(f"{what}() got unexpected keyword arguments {unknown}: the cluster takes retries=, "
-                            "priority=, resources=, memory=, pool=, duration= (and dask.annotate(...) around "
-                            "the call)")
+                            "priority=, resources=, workers=, allow_other_workers=, memory=, pool=, duration= (and "
+                            "dask.annotate(...) around the call)")
         if kwargs:
             import warnings
             warnings.warn(f"{sorted(kwargs)} only mean something to dask's local schedulers; ignored on the "
@@ -224,9 +239,10 @@ class CollectionsMixin:
 
     def get(self, dsk, keys, *, sync: bool = True, retries: int | None = None, priority: int = 0,
             resources: dict | None = None, workers=None, allow_other_workers=None, memory=None, pool=None,
-            duration=None, **kwargs):
+            duration=None, fifo_timeout="60s", actors=None, **kwargs):
         """Run a dask graph on the cluster (dask's scheduler interface): the values of `keys`,
         in their (nested list) shape, or with sync=False the Futures."""
+        placement_keywords(fifo_timeout, None, False, actors)
         pool = self._our_pool(pool, kwargs)
         self._check_kwargs(kwargs, "get")
         wanted: list = []
@@ -239,12 +255,16 @@ class CollectionsMixin:
         values = self.gather(list(futures.values()))
         return _rebuild_keys(keys, dict(zip(futures, values)))
 
-    def compute(self, collections, sync: bool = False, optimize_graph: bool = True, traverse: bool = True,
-                retries: int | None = None, priority: int = 0, resources: dict | None = None, workers=None,
-                allow_other_workers=None, memory=None, pool=None, duration=None, **kwargs):
+    def compute(self, collections, sync: bool = False, optimize_graph: bool = True, workers=None,
+                allow_other_workers=None, resources: dict | None = None, retries: int | None = 0, priority: int = 0,
+                fifo_timeout="60s", actors=None, traverse: bool = True, memory=None, pool=None, duration=None,
+                batch_size: int | None = None, **kwargs):
         """Start computing dask collections (one, or a list); their results as Futures (the
         final values with sync=True). Things that are not collections pass through.
-        memory=, pool=, duration= are every task's needs (as submit's; dask.annotate for some)."""
+        memory=, pool=, duration= are every task's needs (as submit's; dask.annotate for some);
+        workers= and allow_other_workers= as submit's. fifo_timeout= and batch_size= are checked
+        and change no result (docs/migrating-from-distributed.md); actors= is refused."""
+        placement_keywords(fifo_timeout, batch_size, False, actors)
         import dask
         from dask._expr import FinalizeCompute
         from dask.base import collections_to_expr
@@ -275,11 +295,12 @@ class CollectionsMixin:
             results = self.gather(results)
         return results[0] if singleton else results
 
-    def persist(self, collections, optimize_graph: bool = True, retries: int | None = None, priority: int = 0,
-                resources: dict | None = None, workers=None, allow_other_workers=None, memory=None, pool=None,
-                duration=None, **kwargs):
+    def persist(self, collections, optimize_graph: bool = True, workers=None, allow_other_workers=None,
+                resources: dict | None = None, retries: int | None = None, priority: int = 0, fifo_timeout="60s",
+                actors=None, memory=None, pool=None, duration=None, batch_size: int | None = None, **kwargs):
         """Start computing dask collections and return them, each backed by Futures: the data
-        stays on the workers, and graphs built on them start from it."""
+        stays on the workers, and graphs built on them start from it. Keywords as compute's."""
+        placement_keywords(fifo_timeout, batch_size, False, actors)
         import dask
         from dask.base import collections_to_expr
         from dask.core import flatten

@@ -17,6 +17,7 @@ from ..lifeline import watch_owner
 from ..protocol.frames import Limits
 from ..protocol.admission import raise_open_file_limit
 from ..protocol.clusterfile import open_private, read_cluster_file, take_secret_from_env, write_cluster_file
+from ..protocol.messages import Op
 from ..protocol.tls import Security
 from .journal import Journal, resume_from
 from .server import Scheduler
@@ -92,6 +93,10 @@ def main(argv=None, prog: str = "python -m hpc_cluster.scheduler", add_arguments
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+
+        async def shutdown(msg: dict) -> None:
+            loop.call_soon(stop.set)                   # after the reply is on its way
+        sched.handlers.setdefault(Op.SHUTDOWN, shutdown)   # Client.shutdown(): as SIGTERM does
 
         def orphaned(reason: str) -> bool:
             loop.call_soon_threadsafe(stop.set)        # close() tells the workers to leave

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import signal
 import subprocess
@@ -19,12 +20,15 @@ from pathlib import Path
 
 import psutil
 
+from ...client.asynchronous import AwaitableMixin
+from ...client.html import ClusterDisplayMixin, cluster_html
 from ...lifeline import alive, process_start
 from ...retry import Backoff
 from ...units import parse_memory
 from ...worker.flags import memory_fraction_args
 from ...protocol.clusterfile import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
 from ...protocol.tls import resolve_security
+from .dask_keywords import take_dask_keywords
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 _live: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
@@ -126,7 +130,7 @@ def cluster_settings(config=None, **given) -> dict:
     return {k: merged[k].value for k in KNOBS}
 
 
-class LocalCluster:
+class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
     """Scheduler and workers on this machine.
 
     The fault-tolerance knobs (`allowed_failures`, `heartbeat_ttl`, `heartbeat_interval`,
@@ -145,7 +149,7 @@ class LocalCluster:
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
-                 memory_limit: int | str | None = "auto", nanny: bool = True, host: str = "127.0.0.1",
+                 memory_limit: int | str | None = "auto", nanny: bool | None = None, host: str = "127.0.0.1",
                  resources: dict | None = None, log_directory: str | None = None, timeout: float = 30.0,
                  config: str | None = None, allowed_failures: int | None = None,
                  heartbeat_ttl: float | None = None, heartbeat_interval: float | None = None,
@@ -153,14 +157,20 @@ class LocalCluster:
                  max_message_bytes: int | str | None = None, max_frame_bytes: int | str | None = None,
                  memory_target_fraction: float | None = None, memory_spill_fraction: float | None = None,
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
-                 security=None, journal: bool = False, dashboard_address: str | int | None = ":8787", **unknown):
-        if unknown:
+                 security=None, journal: bool = False, dashboard_address: str | int | None = ":8787",
+                 processes: bool = True, asynchronous: bool = False, scheduler_port: int = 0,
+                 name: str | None = None, **unknown):
+        if unknown:                    # distributed's other keywords (dask_keywords.py), or a mistake
             import inspect
-
-            from ...config import did_you_mean
-            name = next(iter(unknown))
             known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
-            raise TypeError(f"LocalCluster got an unknown keyword {name!r}{did_you_mean(name, known)}")
+            host = take_dask_keywords(unknown, host, known)
+        # processes=False: the workers are threads of this process (threads.py), with no nanny.
+        self.processes, self.name, self.scheduler_port = bool(processes), name, int(scheduler_port)
+        if not self.processes and nanny:
+            raise ValueError("LocalCluster(processes=False) runs the workers as threads of this process: there is "
+                             "no worker process for a nanny to watch; drop nanny=True, or use processes=True")
+        nanny = self.processes if nanny is None else bool(nanny)
+        self._asynchronous = bool(asynchronous)
         self.settings = cluster_settings(
             config, allowed_failures=allowed_failures, heartbeat_ttl=heartbeat_ttl,
             heartbeat_interval=heartbeat_interval, memory_terminate_fraction=memory_terminate_fraction,
@@ -168,7 +178,8 @@ class LocalCluster:
             memory_pause_fraction=memory_pause_fraction,
             versions=versions, max_message_bytes=max_message_bytes, max_frame_bytes=max_frame_bytes)
         cpus = os.cpu_count() or 1
-        self.n_workers = cpus if n_workers is None else int(n_workers)
+        # distributed's processes=False default: one worker with a thread per core.
+        self.n_workers = (cpus if self.processes else 1) if n_workers is None else int(n_workers)
         self.threads_per_worker = threads_per_worker or max(1, cpus // max(1, self.n_workers))
         if memory_limit == "auto":
             self.memory_limit = psutil.virtual_memory().total // max(1, self.n_workers)
@@ -189,10 +200,21 @@ class LocalCluster:
         self.log_directory = Path(log_directory or self._tmp.name)
         # security=True: a certificate for this cluster alone, in its private temp directory.
         self.security = resolve_security(security, Path(self._tmp.name) / "tls")
-        self.workers: dict[str, subprocess.Popen] = {}
+        self.workers: dict[str, subprocess.Popen] = {}       # or threads.ThreadWorkerHandle, processes=False
+        self._threads = None                                  # threads.WorkerThreads, processes=False
         self._counter = 0
         self._owner_file: Path | None = None
+        self.scheduler_address: str | None = None
         self.status = "starting"
+        if self._asynchronous:
+            self._start_in_background(self._start)           # `await cluster` waits for it (AwaitableMixin)
+        else:
+            self._start()
+
+    # distributed's methods that give awaitables in async code of an asynchronous cluster.
+    AWAITABLE_METHODS = frozenset({"close", "wait_for_workers"})
+
+    def _start(self) -> None:
         try:
             self._owner_file = claim_log_directory(self.log_directory)
         except BaseException:
@@ -204,7 +226,7 @@ class LocalCluster:
             self._scheduler = self._start_scheduler()
             self.scale(self.n_workers)
             if self.n_workers:
-                self.wait_for_workers(self.n_workers, timeout)
+                self.wait_for_workers(self.n_workers, self.timeout)
         except BaseException:
             self.close()
             raise
@@ -236,6 +258,7 @@ class LocalCluster:
         # The scheduler with the dashboard beside it (deploy/local/scheduler.py).
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.deploy.local.scheduler", "--host", self.host, *dashboard,
+             "--port", str(self.scheduler_port),
              "--address-file", str(address_file), "--heartbeat-ttl", str(st["heartbeat_ttl"]),
              "--allowed-failures", str(st["allowed_failures"]), "--versions", st["versions"],
              *self._limit_args(), *self._owner_args(),
@@ -288,6 +311,11 @@ class LocalCluster:
     def _start_worker(self) -> str:
         name = f"worker-{self._counter}"
         self._counter += 1
+        if not self.processes:
+            from .threads import WorkerThreads, thread_worker_keywords
+            self._threads = self._threads or WorkerThreads()
+            self.workers[name] = self._threads.start(self.timeout, **thread_worker_keywords(self, name))
+            return name
         log = open_private(self.log_directory / f"{name}.log", "ab")
         self.workers[name] = subprocess.Popen(self._worker_command(name), env=_child_env(self.secret),
                                               stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -300,7 +328,9 @@ class LocalCluster:
             _stop(proc, time.monotonic() + 10)
 
     def scale(self, n: int) -> None:
-        """Run `n` worker processes (started or stopped to match)."""
+        """Run `n` worker processes (started or stopped to match). Ends adapt(), as our batch
+        clusters' scale() does: an explicit size is what the user wants now."""
+        self._stop_adapting()
         for name, proc in list(self.workers.items()):
             if proc.poll() is not None:                 # it ended on its own: not counted
                 del self.workers[name]
@@ -308,6 +338,25 @@ class LocalCluster:
             self._start_worker()
         while len(self.workers) > n:
             self._stop_worker(sorted(self.workers, key=lambda s: int(s.split("-")[1]))[-1])
+
+    def adapt(self, Adaptive=None, minimum: float = 0, maximum: float = math.inf, minimum_cores: int | None = None,
+              maximum_cores: int | None = None, minimum_memory=None, maximum_memory=None, **kwargs):
+        """Start and retire workers to fit the queued work, between `minimum` and `maximum`
+        workers (or cores, memory), as distributed's LocalCluster.adapt; `interval` ("1s"),
+        `wait_count` (3) and `target_duration` ("5s") as its Adaptive's. Returns what stops it
+        (`.stop()`); scale() and close() stop it too (deploy/local/adapt.py)."""
+        from .adapt import LocalAdaptive, adapt_settings
+        settings = adapt_settings(self, Adaptive, minimum, maximum, minimum_cores, maximum_cores,
+                                  minimum_memory, maximum_memory, **kwargs)
+        self._stop_adapting()
+        self._adaptive = LocalAdaptive(self, settings)
+        return self._adaptive
+
+    def _stop_adapting(self) -> None:
+        adaptive = getattr(self, "_adaptive", None)
+        if adaptive is not None:
+            adaptive.stop()
+            self._adaptive = None
 
     def worker_pids(self) -> dict[str, int]:
         """Process id of each worker (the nanny's, when there is one)."""
@@ -321,9 +370,33 @@ class LocalCluster:
     def logs(self) -> dict[str, str]:
         return {p.stem: p.read_text(errors="replace") for p in sorted(self.log_directory.glob("*.log"))}
 
+    def get_logs(self, cluster: bool = True, scheduler: bool = True, workers=True) -> dict[str, str]:
+        """As dask's Cluster.get_logs: "Cluster" (a LocalCluster logs nothing of its own: empty),
+        "Scheduler", and each worker's log under its address (its name once it is gone), of the
+        addresses or names in `workers` if it is a list. Whole files from log_directory: a
+        worker's holds its nanny's lines too."""
+        files = self.logs()
+        out = {"Cluster": ""} if cluster else {}
+        if scheduler:
+            out["Scheduler"] = files.get("scheduler", "")
+        if not workers:
+            return out
+        addresses = {}
+        if self.status == "running":
+            from ...client.client import Client
+            with Client(self, timeout=self.timeout, set_as_default=False) as c:
+                addresses = {w.get("name"): a for a, w in c.scheduler_info()["workers"].items()}
+        wanted = None if workers is True else set(workers)
+        for name, text in files.items():
+            label = addresses.get(name, name)
+            if name.startswith("worker-") and (wanted is None or label in wanted or name in wanted):
+                out[label] = text
+        return out
+
     def close(self) -> None:
         if self.status == "closed":
             return
+        self._stop_adapting()
         self.status = "closing"
         for proc in self.workers.values():          # all at once: they stop in parallel
             if proc.poll() is None:
@@ -331,6 +404,8 @@ class LocalCluster:
         deadline = time.monotonic() + 10
         for name in list(self.workers):
             _stop(self.workers.pop(name), deadline)
+        if self._threads is not None:
+            self._threads.close()
         sched = getattr(self, "_scheduler", None)
         if sched is not None:
             _stop(sched, time.monotonic() + 10)
@@ -358,6 +433,13 @@ class LocalCluster:
     def __repr__(self) -> str:
         return (f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers={len(self.workers)} "
                 f"threads={self.threads_per_worker} {self.status}>")
+
+    def _repr_html_(self) -> str:
+        """The notebook's summary (client/html.py): the scheduler's word on workers and deaths."""
+        from ...units import format_memory
+        memory = format_memory(self.memory_limit) if self.memory_limit else "no limit"
+        return cluster_html(self, {"Workers started": len(self.workers), "Threads per worker": self.threads_per_worker,
+                                   "Memory per worker": memory, "Nanny": "yes" if self.nanny else "no"})
 
 
 @atexit.register
