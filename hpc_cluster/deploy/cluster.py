@@ -30,7 +30,8 @@ from ..config.pools import DEFAULT_POOL
 from ..protocol.clusterfile import cluster_file_for, read_cluster_file
 from ..protocol.messages import Op
 from ..protocol.tls import Security
-from ..units import UnitError, format_memory, parse_memory
+from ..client.html import ClusterDisplayMixin, cluster_html
+from ..units import UnitError, format_memory, format_walltime, parse_memory
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
 from .launch import ClusterError, cluster_id, control, launch  # noqa: F401  (ClusterError: public)
@@ -123,7 +124,7 @@ JOB_PARAMETERS = """
 """
 
 
-class JobQueueCluster:
+class JobQueueCluster(ClusterDisplayMixin):
     __doc__ = ("""Workers as batch jobs, joining one scheduler that explains their deaths.
 
     Use SLURMCluster or PBSCluster; this base class has no batch system.
@@ -439,17 +440,19 @@ class JobQueueCluster:
         except (OSError, ValueError):
             return None
 
-    def get_logs(self, cluster: bool = True, scheduler: bool = True, workers: bool = True) -> dict[str, str]:
-        """Logs by name: the cluster daemon's (it is the scheduler too) and each worker's,
-        dead ones included."""
+    def get_logs(self, cluster: bool = True, scheduler: bool = True, workers=True) -> dict[str, str]:
+        """Logs by name, as dask's Cluster.get_logs: the cluster daemon's under "Cluster" and
+        "Scheduler" (the daemon is the scheduler too: one log), and each worker's (of the
+        addresses in `workers` if it is a list), dead ones included."""
         out: dict[str, str] = {}
         log = (read_cluster_file(self.cluster_file).get("daemon_log") if self.cluster_file.exists() else None)
         if (cluster or scheduler) and log and Path(log).exists():
-            out["Cluster"] = Path(log).read_text(errors="replace")
+            text = Path(log).read_text(errors="replace")
+            out.update({name: text for name, wanted in (("Cluster", cluster), ("Scheduler", scheduler)) if wanted})
         if workers and self.status is Status.running:
             from ..client.client import Client
-            with Client(self, timeout=30) as client:
-                for key, lines in client.get_worker_logs().items():
+            with Client(self, timeout=30, set_as_default=False) as client:
+                for key, lines in client.get_worker_logs(workers=None if workers is True else workers).items():
                     out[key] = "\n".join(lines)
         return out
 
@@ -519,6 +522,14 @@ class JobQueueCluster:
             except Exception:
                 pass
         return f"{type(self).__name__}({self.name!r}, {self.scheduler_address!r}{counts}, status={self.status})"
+
+    def _repr_html_(self) -> str:
+        """The notebook's summary (client/html.py): the scheduler's word, and the jobs with their states."""
+        v = self.config.values
+        walltime = f", walltime {format_walltime(v['walltime'])}" if v.get("walltime") else ""
+        each = f"{v['cores']} cores, {format_memory(v['memory'])}, {self.processes} worker process(es){walltime}"
+        return cluster_html(self, {"Batch system": self.batch, "Job name": self.job_name, "Each job": each},
+                            jobs=lambda: self._table(timeout=5)["jobs"])
 
 
 def _seconds(value: Any, what: str) -> float:

@@ -35,8 +35,11 @@ from .free import FreeWorkers
 from .placing import PlacingMixin
 from .pools import ESCALATE, PoolsMixin
 from .reattach import ReattachMixin
+from .rebalance import RebalanceMixin
 from .recovery import RecoveryMixin, rebuild_into
 from .replicas import ReplicaMixin
+from .retrying import RetryMixin
+from .restrictions import RestrictionsMixin
 from .timeline import TimelineMixin
 from .transitions import TransitionsMixin
 from .validate import ValidateMixin
@@ -50,8 +53,9 @@ FREE_KEYS, KEY_IN_MEMORY, TASK_ERRED = Op.FREE_KEYS.value, Op.KEY_IN_MEMORY.valu
 ACTIVE = ("waiting", "queued", "processing")
 
 
-class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMixin, ReattachMixin,
-                     RecoveryMixin, TimelineMixin, AheadMixin, PlacingMixin, TransitionsMixin, ValidateMixin):
+class SchedulerState(ClientsMixin, RetryMixin, BlameMixin, DrainMixin, ReplicaMixin, RebalanceMixin, PoolsMixin, ReattachMixin,
+                     RecoveryMixin, TimelineMixin, AheadMixin, PlacingMixin, TransitionsMixin, ValidateMixin,
+                     RestrictionsMixin):
     def __init__(self, allowed_failures: int = 3, prefetch: int = 2, walltime_failures: int = 3,
                  queue_roots: bool = True, prefetch_seconds: float = PREFETCH_SECONDS, debug: bool = False):
         """`debug`: check every state change against transitions.ALLOWED and keep each task's
@@ -85,6 +89,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.escalate = dict(ESCALATE)
         self._unchecked: list = []                   # queued since placeability was last checked (pools)
         self._init_reattach()                        # results of reattached workers (reattach.py)
+        self._init_restrictions()                    # tasks' workers= (restrictions.py)
         # What changed that a journal must record (journal.py's Recorder sets these to sets and
         # reads them at each flush); None: no journal, nothing noted.
         self.touched: set | None = None
@@ -128,6 +133,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
                          dict(resources or {}), dict(info or {}), joined=now, last_seen=now, deadline=deadline)
         self.set_time(now)
         self.workers[address] = ws
+        self._where_joined(ws)
         self._update_free(ws)
         self._restore_replicas()
         self._schedule()
@@ -162,6 +168,7 @@ class SchedulerState(ClientsMixin, BlameMixin, DrainMixin, ReplicaMixin, PoolsMi
         self.set_time(now)
         self._free.discard(ws)
         self._deep.discard(ws)
+        self._where_left(ws)
         self.outbox.pop(address, None)
         record = {"id": len(self.deaths), "worker": address, "name": ws.name, "time": now,
                   "cause": death.get("cause", Cause.UNKNOWN),
