@@ -80,9 +80,9 @@ class WorkersMixin:
             if exc is None:
                 results[addr] = serialize.loads(answer["result"].data)
             elif on_error == "raise":
-                raise exc
+                raise _with_traceback(exc)
             elif on_error == "return":
-                results[addr] = exc
+                results[addr] = _with_traceback(exc)
         return results
 
     def run_on_scheduler(self, function, *args, **kwargs):
@@ -156,7 +156,7 @@ class WorkersMixin:
                          f"without it, the others that set it up keep it, and it stays registered for workers that "
                          f"join later: fix it and register it again (same name: it replaces this one), or "
                          f"client.unregister_worker_plugin({name!r})")
-            raise exc
+            raise _with_traceback(exc)
         restart = [a for a, r in answers.items() if r.get("restart")]
         if restart:
             done = await self._request({"op": Op.RESTART_WORKERS, "workers": restart})
@@ -196,7 +196,7 @@ class WorkersMixin:
             exc = _failure(answer, f"teardown of plugin {name!r} on worker {addr}")
             if exc is not None:
                 exc.add_note("it is unregistered all the same: no worker that joins later sets it up")
-                raise exc
+                raise _with_traceback(exc)
         return {a: {"status": "OK"} for a in answers}
 
     async def _ask_each(self, addresses: list[str], msg: dict) -> dict:
@@ -229,7 +229,8 @@ def _pickled(obj, what: str) -> bytes:
 
 
 def _failure(answer, where: str) -> BaseException | None:
-    """None for an OK answer; else the exception to raise, with a note saying where it happened."""
+    """None for an OK answer; else the exception to raise, with a note saying where it happened
+    (its remote traceback goes last, _with_traceback, after what the caller adds)."""
     if isinstance(answer, BaseException):
         exc = answer
     elif answer.get("status") == "OK":
@@ -250,9 +251,17 @@ def _remote_exception(answer: dict) -> BaseException:
     if isinstance(tb, Opaque):
         try:
             exc.remote_traceback = serialize.loads(tb.data)
-            exc.add_note(f"Remote traceback:\n{exc.remote_traceback}")
-        except Exception:
+        except Exception:                # the text is only a help: the exception still says what
             pass
+    return exc
+
+
+def _with_traceback(exc: BaseException) -> BaseException:
+    """The exception as raised here: the worker's traceback as its last note (a task's error
+    shows it so too, client/exceptions.py)."""
+    tb = getattr(exc, "remote_traceback", None)
+    if tb:
+        exc.add_note(f"Remote traceback:\n{tb}")
     return exc
 
 

@@ -29,6 +29,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import types
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,9 +104,21 @@ class WorkerView:
         """This worker's own directory (made on first use, on sys.path, removed when it closes)."""
         return self._host.directory()
 
+    @property
+    def scheduler(self):
+        """distributed's is a connection to the scheduler; what programs read of it is its address."""
+        return types.SimpleNamespace(address=self._worker.scheduler_address)
+
     def get_current_task(self):
         """The key of the task this thread runs (None outside a task)."""
         return context.task()
+
+    def log_event(self, topic, msg) -> None:
+        """An event for the clients that subscribe to `topic` (worker/events.py sends it)."""
+        send = getattr(context.worker(), "log_event", None)
+        if send is None:
+            raise RuntimeError("log_event: this worker is not connected to its scheduler yet")
+        send(topic, msg)
 
     async def upload_file(self, filename: str, data, load: bool = True) -> dict:
         """Write `data` as local_directory/filename; .py, .zip, .egg are importable from there,

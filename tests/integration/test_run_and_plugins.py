@@ -47,9 +47,10 @@ def test_run_answers_for_every_worker_from_its_own_process(client):
 def test_dask_worker_and_get_worker_show_the_worker(client, cluster):
     def look(dask_worker):
         return (dask_worker.address, dask_worker.nthreads, dask_worker.memory_limit,
-                os.path.isdir(dask_worker.local_directory), get_worker() is dask_worker)
-    for addr, (seen, nthreads, memory, has_dir, same) in client.run(look).items():
-        assert (seen, nthreads, memory, has_dir, same) == (addr, 1, 10**9, True, True)
+                os.path.isdir(dask_worker.local_directory), get_worker() is dask_worker,
+                dask_worker.scheduler.address)
+    for addr, seen in client.run(look).items():
+        assert seen == (addr, 1, 10**9, True, True, client.scheduler_address)
     held = client.submit(inc, 41)
     assert held.result(10) == 42
     where = client.submit(lambda: get_worker().address).result(10)
