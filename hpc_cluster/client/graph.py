@@ -5,9 +5,9 @@ it into its task spec (Task, Alias, DataNode), which is what a worker runs: each
 pickled with references to its inputs, the worker resolves them and calls the node with its
 inputs' values. A node may depend on a key that is not in the graph: a Future (persisted
 data, scattered data, a future placed in a `delayed` call), which the scheduler then waits
-for like any other input. Annotations (retries, priority, resources) reach the tasks they
-name (and memory=, pool=, duration=, the task's needs); what we cannot honour is refused,
-never dropped.
+for like any other input. Annotations (retries, priority, resources, workers and
+allow_other_workers) reach the tasks they name (and memory=, pool=, duration=, the task's
+needs); what we cannot honour is refused, never dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 from ..protocol import serialize
 
 # dask's annotations that mean something to a scheduler, and ours: a task's needs.
-HONOURED = ("retries", "priority", "resources", "memory", "pool", "duration")
+HONOURED = ("retries", "priority", "resources", "memory", "pool", "duration", "workers", "allow_other_workers")
 # Task keys of dask's "disk" shuffle: partd files in a worker's local temporary directory,
 # which a worker on another node cannot see. Run on a cluster they lose rows silently.
 DISK_SHUFFLE_PREFIXES = ("zpartd", "diskshuffle", "partd")
@@ -43,6 +43,87 @@ def task_needs(duration=None, memory=None, pool=None) -> dict:
             raise TypeError(f"pool={pool!r}: give a pool's name, e.g. pool='bigmem' (the cluster's pools=)")
         out["pool"] = pool
     return out
+
+
+def task_where(workers=None, allow_other_workers=None) -> dict:
+    """workers= as the wire carries it: {"workers": sorted distinct names, "allow_other_workers":
+    bool}, or {} for none. Read as distributed reads it: one or several worker addresses
+    ("tcp://10.0.0.5:40321", "10.0.0.5:40321", ("10.0.0.5", 40321)), worker names ("worker-3",
+    or a number as dask's LocalCluster names them) or hosts ("10.0.0.5", "node017"); a host:port
+    is resolved here, as distributed's scheduler resolves it (scheduler/state/restrictions.py
+    compares strings only)."""
+    if allow_other_workers not in (True, False, None):
+        raise TypeError(f"allow_other_workers={allow_other_workers!r}: give True or False")
+    if workers is None or isinstance(workers, (list, tuple, set, frozenset)) and not workers:
+        return {}
+    if isinstance(workers, (str, int)) and not isinstance(workers, bool):
+        workers = [workers]
+    elif isinstance(workers, tuple) and len(workers) == 2 and isinstance(workers[1], int):
+        workers = [workers]                       # one ("host", port)
+    elif not isinstance(workers, (list, tuple, set, frozenset)):
+        raise TypeError(f"workers={workers!r}: give a worker's address, name or host, or a list of them "
+                        "(client.scheduler_info()['workers'] lists the addresses and names)")
+    names = sorted({_worker_name(w) for w in workers})
+    return {"workers": names, "allow_other_workers": bool(allow_other_workers)}
+
+
+def _worker_name(w) -> str:
+    if isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], str) and isinstance(w[1], int):
+        return _resolved(f"{w[0]}:{w[1]}")
+    if isinstance(w, int) and not isinstance(w, bool):
+        return str(w)                             # a worker named 0, 1, ... (dask's LocalCluster)
+    if not isinstance(w, str) or not w.strip():
+        raise TypeError(f"workers= entry {w!r}: give a worker's address ('tcp://10.0.0.5:40321'), "
+                        "its name or its host, as strings")
+    return _resolved(w.strip().rstrip("/"))
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(name: str) -> str:
+    """'localhost:40321' -> '127.0.0.1:40321' (workers register by IP address); a name or a host
+    without a port stays as written (resolving every worker name would ask DNS for each)."""
+    import socket
+    proto, _, hostport = name.rpartition("://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host or host.startswith("["):
+        return name
+    try:
+        host = socket.gethostbyname(host)
+    except OSError:
+        pass                                      # kept as written: it may still match a worker's
+    return f"{proto}://{host}:{port}" if proto else f"{host}:{port}"
+
+
+def placement_keywords(fifo_timeout=None, batch_size=None, actor=False, actors=False) -> int | None:
+    """Check distributed's other placement keywords; the batch size to cut a map into (None: ours).
+
+    actor=/actors=: refused, we run no actors. fifo_timeout: checked as distributed parses it;
+    our scheduler runs submissions in the order they arrive (distributed's fifo_timeout=0), so
+    it changes no result (docs/migrating-from-distributed.md). batch_size: a map is sent in
+    parts of at most that many tasks (each part is at most 250 anyway)."""
+    if actor or actors:
+        raise NotImplementedError(
+            f"{'actor' if actor else 'actors'}={actor or actors!r}: hpc-cluster does not run actors (a stateful "
+            "object kept on one worker and called through a proxy). Keep the state in task results and pass "
+            "the futures on, or keep it in a file or database the tasks share")
+    if fifo_timeout is not None and fifo_timeout not in ("100 ms", "60s"):      # distributed's defaults
+        _fifo_seconds(fifo_timeout)
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TypeError(f"batch_size={batch_size!r}: give a whole number of tasks (>= 1) per batch, or None")
+    return batch_size
+
+
+def _fifo_seconds(value) -> float:
+    from dask.utils import parse_timedelta
+    try:
+        seconds = parse_timedelta(value)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        seconds = None
+    if seconds is None or seconds < 0:
+        raise ValueError(f"fifo_timeout={value!r}: give a time such as '100 ms', '60s' or a number of seconds")
+    return seconds
 
 
 def wire_key(key) -> str:
@@ -132,15 +213,9 @@ def task_annotations(key, per_key: dict, overall: dict) -> dict:
 
 
 def check_annotations(overall: dict, per_key: dict) -> None:
-    """Refuse what we cannot honour (worker restrictions); say what has no meaning here."""
-    workers = overall.get("workers") or next((v for v in (per_key.get("workers") or {}).values() if v), None)
-    if workers:
-        raise UnsupportedGraph(
-            f"workers={workers!r}: hpc-cluster does not pin tasks to named workers; label the "
-            "workers with resources (worker_extra_args=['--resources', 'GPU=1']) and ask for them "
-            "with resources={'GPU': 1} (or dask.annotate(resources=...))")
+    """Say which annotations have no meaning here (workers= and allow_other_workers= do)."""
     names = set(overall) | {n for n, v in per_key.items() if v}
-    ignored = sorted(names - set(HONOURED) - {"workers", "allow_other_workers", "fifo_timeout"})
+    ignored = sorted(names - set(HONOURED) - {"fifo_timeout"})
     if ignored:
         warnings.warn(f"dask annotations {ignored} have no meaning to hpc-cluster's scheduler and are "
                       f"ignored (honoured: {', '.join(HONOURED)})", UserWarning, stacklevel=4)
@@ -158,6 +233,7 @@ def graph_tasks(dsk, func_blob_of, overall: dict | None = None) -> tuple[list[di
     check_annotations(overall, per_key)
     wire = {k: wire_key(k) for k in graph}
     needs_of = functools.lru_cache(maxsize=64)(task_needs)      # parsed once per distinct value
+    where_of = _WhereCache()
     pull = _FunctionPuller(func_blob_of)
     specs = []
     for key in _dask_order(graph):
@@ -170,8 +246,25 @@ def graph_tasks(dsk, func_blob_of, overall: dict | None = None) -> tuple[list[di
         specs.append({"key": wire[key], "func": func_blob, "args": blob, "deps": sorted(deps),
                       "priority": int(ann.get("priority") or 0), "retries": int(ann.get("retries") or 0),
                       "resources": dict(ann.get("resources") or {}),
-                      **needs_of(ann.get("duration"), ann.get("memory"), ann.get("pool"))})
+                      **needs_of(ann.get("duration"), ann.get("memory"), ann.get("pool")),
+                      **where_of(ann.get("workers"), ann.get("allow_other_workers"))})
     return specs, wire
+
+
+class _WhereCache:
+    """task_where once per distinct workers= value of a graph (a list is no lru_cache key): the
+    values are the annotations' own objects, alive for the whole call, so their ids stay theirs."""
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def __call__(self, workers, loose) -> dict:
+        if not workers:
+            return {}                             # allow_other_workers without workers: nothing (as distributed)
+        entry = self._seen.get((id(workers), loose))
+        if entry is None:
+            entry = self._seen[(id(workers), loose)] = (workers, task_where(workers, loose))
+        return entry[1]
 
 
 class _FunctionPuller:

@@ -64,6 +64,8 @@ class ClusterToolsMixin:
             lines.append(f"  escalation: {moved}")       # moved before it ran (too long for its pool)
         if info.get("pool"):
             lines.append(f"  it runs only in pool {info['pool']!r}")
+        if info.get("workers"):                           # workers= (scheduler/state/restrictions.py)
+            lines.append(f"  {info['workers']}")
         return "\n".join(lines)
 
     def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:

@@ -45,11 +45,25 @@ def check_task(spec) -> dict:
         raise ProtocolError(f"task {spec['key']!r}: memory must be a number of bytes")
     if spec.get("pool") is not None and not isinstance(spec["pool"], str):
         raise ProtocolError(f"task {spec['key']!r}: pool must be a pool's name")
+    if "workers" in spec:
+        check_workers(spec)
     res = spec.get("resources") or {}
     if not isinstance(res, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
                                             for k, v in res.items()):
         raise ProtocolError(f"task {spec['key']!r}: resources must map names to numbers")
     return spec
+
+
+def check_workers(spec: dict) -> None:
+    """workers= as the client sends it (client/graph.py's task_where): a sorted list of distinct
+    names, with allow_other_workers a bool; the state machine interns it by that list."""
+    names, loose = spec["workers"], spec.get("allow_other_workers", False)
+    if (not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names)
+            or not isinstance(loose, bool)):
+        raise ProtocolError(f"task {spec['key']!r}: workers must be a non-empty list of worker addresses, "
+                            "names or hosts, and allow_other_workers a bool")
+    if any(a >= b for a, b in zip(names, names[1:])):
+        spec["workers"] = sorted(set(names))      # another client's order: one Where all the same
 
 
 def compact_payloads(tasks: list[dict]) -> None:

@@ -16,12 +16,17 @@ ignored. Records, each a list whose first item says what it is:
     ["S", key, func, args, deps, priority, duration, resources, extra]
                                                          a task as (re)defined (its pool and
                                                          memory, which a move changes, are in "T");
-                                                         func is [data, [buffers]], or a "B" id
+                                                         func is [data, [buffers]], or a "B" id;
+                                                         extra: None, or its workers= and
+                                                         allow_other_workers
     ["T", key, code, holders|error, wanted, nbytes, retries, attempts, pool, memory,
      escalated, escalation, replicas]                    where the task stands
     ["F", key]                                           forgotten
     ["D", death record]                                  a death (later ones replace it, by id)
     ["J", anything]                                      the deploy half's jobs (latest wins)
+    ["C", kind, name, payload]                           a coordination object (variable, dataset,
+                                                         queue, event, semaphore: coordination.py),
+                                                         its payload None once it is gone
 
 code is "p" (to compute, if anyone needs it), "m" (in memory on the named workers) or "e"
 (erred, with the error record).
@@ -135,6 +140,7 @@ class Recovered:
     status: dict = field(default_factory=dict)      # key -> "T" record
     deaths: dict = field(default_factory=dict)      # id -> death record
     jobs: object = None
+    coordination: dict = field(default_factory=dict)   # packed [kind, name] -> its latest "C" record
     torn: bool = False
     valid_bytes: int = 0
 
@@ -159,6 +165,11 @@ class Recovered:
             self.deaths[rec[1]["id"]] = rec[1]
         elif kind == "J":
             self.jobs = rec[1]
+        elif kind == "C":
+            if rec[3] is None:
+                self.coordination.pop(pack(rec[1:3]), None)
+            else:
+                self.coordination[pack(rec[1:3])] = rec
         elif kind == "H":
             self.cluster, self.created = rec[1].get("cluster"), rec[1].get("created")
 
@@ -179,6 +190,7 @@ class Recovered:
         out.extend(["D", d] for _, d in sorted(self.deaths.items()))
         if self.jobs is not None:
             out.append(["J", self.jobs])
+        out.extend(self.coordination.values())
         return out
 
     def tasks(self) -> dict[str, dict]:
@@ -228,7 +240,8 @@ def resume_from(path, cluster: str | None = None) -> Recovered | None:
 def spec_record(ts, func=None) -> list:
     """`func`: the "B" id its function was written under, if it was (else the payload)."""
     return ["S", ts.key, opaque_out(ts.func) if func is None else func, opaque_out(ts.args), sorted(d.key for d in ts.dependencies),
-            priority_pair(ts.priority), ts.duration, ts.resources, None]
+            priority_pair(ts.priority), ts.duration, ts.resources,
+            None if ts.where is None else {"workers": sorted(ts.where.names), "allow_other_workers": ts.where.loose}]
 
 
 def _sorted(items) -> list:
@@ -397,6 +410,9 @@ class Journal:
         self.compact_ratio, self.compact_min_bytes = compact_ratio, compact_min_bytes
         self.recorder: Recorder | None = None
         self.jobs = None                          # set by the deploy half (or a function): written at the next flush
+        # Records kept beside the state's, from the scheduler's coordination (coordination.py):
+        # extra(everything) -> what changed since the last call, or all of it for a new file.
+        self.extra = None
         self.file_bytes = 0
         self.compactions = 0
         self.error: str | None = None             # the writer's last failure (logged once)
@@ -414,6 +430,8 @@ class Journal:
         records = [["H", {"version": VERSION, "cluster": self.cluster, "created": self.created}]]
         state.touched.update(state.tasks)                # everything, through the recorder's bookkeeping
         records += self.recorder.collect(self.current_jobs())
+        if self.extra is not None:
+            records += self.extra(True)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_snapshot(self.path, records)
         self.file_bytes = self.path.stat().st_size
@@ -427,6 +445,8 @@ class Journal:
         if self.recorder is None:
             return 0
         records = self.recorder.collect(self.current_jobs())
+        if self.extra is not None:
+            records += self.extra(False)
         if not records:
             return 0
         try:

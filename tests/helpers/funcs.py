@@ -76,3 +76,14 @@ def hog(nbytes, hold=5.0):
         block[i] = 1
     time.sleep(hold)
     return len(block)
+
+
+def kwargs_of(*args, **kwargs):
+    """The keyword arguments the task was called with: none of submit's or map's own may be among them."""
+    return kwargs
+
+
+def pid_of(*args):
+    """The worker process that ran the task (scheduler_info()'s rows name each worker's pid)."""
+    import os
+    return os.getpid()

@@ -160,14 +160,15 @@ def test_retries_from_compute_and_from_dask_annotate_are_honoured(client, shared
         dask.delayed(flaky)(count3).compute()
 
 
-def test_resources_annotation_is_honoured_and_workers_is_refused(client, caplog):
+def test_resources_annotation_is_honoured_and_workers_too(client, caplog):
     with dask.annotate(resources={"GPU": 1}):
         future = client.compute(dask.delayed(process_id)())
     time.sleep(1.0)
     assert future.status == "pending"                       # no worker has a GPU: it waits
     future.cancel()
-    with pytest.raises(UnsupportedGraph, match="does not pin tasks to named workers.*resources="):
-        dask.delayed(process_id)().compute(workers=["tcp://127.0.0.1:1"])
+    # workers= runs it there (tests/integration/test_placement_keywords.py: the rest of it)
+    address, row = next(iter(client.scheduler_info()["workers"].items()))
+    assert dask.delayed(process_id)().compute(workers=[address]) == row["pid"]
     with pytest.warns(UserWarning, match=r"num_workers.*only mean something to dask's local schedulers"):
         assert dask.delayed(process_id)().compute(num_workers=4) != os.getpid()
     # x.compute(...) hands every keyword to the scheduler: one it does not know is ignored (as

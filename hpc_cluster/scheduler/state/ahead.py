@@ -54,6 +54,7 @@ class AheadMixin:
             if (ws is None or depth > AHEAD_DEPTH or self.workers.get(ws.address) is not ws
                     or ts.state != "waiting" or ts.waiting_on != {dep}
                     or len(dep.dependents) != 1 or ts.attempts or ts.resources or ts.memory
+                    or ts.where is not None and ws not in ts.where.matching
                     or not fits_worker(ts, ws, self.pools or None)):
                 return
             if ts.ahead_on is not ws:       # (held there already: the input came back to it)

@@ -22,7 +22,8 @@ class ClientsMixin:
 
     def update_graph(self, cid: str, tasks: list[dict], wanted: list[str]) -> None:
         """New tasks from a client. Each: key, func, args, deps, priority, retries, resources,
-        and optionally duration (seconds), memory (bytes) and pool (a name).
+        and optionally duration (seconds), memory (bytes), pool (a name) and workers (names,
+        with allow_other_workers: restrictions.py).
         A graph with a dependency cycle would wait for ever: it is refused whole."""
         cycle = self._cycle(tasks)
         if cycle:
@@ -45,6 +46,7 @@ class ClientsMixin:
             ts.retries = int(spec.get("retries", 0))
             ts.resources = spec.get("resources") or None
             ts.duration = float(spec["duration"]) if spec.get("duration") else None
+            ts.where = self._where_of(spec["workers"], spec.get("allow_other_workers")) if "workers" in spec else None
             if not ts.escalated:                      # a move learned where it must go: kept
                 ts.memory, ts.pool = int(spec.get("memory") or 0), spec.get("pool") or None
             new.append(ts)

@@ -93,7 +93,16 @@ class FreeWorkers:
         `by_room` is given when every free worker has room only for short tasks: a
         (prefetch.DeepWorkers, cost in us) pair. Then a task no worker holds inputs of goes to
         the one with the most room for it (the least work queued ahead of it), not to the first
-        in placement's order, which may be far from the first with room."""
+        in placement's order, which may be far from the first with room.
+
+        A task with workers= is placed among the free ones of those alone (restrictions.py keeps
+        them), few as they are; a loose one, when none of them fits, as any task."""
+        where = ts.where
+        if where is not None:
+            mine = [ws for ws in where.matching if ws in self._version and (allowed is None or allowed(ws))]
+            best = pick_worker(ts, mine, expected, now, queue_root, pools)
+            if best is not None or not where.loose:
+                return best
         holders = {ws for dep in ts.dependencies for ws in dep.who_has
                    if ws in self._version and (allowed is None or allowed(ws))}
         if holders:

@@ -1,7 +1,8 @@
 """Where a task may run and where it should: pure functions over scheduler state.
 
 A task goes to a worker with a free slot that (0) is of the pool it must run on, with its
-memory= free (pools.py), (1) has the resources it asks for and (2) still has time for it (expected run x1.1 + 1 s) before the worker's job hits its walltime, judged from the
+memory= free (pools.py), and one of its workers= if it names some (restrictions.py; a loose
+one prefers them), (1) has the resources it asks for and (2) still has time for it (expected run x1.1 + 1 s) before the worker's job hits its walltime, judged from the
 duration the user gave (`submit(..., duration=)`) or the one learned from earlier tasks
 of the same function. (Paused workers, over their memory's pause fraction, have no free
 slot: the state machine leaves them out.) Among those, in order:
@@ -142,7 +143,19 @@ def has_root_slot(ws) -> bool:
 def pick_worker(ts, free, expected: float | None, now: float, queue_root: bool = False,
                 pools: dict | None = None):
     """The best worker for `ts` among `free` ones, or None if none fits (it waits).
-    `queue_root`: only a worker with a root slot open will do (is_queued_root)."""
+    `queue_root`: only a worker with a root slot open will do (is_queued_root). A task with
+    workers= (restrictions.py) goes to one of those; a loose one, if none of them fits, to any."""
+    where = ts.where
+    if where is not None:
+        best = best_worker(ts, [ws for ws in free if ws in where.matching], expected, now, queue_root, pools)
+        if best is not None or not where.loose:
+            return best
+    return best_worker(ts, free, expected, now, queue_root, pools)
+
+
+def best_worker(ts, free, expected: float | None, now: float, queue_root: bool = False,
+                pools: dict | None = None):
+    """pick_worker's choice among `free`, its workers= aside."""
     best, best_score = None, None
     needs = ts.pool is not None or ts.memory or pools
     for ws in free:
@@ -193,6 +206,8 @@ def wait_for_holder(ts, chosen, durations, now: float, pools: dict | None = None
     missing = held[holder] - held.get(chosen, 0)
     if holder is chosen or missing < LOCALITY_MIN_BYTES or holder.paused or holder.draining:
         return False
+    if ts.where is not None and holder not in ts.where.matching:
+        return False                      # not one of its workers= (or not the ones it prefers)
     if ts.resources and not has_resources(ts, holder):
         return False
     if (ts.pool is not None or ts.memory or pools) and not fits_worker(ts, holder, pools):

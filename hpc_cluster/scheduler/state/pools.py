@@ -135,6 +135,8 @@ class PoolsMixin:
         for ts in self.tasks.values():
             if ts.state not in ("queued", "processing") or ts.state == "queued" and self._awaiting_verdict(ts):
                 continue                  # not ready, or its next pool is not decided yet
+            if ts.where is not None and not ts.where.loose:
+                continue                  # workers= names its workers: a new job's would not do (restrictions.py)
             expected = expected_duration(ts, self.durations)
             needs = (ts.pool, ts.memory, tuple(sorted((ts.resources or {}).items())), expected)
             if needs not in by_needs:

@@ -181,6 +181,7 @@ class TaskState:
     copying: set = EMPTY                             # workers fetching a replica now
     memory: int = 0                                  # bytes it needs (submit(memory=), or learned by escalation)
     pool: str | None = None                          # the only pool it may run on (named, or moved to)
+    where: object = None                             # workers= (restrictions.Where, shared), or None
     escalated: bool = False                          # `pool` and `memory` were set by a retry by cause
     escalation: str | None = None                    # the latest move, as the user reads it
     # state "held": rebuilt from a journal, its result on these workers (names) until they come

@@ -120,6 +120,8 @@ def rebuild_into(st, recovered, now: float):
         ts.priority = priority_from_pair(spec[5])
         top = max(top, ts.priority % SEQ_SPAN)
         ts.duration, ts.resources = spec[6], spec[7] or None
+        if spec[8] and spec[8].get("workers"):        # workers= (restrictions.py); older journals: None
+            ts.where = st._where_of(spec[8]["workers"], spec[8].get("allow_other_workers"))
         status = recovered.status.get(key)
         if status is not None:
             _, _, code, detail, wanted, nbytes, retries, attempts, pool, memory, escalated, escalation, replicas = status

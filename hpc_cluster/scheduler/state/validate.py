@@ -118,6 +118,24 @@ def validate_workers(s) -> None:
         _fail("the most room among workers for short tasks is current", "", f"{s._deep.most_room()} != {room}")
 
 
+def validate_restrictions(s) -> None:
+    """workers= (restrictions.py): each task's Where is the state's one for its names, kept to the
+    live workers it admits; a task placed (not yet running: a reattached worker's thread may
+    run it anywhere) is on one of its workers unless it may run elsewhere."""
+    for key, ts in s.tasks.items():
+        where = ts.where
+        if where is None:
+            continue
+        if s._wheres.get((tuple(sorted(where.names)), where.loose)) is not where:
+            _fail("a task's workers= is the state's one for its names", key, sorted(where.names))
+        if where.matching != {ws for ws in s.workers.values() if where.admits(ws)}:
+            _fail("a workers= restriction knows the live workers it admits", key,
+                  sorted(ws.address for ws in where.matching))
+        if (ts.state == "processing" and not ts.executing and not where.loose
+                and ts.processing_on not in where.matching):
+            _fail("a task with workers= is placed on one of them", key, ts.processing_on.address)
+
+
 def validate_stories(s) -> None:
     """Debug mode: a task's state is the one its latest change made, so no change went around
     `_transition` (transitions.py). Tasks with no story yet are not checked."""
@@ -137,3 +155,4 @@ class ValidateMixin:
             validate_stories(self)
         validate_tasks(self)
         validate_workers(self)
+        validate_restrictions(self)

@@ -338,6 +338,32 @@ def test_random_event_sequences_with_pools_keep_the_state_machine_consistent(dat
     play(PoolsRun(data), 80)
 
 
+class RestrictedRun(FuzzRun):
+    """The same world with tasks restricted to workers (issue 31, workers=): by address, name
+    or host, strict or loose (allow_other_workers), among them workers that come and go."""
+
+    def add_worker(self):
+        addr = self.pick(WORKERS)
+        self.s.add_worker(addr, nthreads=self.draw(st.integers(1, 2)), now=self.now,
+                          name=f"n{addr[-3]}", info={"host": addr[6:8]})
+
+    def needs(self) -> dict:
+        names = self.draw(st.sampled_from([None, None, None, ["tcp://w1:1"], ["n2"], ["w3"], ["n1", "w2"]]))
+        return {} if names is None else {"workers": names, "allow_other_workers": self.draw(st.booleans())}
+
+    def add_healthy(self):
+        super().add_healthy()
+        for addr in WORKERS:                     # the workers strict tasks name, back for good
+            if addr not in self.s.workers:
+                self.s.add_worker(addr, nthreads=2, now=self.now, name=f"n{addr[-3]}", info={"host": addr[6:8]})
+
+
+@fuzz(150)
+@given(st.data())
+def test_random_event_sequences_with_restricted_tasks_keep_the_state_machine_consistent(data):
+    play(RestrictedRun(data), 60)
+
+
 class ReattachRun(FuzzRun):
     """The same world with workers that come back holding results and running threads, known to
     the scheduler or not, clients wanting keys again, and placement held (issue 16,
