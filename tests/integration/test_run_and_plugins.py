@@ -368,3 +368,19 @@ def test_register_worker_callbacks_and_a_second_client_sees_the_plugin(cluster, 
         names = client.run(lambda dask_worker: [p for p in dask_worker.plugins if p.startswith("mark-")])
         for name in {n for ns in names.values() for n in ns}:
             client.unregister_worker_plugin(name)
+
+
+def _end_this_process():
+    os.kill(os.getpid(), 9)
+
+
+def test_a_nanny_run_ends_with_an_error_when_the_nanny_goes_or_there_is_none():
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB", dashboard_address=None) as c, \
+            Client(c) as client:
+        with pytest.raises(RuntimeError, match="nanny went away before it answered"):
+            client.run(_end_this_process, nanny=True)         # no caller waits for ever
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1GB", dashboard_address=None,
+                      nanny=False) as c, Client(c) as client:
+        with pytest.raises(RuntimeError, match="runs without a nanny .* run it in the worker"):
+            client.run(os.getpid, nanny=True)
+        assert len(client.run(os.getpid)) == 1
