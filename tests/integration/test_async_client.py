@@ -21,12 +21,6 @@ def refuses(x):
     raise ValueError(f"refused {x}")
 
 
-def gated(path, value):
-    """A task that finishes once the test creates `path`."""
-    wait_for_file(path, 60)
-    return value
-
-
 class Ticker:
     """Counts the turns of the event loop it runs on: a blocked loop stops counting."""
 
@@ -64,13 +58,13 @@ def test_the_users_loop_runs_while_the_client_waits(cluster, tmp_path):
     async def main():
         async with Client(cluster, asynchronous=True) as c:
             ticker = Ticker()
-            f = c.submit(gated, gate, 7)
+            f = c.submit(wait_for_file, gate, 60)          # finishes once the test creates `gate`
             waiting = [asyncio.ensure_future(c.gather(f)), asyncio.ensure_future(f)]     # gather, await future
             start = ticker.ticks
             await wait_until_async(lambda: ticker.ticks >= start + 10, 20, "the loop to turn while waiting")
             assert not any(w.done() for w in waiting)
             open(gate, "w").close()
-            assert await asyncio.gather(*waiting) == [7, 7]
+            assert await asyncio.gather(*waiting) == [gate, gate]
             ticker.task.cancel()
 
     run(main(), timeout=120)
@@ -85,7 +79,7 @@ def test_failures_timeouts_wait_and_as_completed(cluster, tmp_path):
             assert isinstance(await bad.exception(), ValueError)
             with pytest.raises(ValueError, match="refused 1"):
                 await bad
-            stuck = c.submit(gated, gate, 1)
+            stuck = c.submit(wait_for_file, gate, 60)
             with pytest.raises(TimeoutError):
                 await c.gather(stuck, timeout=0.2)
             with pytest.raises(TimeoutError):
@@ -99,7 +93,7 @@ def test_failures_timeouts_wait_and_as_completed(cluster, tmp_path):
             first = await wait([stuck, c.submit(inc, 2)], return_when="FIRST_COMPLETED")
             assert stuck in first.not_done and len(first.done) == 1
             open(gate, "w").close()
-            assert await stuck.result() == 1
+            assert await stuck.result() == gate
 
     run(main(), timeout=120)
 
