@@ -143,7 +143,10 @@ class Inspection:
         elif op == Op.FORWARD_LOGGING:
             self.forward_logging(msg)
         elif op == Op.REBALANCE:
-            asyncio.create_task(self._rebalance(cid, msg))
+            keys = msg.get("keys")             # checked here: a bad one drops the sender, not the move loop
+            keys = None if keys is None else set(check_keys(keys, "keys"))
+            workers = None if msg.get("workers") is None else [a for a, _ in self._workers(msg["workers"])]
+            asyncio.create_task(self._rebalance(cid, msg, st.plan_rebalance(keys, workers)))
         else:
             sched._reply(cid, msg, self._answer(op, msg, st))
 
@@ -315,26 +318,27 @@ class Inspection:
                 self._tell_forwarded(address)
 
     # -- rebalance ----------------------------------------------------------------------------
-    async def _rebalance(self, cid: str, msg: dict) -> None:
-        """Move results as state/rebalance.py plans; reply when every move is done or failed."""
+    async def _rebalance(self, cid: str, msg: dict, moves: list) -> None:
+        """Make the moves state/rebalance.py planned; reply when each is done or failed."""
         sched, st = self.sched, self.sched.state
-        keys = msg.get("keys")
-        workers = [a for a, _ in self._workers(msg.get("workers"))] if msg.get("workers") is not None else None
-        moves = st.plan_rebalance(None if keys is None else set(check_keys(keys, "keys")), workers)
-        st.start_moves(moves)
-        sched._flush()
         failed, deadline = [], time.monotonic() + MOVE_TIMEOUT
-        while moves:
-            await asyncio.sleep(MOVE_POLL)
-            pending = []
-            for move in moves:
-                outcome = st.end_move(*move)
-                if outcome == "pending" and time.monotonic() < deadline:
-                    pending.append(move)
-                elif outcome != "done":
-                    failed.append(move[0])
-            moves = pending
+        try:
+            st.start_moves(moves)
             sched._flush()
+            while moves:
+                await asyncio.sleep(MOVE_POLL)
+                pending = []
+                for move in moves:
+                    outcome = st.end_move(*move)
+                    if outcome == "pending" and time.monotonic() < deadline:
+                        pending.append(move)
+                    elif outcome != "done":
+                        failed.append(move[0])
+                moves = pending
+                sched._flush()
+        except Exception:          # the client is answered whatever happened; the scheduler goes on
+            logger.exception("rebalance failed")
+            failed = list(dict.fromkeys(failed + [m[0] for m in moves]))
         if failed:
             logger.warning("rebalance: %d results could not be moved (e.g. %r)", len(failed), failed[0])
         sched._reply(cid, msg, {"status": "partial-fail", "keys": failed} if failed else {"status": "OK"})

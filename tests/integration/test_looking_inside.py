@@ -23,6 +23,10 @@ def printing_task(x):
     return x
 
 
+def quick_printing_task(x):
+    hpc_cluster.print("quick", x)
+
+
 def warning_task(x):
     hpc_cluster.warn(f"careful with {x}", RuntimeWarning)
     return x
@@ -139,12 +143,24 @@ def test_events_are_kept_and_reach_subscribers(client, cluster):
 
 
 def test_a_tasks_print_and_warn_reach_the_client(client, capsys):
-    assert client.submit(printing_task, 7, pure=False).result() == 7
+    fut = client.submit(printing_task, 7, pure=False)
+    wait(fut)                                   # done, and its print already here: it came first
     out, err = capsys.readouterr()
+    assert fut.result() == 7
     assert "printed by task|7\n" in out and "to stderr 7\n" in err
     assert any(m["args"] == ["printed by task", "7"] for _, m in client.get_events("print"))
     with pytest.warns(RuntimeWarning, match="careful with 3"):
         client.submit(warning_task, 3, pure=False).result()
+
+
+
+def test_a_quick_tasks_print_comes_before_its_result_also_when_run_on_the_workers_loop(client, capsys):
+    # After a few quick runs a worker runs such a function on its event loop (worker/inline.py):
+    # its event must still go ahead of its result there.
+    # wait(), not result(): fetching the result would give a late event time to arrive.
+    for i in range(20):
+        wait(client.submit(quick_printing_task, i, pure=False))
+        assert f"quick {i}\n" in capsys.readouterr().out
 
 
 def test_print_and_warn_outside_a_task_are_the_builtins(capsys):
