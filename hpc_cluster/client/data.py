@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import random
+import time
 import uuid
+from collections.abc import Iterator
 
+from .exceptions import TimeoutError
 from .futures import Future
+from ..retry import Backoff
 from ..protocol import serialize
 from ..protocol.frames import Limits
 from ..protocol.messages import ErrorKind, Op
@@ -71,11 +76,26 @@ class WorkerDataMixin:
     async def _worker_request(self, address: str, msg: dict) -> dict:
         return await self._pool.request(address, msg)
 
-    def scatter(self, data, broadcast: bool = False, hash: bool = True):
-        """Put local data on workers; returns futures in the same shape (list, dict or one)."""
-        if isinstance(data, dict):
+    def scatter(self, data, workers=None, broadcast: bool | int = False, direct: bool | None = None,
+                hash: bool = True, timeout: float | None = None):
+        """Put local data on workers; returns futures shaped as `data`, as distributed's: a list,
+        tuple, set or namedtuple gives one future per element, a dict one per key (named by the
+        keys), anything else (a dict subclass too) one future. `workers` (an address, a worker's
+        name, a (host, port) pair, or a list of them) puts it only there; `broadcast=True` on
+        every one of them (a number: on that many). `direct` is accepted and changes nothing:
+        the data always goes straight to the workers (our scheduler never handles user data).
+        `timeout` (default: the client's) bounds the wait for a worker to put it on."""
+        if isinstance(data, (queue.Queue, Iterator)):
+            raise TypeError("scatter() takes a list, tuple, set, dict or one object, not an iterator or a queue: "
+                            "make a list of it first (list(data)), or submit the work that produces it")
+        timeout = self.timeout if timeout is None else timeout
+        if type(data) is range:
+            data = list(data)
+        shape = type(data)
+        namedtuple = isinstance(data, tuple) and hasattr(data, "_fields")
+        if shape is dict:
             items = list(data.items())
-        elif isinstance(data, (list, tuple)):
+        elif shape in (list, tuple, set, frozenset) or namedtuple:
             items = [(None, v) for v in data]
         else:
             items = [(None, data)]
@@ -88,23 +108,27 @@ class WorkerDataMixin:
                 k = f"{type(v).__name__}-{token}"
             blobs.append((str(k), blob))
         futures = [Future(k, self) for k, _ in blobs]
-        self._lt.run(self._scatter(blobs, broadcast), self.timeout)
+        for f, (_, v) in zip(futures, items):
+            f._state.type = type(v)                 # known here (Future.type)
+        self._lt.run(self._scatter(blobs, workers, broadcast, timeout), timeout + self.timeout)
         self.wait_keys([f.key for f in futures], self.timeout)
-        if isinstance(data, dict):
+        if shape is dict:
             return dict(zip(data, futures))
-        if isinstance(data, (list, tuple)):
-            return type(data)(futures) if isinstance(data, list) else tuple(futures)
+        if namedtuple:
+            return shape(*futures)
+        if shape in (list, tuple, set, frozenset):
+            return shape(futures)
         return futures[0]
 
-    async def _scatter(self, blobs: list, broadcast: bool) -> None:
-        workers = [w["address"] for w in await self._request({"op": Op.WORKERS})]
-        if not workers:
-            raise RuntimeError("no workers to scatter to; wait for workers (cluster.scale) first")
-        random.shuffle(workers)
+    async def _scatter(self, blobs: list, workers, broadcast: bool | int, timeout: float) -> None:
+        targets = await self._scatter_targets(workers, timeout)
+        random.shuffle(targets)
+        copies = len(targets) if broadcast is True else max(1, min(int(broadcast or 1), len(targets)))
         plan: dict[str, dict] = collections.defaultdict(dict)
         who_has: dict[str, list] = collections.defaultdict(list)
         for i, (k, blob) in enumerate(blobs):
-            for w in (workers if broadcast else [workers[i % len(workers)]]):
+            for j in range(i, i + copies):
+                w = targets[j % len(targets)]
                 plan[w][k] = blob
                 who_has[k].append(w)
         nbytes = {}
@@ -120,3 +144,40 @@ class WorkerDataMixin:
         await asyncio.gather(*(put(w, d) for w, d in plan.items()))
         self._flush_out()
         self._stream.send({"op": Op.SCATTER, "who_has": dict(who_has), "nbytes": nbytes})
+
+    async def _scatter_targets(self, workers, timeout: float) -> list[str]:
+        """The running workers to scatter to (those named by `workers`, if given), waiting up to
+        `timeout` for one, as distributed's scatter does. A name no worker has is refused at once."""
+        names = None if workers is None else [_worker_name(w) for w in
+                                               (workers if isinstance(workers, (list, set, frozenset)) else [workers])]
+        deadline, backoff = time.monotonic() + timeout, Backoff(0.05, 0.5)
+        while True:
+            table = await self._request({"op": Op.WORKERS})
+            running = [w for w in table if w.get("status", "running") == "running"]
+            if names is None:
+                targets = [w["address"] for w in running]
+            else:
+                unknown = [n for n in names if not any(_is_worker(w, n) for w in table)]
+                if unknown and table:
+                    raise ValueError(f"scatter(workers=...): no worker is {', '.join(map(repr, unknown))}; the "
+                                     f"cluster's workers: {', '.join(w['address'] + ' (' + str(w['name']) + ')' for w in table)}")
+                targets = [w["address"] for w in running if any(_is_worker(w, n) for n in names)]
+            if targets:
+                return targets
+            if time.monotonic() + backoff.peek() > deadline:
+                raise TimeoutError(f"scatter(): no running worker{' of ' + repr(names) if names else ''} to put "
+                                   f"the data on within {timeout:g} s; wait for workers first "
+                                   "(client.wait_for_workers) or give a longer timeout=")
+            await asyncio.sleep(backoff.next())
+
+
+def _worker_name(w) -> str:
+    """A worker as scatter(workers=) may name it: an address, a name, or (host, port)."""
+    if isinstance(w, tuple) and len(w) == 2:
+        return f"{w[0]}:{w[1]}"
+    return str(w)
+
+
+def _is_worker(row: dict, name: str) -> bool:
+    address = row["address"]
+    return name == address or address.endswith("://" + name) or name == str(row.get("name"))

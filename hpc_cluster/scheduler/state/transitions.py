@@ -32,8 +32,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "memory": frozenset({"released"}),
     # its holder confirmed it; its holders are gone or nobody needs it; cancelled
     "held": frozenset({"memory", "released", "erred"}),
-    # scattered data under the same key
-    "erred": frozenset({"memory"}),
+    # scattered data under the same key; run again (client.retry: retrying.py)
+    "erred": frozenset({"memory", "released"}),
 }
 
 STORY_LENGTH = 50          # changes kept per key (the latest)

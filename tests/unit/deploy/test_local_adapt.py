@@ -1,0 +1,56 @@
+"""LocalCluster.adapt's decisions and settings (deploy/local/adapt.py), without a cluster."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from hpc_cluster.deploy.local.adapt import AdaptSettings, adapt_settings, least_busy, wanted_workers
+
+SIZES = SimpleNamespace(threads_per_worker=2, memory_limit=4 << 30)      # what adapt_settings reads
+
+
+def test_workers_to_finish_the_work_in_the_target_duration_within_the_bounds():
+    s = AdaptSettings(minimum=1, maximum=4, target_duration=5.0)
+    assert wanted_workers(s, workload=0.0, threads_per_worker=2, holding=False) == 1      # the minimum
+    assert wanted_workers(s, workload=20.0, threads_per_worker=2, holding=False) == 2     # 20 s / (5 s x 2)
+    assert wanted_workers(s, workload=21.0, threads_per_worker=2, holding=False) == 3
+    assert wanted_workers(s, workload=1e6, threads_per_worker=2, holding=False) == 4      # the maximum
+    unbounded = AdaptSettings()
+    assert wanted_workers(unbounded, workload=0.0, threads_per_worker=1, holding=False) == 0
+    assert wanted_workers(unbounded, workload=1e3, threads_per_worker=1, holding=False) == 200
+
+
+def test_one_worker_stays_while_results_are_held_unless_the_maximum_says_none():
+    assert wanted_workers(AdaptSettings(), workload=0.0, threads_per_worker=1, holding=True) == 1
+    assert wanted_workers(AdaptSettings(maximum=0), workload=0.0, threads_per_worker=1, holding=True) == 0
+
+
+def test_the_least_busy_workers_retire_first():
+    rows = [{"name": "w0", "processing": 2, "stored": 0}, {"name": "w1", "processing": 0, "stored": 5},
+            {"name": "w2", "processing": 0, "stored": 1}]
+    assert [r["name"] for r in least_busy(rows, 2)] == ["w2", "w1"]
+
+
+def test_settings_take_distributeds_keywords_and_count_cores_and_memory_in_workers():
+    s = adapt_settings(SIZES, minimum_cores=3, maximum_memory="16GiB", interval="500ms", wait_count=2,
+                       target_duration="10s")
+    assert s == AdaptSettings(minimum=2, maximum=4, interval=0.5, wait_count=2, target_duration=10.0)
+    assert adapt_settings(SIZES).maximum == math.inf and adapt_settings(SIZES, maximum=None).maximum == math.inf
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"minimum": 3, "maximum": 2}, r"minimum 3 and maximum 2"),
+    ({"wait_count": 0}, r"wait_count=0"),
+    ({"interval": "soon"}, r"interval='soon'"),
+    ({"Adaptive": object}, r"drop Adaptive="),
+    ({"worker_key": len}, r"'worker_key'.*it takes minimum"),
+])
+def test_bad_settings_say_what_to_change(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        adapt_settings(SIZES, **kwargs)
+
+
+def test_memory_bounds_need_workers_with_a_memory_limit():
+    with pytest.raises(ValueError, match="no memory_limit"):
+        adapt_settings(SimpleNamespace(threads_per_worker=1, memory_limit=0), maximum_memory="8GB")
