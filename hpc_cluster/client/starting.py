@@ -71,7 +71,8 @@ def check_start_arguments(address, scheduler_file, cluster_file, keywords: dict)
                          "not take to the LocalCluster it starts, which it does only without an address, a "
                          "cluster, scheduler_file= or cluster_file=")
     if address is not None and not isinstance(address, str):
-        if not isinstance(getattr(address, "scheduler_address", None), str):
+        starting = getattr(address, "_started", None) is not None       # an asynchronous cluster, not awaited
+        if not starting and not isinstance(getattr(address, "scheduler_address", None), str):
             raise TypeError(f"Scheduler address must be a string or a Cluster instance, got {type(address).__name__}")
         if str(getattr(address, "status", "")).rsplit(".", 1)[-1] in ("closed", "closing"):
             raise RuntimeError(f"Trying to connect to an already closed or closing Cluster {address!r}: "
@@ -161,6 +162,8 @@ class StartingMixin:
             self._owns_cluster = True
         if address is not None and not isinstance(address, str):
             self.cluster = address
+            if address.scheduler_address is None and getattr(address, "_started", None) is not None:
+                address._started.result(self.timeout)    # an asynchronous cluster whose scheduler is starting
             return address.scheduler_address, address.secret, security or getattr(address, "security", None)
         if scheduler_file is not None:
             info = read_scheduler_file(scheduler_file, self.timeout)

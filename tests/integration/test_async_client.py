@@ -136,6 +136,10 @@ def test_async_local_cluster_with_threads():
             assert cluster.status == "running"
             async with Client(cluster, asynchronous=True) as c:
                 assert await c.submit(inc, 2) == 3
-        return cluster
+        later = LocalCluster(n_workers=1, processes=False, asynchronous=True, **QUIET)     # not awaited
+        async with Client(later, asynchronous=True) as c:          # waits for its scheduler
+            assert await c.submit(inc, 3) == 4
+        await later.close()
+        return cluster, later
 
-    assert run(main(), timeout=120).status == "closed"
+    assert [c.status for c in run(main(), timeout=120)] == ["closed", "closed"]
