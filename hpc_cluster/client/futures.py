@@ -330,10 +330,20 @@ class Future(TaskRef):
     def traceback(self, timeout: float | None = None):
         """The traceback of its task's exception as a traceback object (`traceback.format_tb`
         reads it), rebuilt from the text its worker sent; None if it did not fail with one."""
+        if getattr(self.client, "asynchronous", False):
+            return self._traceback_async(timeout)         # an awaitable, as distributed's
         self._wait_done(timeout)
+        return self._remote_traceback()
+
+    def _remote_traceback(self):
         if self._state.status != "error":
             return None
         return rebuild_traceback(getattr(self.client.future_error(self.key), "remote_traceback", None))
+
+    async def _traceback_async(self, timeout: float | None):
+        if not await self.client.wait_keys_async([self.key], timeout):
+            raise TimeoutError(f"{self.key!r} not done within {timeout} s")
+        return self._remote_traceback()
 
     def retry(self) -> None:
         """Run it again if it failed (client.retry)."""
@@ -352,7 +362,7 @@ class Future(TaskRef):
     async def _exception_async(self, timeout: float | None) -> BaseException | None:
         if not await self.client.wait_keys_async([self.key], timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout} s")
-        return self.client.future_error(self.key) if self._state.status in FAILED else None
+        return self._failure() if self._state.status in FAILED else None
 
     def __await__(self):
         """`await future` in async code: its result, waited for on the event loop."""

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from hpc_cluster import CancelledError, Client, Future, LocalCluster, TimeoutError, as_completed, wait
+from helpers.aio import run
 from helpers.ask import holders
 from helpers.funcs import add, inc, slow_inc
 from helpers.wait import wait_for_file, wait_until
@@ -76,6 +77,23 @@ def test_traceback_and_exception_carry_the_tasks_own_frames(client):
     assert [fr.name for fr in traceback.extract_tb(exc.__traceback__)] == ["nested_failure", "_divide"]
     ok = client.submit(inc, 1)
     assert ok.traceback(timeout=30) is None and ok.exception() is None
+
+
+def test_an_asynchronous_clients_futures_retry_and_tell_their_traceback(cluster, tmp_path):
+    flag = tmp_path / "fixed"
+
+    async def main():
+        async with Client(cluster, asynchronous=True) as c:
+            f = c.submit(fail_unless, str(flag), pure=False)
+            tb = await f.traceback(timeout=30)         # awaited on the user's loop, as distributed's
+            assert traceback.extract_tb(tb)[-1].name == "fail_unless"
+            assert isinstance(await f.exception(), FileNotFoundError)
+            flag.touch()
+            await f.retry()
+            assert await f == 10
+            one = c.submit(inc, 1)
+            assert [g.key async for g in as_completed([one])] == [one.key]
+    run(main(), timeout=120)
 
 
 def test_a_future_has_distributeds_public_names_and_meanings(client, cluster):
