@@ -9,13 +9,13 @@ an asynchronous client never needs the user's loop to make progress, and never b
   futures' states that wakes the user's loop (futures.FutureStates.wait_async): no thread waits;
   only the fetch of finished results runs in a thread;
 - the other blocking methods (distributed's methods that go through its `sync`: scatter,
-  wait_for_workers, restart, close, ...) run in a thread of a pool of ours, and the caller gets
-  an asyncio future of it, started at once, awaited or not.
+  wait_for_workers, restart, close, ...) run in a thread of their own, and the caller gets an
+  asyncio future of it, started at once, awaited or not.
 
 A method gives an awaitable only when called from async code (a running event loop other
 than the client's own) of a client made with asynchronous=True. The same client called from a
 plain thread blocks as a synchronous one (as distributed's does off its loop), and the
-client's own methods, calling each other from the pool's threads, make plain calls.
+client's own methods, calling each other from those threads, make plain calls.
 """
 
 from __future__ import annotations
@@ -43,19 +43,23 @@ AWAITABLE = frozenset({
 # Their versions that wait on the loop instead of in a thread.
 ON_THE_LOOP = {"gather": "gather_async"}
 
-_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
 _ioloops: dict[int, object] = {}
 
 
-def _threads() -> concurrent.futures.ThreadPoolExecutor:
-    """Where asynchronous clients' blocking calls run. Many threads: a wait_for_workers that
-    waits minutes must not hold up a scatter."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="hpc-cluster-async")
-        return _pool
+def _in_a_thread(fn, *args, **kwargs) -> concurrent.futures.Future:
+    """`fn(*args, **kwargs)` in a daemon thread of its own. Not a ThreadPoolExecutor: its threads
+    are joined when the program ends, and a wait_for_workers never awaited would hold up the exit
+    for ever; a thread costs ~0.1 ms, and these are calls, not tasks."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run():
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the caller's await raises it
+                future.set_exception(exc)
+    threading.Thread(target=run, name="hpc-cluster-async", daemon=True).start()
+    return future
 
 
 class _Awaitable:
@@ -119,7 +123,7 @@ class AwaitableMixin:
             self._user_loop = asyncio.get_running_loop()
         except RuntimeError:
             self._user_loop = None
-        self._started = _threads().submit(start, *args)
+        self._started = _in_a_thread(start, *args)
 
     @property
     def asynchronous(self) -> bool:
@@ -149,16 +153,16 @@ class AwaitableMixin:
             await closing
 
     def _awaitable(self, fn, *args, **kwargs) -> asyncio.Future:
-        """`fn(*args, **kwargs)` in a thread of the pool, as an asyncio future of the caller's
-        loop; started now if the client is connected, else once it is."""
+        """`fn(*args, **kwargs)` in a thread, as an asyncio future of the caller's loop; started
+        now if the client is connected, else once it is."""
         started = self._started
         if started is None or (started.done() and started.exception() is None):
-            return asyncio.wrap_future(_threads().submit(fn, *args, **kwargs))
+            return asyncio.wrap_future(_in_a_thread(fn, *args, **kwargs))
         return asyncio.ensure_future(self._in_thread(fn, *args, **kwargs))
 
     async def _in_thread(self, fn, *args, **kwargs):
         await self
-        return await asyncio.wrap_future(_threads().submit(fn, *args, **kwargs))
+        return await asyncio.wrap_future(_in_a_thread(fn, *args, **kwargs))
 
 
 class AsyncClientMixin(AwaitableMixin):
@@ -233,7 +237,7 @@ class AsyncClientMixin(AwaitableMixin):
             key = next((k for k in keys if self.future_state(k).status == "pending"), keys[0])
             raise TimeoutError(f"{key!r} not done within {timeout} s")
         # Done (or failed): the fetch, short, in a thread (the same gather, timeout and all).
-        return await asyncio.wrap_future(_threads().submit(self.gather, futures, errors, timeout))
+        return await asyncio.wrap_future(_in_a_thread(self.gather, futures, errors, timeout))
 
     async def wait_keys_async(self, keys: list[str], timeout: float | None, first: bool = False,
                               until_error: bool = False) -> bool:
