@@ -526,8 +526,9 @@ class JobQueueCluster(ClusterDisplayMixin):
     def _repr_html_(self) -> str:
         """The notebook's summary (client/html.py): the scheduler's word, and the jobs with their states."""
         v = self.config.values
-        walltime = f", walltime {format_walltime(v['walltime'])}" if v.get("walltime") else ""
-        each = f"{v['cores']} cores, {format_memory(v['memory'])}, {self.processes} worker process(es){walltime}"
+        walltime = f", walltime={format_walltime(v['walltime'])}" if v.get("walltime") else ""
+        each = (f"cores={v['cores']}, memory={format_memory(v['memory'], decimal=True, significant=3, sep='')}, "
+                f"processes={self.processes}{walltime}")
         return cluster_html(self, {"Batch system": self.batch, "Job name": self.job_name, "Each job": each},
                             jobs=lambda: self._table(timeout=5)["jobs"])
 
