@@ -9,7 +9,6 @@ printed before its future is done, as with dask.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from typing import Callable
@@ -20,25 +19,21 @@ _PLAIN = (str, int, float, bool, type(None))
 _sending = threading.local()          # a forwarded record whose sending logs must not loop
 
 
-def _on_loop(loop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:              # a task thread: no loop runs here
-        return False
-
-
 def event_sender(worker) -> Callable[[object, object], None]:
     """log_event(topic, msg) for any thread of the worker: `topic` a string or a list of
-    them, `msg` plain msgpack data."""
+    them, `msg` plain msgpack data. Made on the worker's loop thread."""
+    loop_thread = threading.get_ident()
+
     def send(payload: dict) -> None:
         if worker.scheduler is not None and not worker.closed.is_set():
             worker.scheduler.send(payload)
 
     def log_event(topic, msg) -> None:
         payload = {"op": Op.LOG_EVENT, "topic": topic, "msg": msg}
-        # On the loop (a task run inline, worker/inline.py) at once: a call_soon would put the
-        # event after the task's result, which the loop sends before it turns again.
-        if _on_loop(worker.loop):
+        # On the loop's thread (a task run inline, worker/inline.py) at once: a call_soon would
+        # put the event after the task's result, which the loop sends before it turns again.
+        # Known by the thread, not by asyncio's running loop: an inline task runs with none set.
+        if threading.get_ident() == loop_thread:
             send(payload)
         else:
             worker.loop.call_soon_threadsafe(send, payload)

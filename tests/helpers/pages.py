@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 FETCHING = {"src", "href", "srcset", "action", "data", "poster", "xlink:href", "formaction", "background"}
 
 
-class Page(HTMLParser):
+class ReportPage(HTMLParser):
     def __init__(self, text: str):
         super().__init__()
         self.tags: list[str] = []

@@ -14,7 +14,7 @@ import hpc_cluster
 from hpc_cluster import Client, LocalCluster, get_task_stream, performance_report, wait
 from helpers.funcs import inc, slow_inc
 from helpers.wait import wait_for_file, wait_until
-from helpers.pages import Page
+from helpers.pages import ReportPage
 
 
 def printing_task(x):
@@ -89,7 +89,7 @@ def test_get_task_stream_saves_a_figure(client, tmp_path):
     with get_task_stream(client=client, plot="save", filename=str(tmp_path / "ts.html")) as ts:
         wait(client.map(inc, range(3), pure=False))
     assert len(ts.data) == 3 and ts.figure is not None
-    assert Page((tmp_path / "ts.html").read_text()).tags.count("rect") == 3
+    assert ReportPage((tmp_path / "ts.html").read_text()).tags.count("rect") == 3
 
 
 def test_performance_report_writes_one_self_contained_file(client, tmp_path):
@@ -97,7 +97,7 @@ def test_performance_report_writes_one_self_contained_file(client, tmp_path):
     with performance_report(filename=str(path)):
         wait(client.map(slow_inc, range(4), delay=0.02, pure=False) + client.map(inc, range(3), pure=False))
     text = path.read_text()
-    page = Page(text)
+    page = ReportPage(text)
     assert not page.fetches and "script" not in page.tags
     assert page.tags.count("rect") == 7
     assert "slow_inc" in text and ">inc<" in text

@@ -4,7 +4,7 @@ no stylesheet or image fetched from anywhere, what the user gave escaped, and th
 from __future__ import annotations
 
 from hpc_cluster.client.report import TaskStreamFigure, prefix_table, render_report
-from helpers.pages import Page
+from helpers.pages import ReportPage
 
 def record(key: str, start: float, stop: float, worker: str = "tcp://127.0.0.1:1", lane: int = 0,
            status: str = "OK") -> dict:
@@ -28,7 +28,7 @@ def report(**kw) -> str:
 
 def test_the_report_is_one_self_contained_file():
     text = report()
-    page = Page(text)
+    page = ReportPage(text)
     assert not page.fetches, page.fetches
     assert not {"script", "link", "img", "iframe", "object", "embed"} & set(page.tags)
     assert not any("url(" in s or "@import" in s for s in page.styles)
@@ -39,7 +39,7 @@ def test_the_report_is_one_self_contained_file():
 
 def test_what_the_user_gave_is_escaped():
     text = report(records=[record("<script>alert(1)</script>-1", 1.0, 2.0)], code="<b>x</b>")
-    page = Page(text)
+    page = ReportPage(text)
     assert "script" not in page.tags and "b" not in page.tags
     assert "&lt;script&gt;" in text and "&lt;b&gt;x&lt;/b&gt;" in text
 
@@ -57,12 +57,12 @@ def test_the_sections_show_workers_and_deaths_or_say_there_were_none():
     assert "worker-1" in text and "memory-nanny" in text and "ask for more memory" in text and "2.00 GiB" in text
     empty = report(records=[], deaths=[], workers={})
     assert "No task ended in this interval" in empty and "No worker died in this interval" in empty
-    assert not Page(empty).fetches
+    assert not ReportPage(empty).fetches
 
 
 def test_a_task_stream_figure_saves_as_a_page_of_its_own(tmp_path):
     figure = TaskStreamFigure(RECORDS)
     assert figure._repr_html_().startswith("<svg")
     figure.save(str(tmp_path / "ts.html"))
-    page = Page((tmp_path / "ts.html").read_text())
+    page = ReportPage((tmp_path / "ts.html").read_text())
     assert page.tags.count("rect") == len(RECORDS) and not page.fetches

@@ -19,7 +19,7 @@ def loads(s: SchedulerState) -> dict[str, int]:
     return {a: sum(ts.nbytes for ts in ws.has_what) for a, ws in s.workers.items()}
 
 
-def state(*workers: str) -> SchedulerState:
+def rebalance_state(*workers: str) -> SchedulerState:
     s = SchedulerState()
     s.add_client("client-1")
     for address in workers:
@@ -28,7 +28,7 @@ def state(*workers: str) -> SchedulerState:
 
 
 def test_the_plan_moves_from_the_heaviest_to_the_lightest_until_even():
-    s = state(A, B, C)
+    s = rebalance_state(A, B, C)
     held(s, {A: [(f"x-{i}", 100) for i in range(6)]})
     moves = s.plan_rebalance()
     assert len(moves) == 4 and all(src == A for _, src, _ in moves)
@@ -40,16 +40,16 @@ def test_the_plan_moves_from_the_heaviest_to_the_lightest_until_even():
 
 
 def test_a_result_too_large_to_narrow_the_gap_stays_and_smaller_ones_still_move():
-    s = state(A, B)
+    s = rebalance_state(A, B)
     held(s, {A: [("big", 300), ("small", 100)]})
     assert s.plan_rebalance() == [("small", A, B)]          # moving "big" would only swap the imbalance
-    s2 = state(A, B)
+    s2 = rebalance_state(A, B)
     held(s2, {A: [("big", 300)]})
     assert s2.plan_rebalance() == []
 
 
 def test_the_plan_keeps_to_the_keys_and_workers_asked():
-    s = state(A, B, C)
+    s = rebalance_state(A, B, C)
     held(s, {A: [("x", 100), ("y", 100), ("z", 100), ("w", 100)]})
     assert {k for k, _, _ in s.plan_rebalance(keys={"x"})} == {"x"}
     assert {dst for _, _, dst in s.plan_rebalance(workers=[A, C])} == {C}
@@ -57,7 +57,7 @@ def test_the_plan_keeps_to_the_keys_and_workers_asked():
 
 def one_move_started() -> tuple[SchedulerState, tuple[str, str, str]]:
     """Two results on A, none on B: the one move planned, started, the outbox emptied."""
-    s = state(A, B)
+    s = rebalance_state(A, B)
     held(s, {A: [("x", 100), ("y", 100)]})
     (move,) = s.plan_rebalance()
     s.take_outbox()
