@@ -55,6 +55,8 @@ def test_processes_false_runs_the_workers_as_threads_of_this_process():
         # get_client() and secede inside a task: on one thread per worker, the subtasks still run.
         assert c.submit(subtask_total, 10).result(timeout=60) == sum(range(1, 11))
         assert get_client() is c                                 # the user's thread: the default client
+        # Threads have no pid of their own: none is handed out to be signalled (it is ours).
+        assert c.cluster.worker_pids() == {}
         threads = c.cluster._threads.thread
     assert c.cluster.status == "closed" and not threads.is_alive()
 

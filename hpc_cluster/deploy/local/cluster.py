@@ -359,8 +359,11 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
             self._adaptive = None
 
     def worker_pids(self) -> dict[str, int]:
-        """Process id of each worker (the nanny's, when there is one)."""
-        return {name: p.pid for name, p in self.workers.items() if p.poll() is None}
+        """Process id of each worker process (the nanny's, when there is one). Workers that are
+        threads of this process (processes=False) have none of their own and are not listed:
+        their pid is the user's, which whoever signals "a worker's pid" must never get."""
+        return {name: p.pid for name, p in self.workers.items()
+                if p.poll() is None and isinstance(p, subprocess.Popen)}
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
         from ...client.client import Client
