@@ -131,11 +131,12 @@ class Worker(FetchMixin, InlineMixin):
                                  tls=self.security.server_context() if self.security else None)
         self.address = self._listen()
         self.name = self.name or self.address
-        await self._register()
-        self._monitor = asyncio.create_task(self._watch_memory())
+        # Before registering: the registered plugins' setup runs in _register and may call get_worker().
         context.set_worker(context.WorkerContext(self.scheduler_address, self.secret, self.address,
                                                  self._secede, self._rejoin, self.security, self.plugins.view,
                                                  log_event=events.event_sender(self)))
+        await self._register()
+        self._monitor = asyncio.create_task(self._watch_memory())
         logger.info("worker %s connected to %s with %d threads", self.address, self.scheduler_address,
                     self.nthreads)
 

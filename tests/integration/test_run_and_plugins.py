@@ -169,7 +169,10 @@ class Recorder(WorkerPlugin):
         self.transitions = []
 
     def setup(self, worker):
-        open(os.path.join(self.directory, f"setup-{os.getpid()}"), "w").close()
+        # get_worker() answers in setup too, also in a worker that joins later (setup runs as
+        # it registers, before its first task).
+        with open(os.path.join(self.directory, f"setup-{os.getpid()}"), "w") as f:
+            f.write(get_worker().address)
 
     def teardown(self, worker):
         open(os.path.join(self.directory, f"teardown-{os.getpid()}"), "w").close()
@@ -198,6 +201,7 @@ def test_a_plugin_is_set_up_everywhere_sees_transitions_and_reaches_a_worker_tha
         now = _pids(client)
         (joined,) = set(now.values()) - set(before.values())
         wait_until(lambda: joined in _files(tmp_path, "setup-"), 10, "the new worker's setup")
+        assert (tmp_path / f"setup-{joined}").read_text() in now
         assert client.run(lambda dask_worker: "recorder" in dask_worker.plugins) == {a: True for a in now}
     finally:
         client.unregister_worker_plugin("recorder")
