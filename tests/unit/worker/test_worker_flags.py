@@ -151,7 +151,7 @@ def test_later_flags_win():
 
 
 def test_the_table_is_pure():
-    from test_layering import PACKAGE, impurities
+    from unit.test_layering import PACKAGE, impurities
     assert impurities(PACKAGE / "worker" / "flags.py") == []
 
 
