@@ -4,5 +4,8 @@ exceptions users see. `hpc_cluster`'s own names are the public API; this package
 on the Client for `from hpc_cluster.client import Client`."""
 
 from .client import Client
+from .xarray_shim import install as _install_xarray_shim
+
+_install_xarray_shim()        # xarray's netCDF writes lock with our Lock on our clusters (xarray_shim.py)
 
 __all__ = ["Client"]

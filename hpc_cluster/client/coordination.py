@@ -7,13 +7,15 @@ the task's client (get_client()), as in the user's process, where it uses the cu
 Differences kept on purpose (docs/migrating-from-distributed.md, "Coordination"): a lease is
 held until it is released, its client disconnects or the worker whose task took it is removed
 (no lease timeout that could let two holders in); a value may be anything picklable (futures
-inside it too), not only msgpack data; a task that must wait gives up its thread slot meanwhile.
+inside it too), not only msgpack data; waits are granted in the order they came.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 import uuid
+import weakref
 from collections import deque
 
 from .dask_collections import futures_of
@@ -181,11 +183,27 @@ class Lock(Semaphore):
             return held()
         return value == 1
 
-    def __getstate__(self):
-        return self.name
+    def __reduce__(self):
+        return (_lock_named, (self.name,))
 
-    def __setstate__(self, state):
-        self.__init__(name=state)
+
+# Locks unpickled in this process, by name, while a copy lives (see _lock_named).
+_unpickled: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_unpickled_guard = threading.Lock()
+
+
+def _lock_named(name) -> Lock:
+    """A Lock from its pickle: the process's one Lock of that name while any copy lives, as the
+    copies of an xarray SerializableLock share one threading.Lock. xarray's CombinedLock takes its
+    locks in the order of their identities (id()): two tasks of one worker, each with its own copy
+    of the file's Lock beside the process's netCDF lock, took them in opposite orders and
+    deadlocked (each held one). One object per name keeps one order. Its leases are the holders':
+    a Lock has one holder at a time, whose lease is the one released."""
+    with _unpickled_guard:
+        lock = _unpickled.get(name)
+        if lock is None:
+            lock = _unpickled[name] = Lock(name)
+        return lock
 
 
 class MultiLock(_Taken, _Named):

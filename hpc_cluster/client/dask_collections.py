@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import logging
 import threading
+import warnings
 import weakref
 
 from .futures import Future, flatten_futures
@@ -25,6 +26,9 @@ from .submission import gc_paused
 
 # Keywords of dask's compute()/get() that only mean something to dask's local schedulers.
 _LOCAL_ONLY = frozenset({"num_workers", "pool", "chunksize", "raise_task_exception", "get_id", "rerun_exceptions_locally"})
+# Keywords handed to every scheduler that none reads, dropped without a word: xarray's to_netcdf
+# gives dask.array.store flush=True, which passes it to the compute (issue 31, point 8).
+_NOBODYS = frozenset({"flush"})
 _SCHEDULER_CONFIG = ("scheduler", "dataframe.shuffle.method", "array.rechunk.threshold")
 # dask plans a rechunk whose task graph would grow past `threshold` x (blocks in + blocks
 # out) in several steps, every step copying all the data again. distributed's Client makes
@@ -51,8 +55,6 @@ class _DefaultScheduler:
         except ValueError:
             # Every default client is gone without close() (garbage collected): give dask its
             # own settings back and run this one as dask would have without us.
-            import warnings
-
             from dask.threaded import get
             _apply()
             warnings.warn("the hpc_cluster Client that was dask's default scheduler is gone; computing "
@@ -70,21 +72,37 @@ class _DefaultScheduler:
         except ValueError:
             return None
 
+    def __eq__(self, other) -> bool:
+        # dask.base.get_scheduler() gives this object while a Client is the default; with
+        # distributed it gives the current client's `get`, and code compares the two.
+        if other is self:
+            return True
+        client = self.__self__
+        return client is not None and other == client.get
+
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return "<hpc_cluster default client>"
 
 
 _lock = threading.RLock()
 _defaults: list[weakref.ref] = []          # clients made default, the current one last
-# The client of the innermost as_current() block of this thread or task (Client.current(allow_global=False)).
+# The client of this thread or task, as distributed's (Client.current(allow_global=False)): that of
+# the innermost as_current() block, or of a `with client:` block of a client made default.
 _inside: contextvars.ContextVar = contextvars.ContextVar("hpc_cluster_as_current", default=None)
+_blocks = 0                                 # as_current() blocks open, in any thread: dask's settings are ours
 _before: dict | None = None                 # dask's settings before the first one
 _SCHEDULER = _DefaultScheduler()
 
 
 def current_client(default: bool = True):
-    """The Client dask computes on now: the innermost `as_current()`, else the newest one
-    made default and not closed. Raises ValueError when there is none."""
+    """The Client dask computes on now: this thread's (or task's) `as_current()` or `with
+    client:` one, else the newest one made default and not closed. Raises ValueError when
+    there is none."""
+    client = as_current_client()
+    if client is not None:
+        return client
     with _lock:
         while _defaults:
             client = _defaults[-1]()
@@ -108,7 +126,7 @@ def _apply() -> None:
     with _lock:
         live = [r for r in _defaults if r() is not None and r().status not in ("closed", "closing")]
         _defaults[:] = live
-        if live:
+        if live or _blocks:
             if _before is None:
                 _before = {k: dask.config.get(k, None) for k in _SCHEDULER_CONFIG}
             settings = {"scheduler": _SCHEDULER, "dataframe.shuffle.method": "tasks"}
@@ -143,9 +161,12 @@ def futures_of(obj) -> list[Future]:
 
 class CollectionsMixin:
     asynchronous = False            # dask checks this before it uses a client as its scheduler
+    _made_default = False           # set_as_default: `with client:` makes it this thread's current one
+    _entered = None                 # the token of that, for __exit__
 
     # -- being dask's scheduler ---------------------------------------------------------
     def _make_default(self) -> None:
+        self._made_default = True
         with _lock:
             _defaults.append(weakref.ref(self))
             _apply()
@@ -157,22 +178,37 @@ class CollectionsMixin:
 
     @contextlib.contextmanager
     def as_current(self):
-        """Make this client dask's scheduler inside the block (another may be the default)."""
+        """Make this client dask's scheduler, and Client.current(), inside the block: for this
+        thread (or asyncio task) only, as distributed's; another may be the default elsewhere."""
+        global _blocks
         with _lock:
-            ref = weakref.ref(self)
-            _defaults.append(ref)
+            _blocks += 1
             _apply()
-        token = _inside.set(ref)
+        token = _inside.set(weakref.ref(self))
         try:
             yield self
         finally:
             _inside.reset(token)
             with _lock:
-                for i in range(len(_defaults) - 1, -1, -1):
-                    if _defaults[i] is ref:
-                        del _defaults[i]
-                        break
+                _blocks -= 1
                 _apply()
+
+    def __enter__(self):
+        """`with Client(...) as client:` makes it this thread's current client inside the block,
+        when it was made default (set_as_default), as distributed's does."""
+        if self._made_default:
+            self._entered = _inside.set(weakref.ref(self))
+        return self
+
+    def __exit__(self, *exc):
+        token, self._entered = self._entered, None
+        if token is not None:
+            try:
+                _inside.reset(token)
+            except ValueError:            # entered in another thread: that thread's setting stays there
+                warnings.warn("It is deprecated to enter and exit the Client context manager from different threads",
+                              DeprecationWarning, stacklevel=2)
+        self.close()
 
     # -- graphs ---------------------------------------------------------------------------
     def _graph_to_futures(self, dsk, keys: list, annotations: dict) -> dict:
@@ -219,6 +255,7 @@ class CollectionsMixin:
 
     @staticmethod
     def _check_kwargs(kwargs: dict, what: str) -> None:
+        kwargs = {k: v for k, v in kwargs.items() if k not in _NOBODYS}
         unknown = sorted(set(kwargs) - _LOCAL_ONLY)
         if unknown and what == "get":
             # dask hands every keyword of x.compute(...) / dask.compute(...) to whichever
@@ -233,15 +270,17 @@ class CollectionsMixin:
                             "priority=, resources=, workers=, allow_other_workers=, memory=, pool=, duration= (and "
                             "dask.annotate(...) around the call)")
         if kwargs:
-            import warnings
             warnings.warn(f"{sorted(kwargs)} only mean something to dask's local schedulers; ignored on the "
                           "cluster", UserWarning, stacklevel=3)
 
     def get(self, dsk, keys, *, sync: bool = True, retries: int | None = None, priority: int = 0,
             resources: dict | None = None, workers=None, allow_other_workers=None, memory=None, pool=None,
-            duration=None, fifo_timeout="60s", actors=None, **kwargs):
+            duration=None, fifo_timeout="60s", actors=None, asynchronous=None, direct=None, **kwargs):
         """Run a dask graph on the cluster (dask's scheduler interface): the values of `keys`,
-        in their (nested list) shape, or with sync=False the Futures."""
+        in their (nested list) shape, or with sync=False the Futures. When a task fails, its
+        error is raised at once and the call's futures are released, as distributed's: the
+        scheduler forgets the rest of the call's work (what another future holds stays).
+        `asynchronous` and `direct` are gather's (distributed's keywords, taken)."""
         placement_keywords(fifo_timeout, None, False, actors)
         pool = self._our_pool(pool, kwargs)
         self._check_kwargs(kwargs, "get")
@@ -252,7 +291,11 @@ class CollectionsMixin:
                                                            memory, pool, duration))
         if not sync:
             return _rebuild_keys(keys, futures)
-        values = self.gather(list(futures.values()))
+        try:
+            values = self.gather(list(futures.values()))
+        finally:
+            for f in futures.values():
+                f.release()
         return _rebuild_keys(keys, dict(zip(futures, values)))
 
     def compute(self, collections, sync: bool = False, optimize_graph: bool = True, workers=None,
@@ -322,6 +365,23 @@ class CollectionsMixin:
 
     def futures_of(self, obj) -> list[Future]:
         return futures_of(obj)
+
+    def normalize_collection(self, collection):
+        """A copy of `collection` whose tasks this client holds the results of already (a
+        persisted collection's, say) read those results instead of computing them again, as
+        distributed's; the collection itself when it holds none of them."""
+        from dask.core import flatten
+        from dask.optimization import cull
+        graph = dict(collection.__dask_graph__())
+        with self._lock:                  # held now, so not released before the Futures below hold them
+            held = [k for k in graph if self._refs.get(wire_key(k), 0) > 0]
+            if not held:
+                return collection
+            for k in held:
+                graph[k] = Future(wire_key(k), self)
+        graph, _ = cull(graph, list(flatten(collection.__dask_keys__())))
+        rebuild, args = collection.__dask_postpersist__()
+        return rebuild(graph, *args)
 
 
 def _collect_keys(keys, out: list) -> None:

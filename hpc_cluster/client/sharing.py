@@ -16,7 +16,7 @@ from typing import Any
 
 from .exceptions import TimeoutError
 from .futures import Future
-from .seceding import seceded_while_waiting
+from .timeouts import parse_timeout  # noqa: F401  (coordination.py reads it from here)
 from ..protocol import context, serialize
 from ..protocol.frames import Opaque
 from ..protocol.messages import Op
@@ -49,21 +49,6 @@ def unpack(client, wire: dict) -> Any:
     return value
 
 
-def parse_timeout(timeout, what: str) -> float | None:
-    """Seconds from a number, a string ('200ms', '5s') or a timedelta, as dask reads them; None: no limit."""
-    if timeout is None:
-        return None
-    from dask.utils import parse_timedelta
-    try:
-        seconds = parse_timedelta(timeout, default="s")
-    except (ValueError, TypeError, KeyError):
-        seconds = None
-    if seconds is None or seconds < 0:
-        raise ValueError(f"{what}: timeout={timeout!r} is not a time: give seconds >= 0, a string such as "
-                         "'200ms' or '5s', or None to wait for as long as it takes")
-    return float(seconds)
-
-
 def answer(result: dict):
     """The scheduler's answer, or what it refused raised as the exception it names."""
     if "error" in result:
@@ -88,9 +73,12 @@ async def _ask(client, msg: dict, limit: float):
 
 def ask(client, msg: dict, waits: bool = False, then=answer):
     """`then` (the scheduler's raw answer to `msg`): what the caller returns. An asynchronous
-    client gets a coroutine of it. A request that `waits` (its timeout in msg) may be parked
-    there; inside a task it is asked first without waiting, and if it must wait the task gives up
-    its thread slot meanwhile, as a gather does (client/seceding.py)."""
+    client gets a future of it. A request that `waits` (its timeout in msg) may be parked there.
+
+    A task that waits keeps its thread slot, as with distributed: giving it up meanwhile (as a
+    gather does) deadlocked xarray's writes, whose tasks take an in-process lock before the file's
+    Lock: the task granted the file's Lock waited to rejoin for the slot of a task waiting for
+    the in-process lock it held."""
     if context.task() is not None and context.worker() is not None:
         msg["worker"] = context.worker().address          # leases of a worker that dies are released
     timeout = msg.get("timeout")
@@ -100,12 +88,6 @@ def ask(client, msg: dict, waits: bool = False, then=answer):
             on_loop = asyncio.run_coroutine_threadsafe(_ask(client, msg, limit), client._loop)
             return then(await asyncio.wrap_future(on_loop))
         return asyncio.ensure_future(asked())
-    if waits and timeout != 0 and context.task() is not None:
-        first = client._lt.run(_ask(client, dict(msg, timeout=0), client.timeout), None)
-        if not timed_out(first):
-            return then(first)
-        with seceded_while_waiting(client.scheduler_address):
-            return then(client._lt.run(_ask(client, msg, limit), None))
     return then(client._lt.run(_ask(client, msg, limit), None))
 
 

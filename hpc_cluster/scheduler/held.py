@@ -32,7 +32,8 @@ def check_name(name):
         return tuple(check_name(n) for n in name)
     if isinstance(name, (str, int, float)) and not isinstance(name, bool):
         return name
-    raise ProtocolError(f"a coordination name must be a string, a number or a tuple of those, not {type(name).__name__}")
+    raise ProtocolError("a coordination name must be a string, a number or a tuple of those, not "
+                        f"{type(name).__name__}")
 
 
 def check_timeout(value) -> float | None:

@@ -257,6 +257,18 @@ def make_run(run_class: type[PytestRun], suite: Path, cwd: Path, targets: list, 
     return run_class(cwd=cwd, command=command, environ=environ, **fields)
 
 
+def pytest_ini(options: dict) -> str:
+    """A pytest.ini of `options` (a project's [tool.pytest.ini_options], as adjusted): lists one
+    value a line, booleans as pytest reads them."""
+    lines = ["[pytest]"]
+    for key, value in options.items():
+        if isinstance(value, list):
+            lines.append(f"{key} =" + "".join(f"\n    {v}" for v in value))
+        else:
+            lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
+    return "\n".join(lines) + "\n"
+
+
 # -- results ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TableIds:
@@ -312,6 +324,38 @@ def read_junit(path: Path, test_id: Callable[[str, str], str]) -> list[Result]:
                               "\n".join((c.text or "").strip() for c in shown),
                               float(case.get("time") or 0)))
     return results
+
+
+def finished_results(run: PytestRun, test_id: Callable[[str, str], str]) -> list[Result]:
+    """Start `run`, wait for it (stopped after its run_timeout) and read its junit-xml."""
+    run.start()
+    run.wait()
+    return read_junit(run.junit, test_id) if run.junit.exists() else []
+
+
+def outcome_counts(results: list[Result]) -> str:
+    """'6 failed, 234 passed, ...': how many tests ended each way."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    return ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+
+
+def table_problems(run: PytestRun, results: list[Result], rows: dict[str, Row],
+                   failed: tuple[str, ...] = ("failed", "error")) -> list[str]:
+    """What is wrong with a run held to a table of expected failures: the run as a whole, a test
+    that failed and is not in the table, one in the table that passes, a row naming no test."""
+    bad = run.ended_badly(results)
+    for r in results:
+        row = row_for(rows, r.test_id)
+        if r.outcome in failed and row is None:
+            bad.append(f"{r.test_id} {r.outcome.upper()}: {r.first_line}\n{indent(last_lines(r.text, 10))}\n"
+                       "    (fix it, or add it to the table with its reason)")
+        elif r.outcome == "passed" and row is not None:
+            bad.append(f"{r.test_id} PASSES now: remove it from the table (line {row.line})")
+    bad += [f"the table lists {row}, which the suite does not have"
+            for row in unknown_rows(rows, {r.test_id for r in results})]
+    return bad
 
 
 # -- the documentation's table ------------------------------------------------------------
