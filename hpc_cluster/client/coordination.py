@@ -43,7 +43,7 @@ class _Named:
 
     kind = "object"
 
-    def __init__(self, name, client=None):
+    def __init__(self, name=None, client=None):
         self.name = name if name is not None else f"{self.kind}-{uuid.uuid4().hex}"
         self._client = client
 
@@ -104,6 +104,11 @@ class Semaphore(_Taken, _Named):
         self.max_leases = max_leases
         self.id = uuid.uuid4().hex
         self._leases: deque[str] = deque()
+
+    @property
+    def loop(self):
+        """The event loop its client talks on (distributed's Semaphore.loop)."""
+        return self.client.loop
 
     def register(self, **kwargs):
         """Make it known to the scheduler (acquire does so too)."""

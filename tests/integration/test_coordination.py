@@ -354,3 +354,11 @@ def test_coordination_outlives_a_scheduler_restart(tmp_path):
             assert Event("e", client=client).is_set()
     finally:
         procs.end()
+
+
+def test_unnamed_objects_get_names_of_their_own(client):
+    names = {Variable().name, Event().name, Queue().name, Lock().name, Semaphore().name}
+    assert len(names) == 5 and all(isinstance(n, str) and n for n in names)
+    unnamed = Variable()
+    unnamed.set(1)
+    assert unnamed.get() == 1
