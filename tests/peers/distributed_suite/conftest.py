@@ -7,6 +7,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "switched"))       # distributed_switched, as the inner runs have it
 
 DIST_SUMMARY: list[str] = []
 

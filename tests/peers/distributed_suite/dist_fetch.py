@@ -46,11 +46,11 @@ FILES = (
 DATA = ("mytest.pyz", "testegg-1.0.0-py3.4.egg")      # upload_file's tests read them
 
 # distributed's public modules: names imported from them are switched to ours.
-PUBLIC = ("distributed", "distributed.client", "distributed.lock", "distributed.semaphore", "distributed.multi_lock",
+PUBLIC = ("distributed", "dask.distributed", "distributed.client", "distributed.lock", "distributed.semaphore", "distributed.multi_lock",
           "distributed.variable", "distributed.queues", "distributed.event", "distributed.publish",
           "distributed.worker_client", "distributed.diagnostics.plugin", "distributed.worker",
           "distributed.cfexecutor", "distributed.diagnostics.progressbar")
-_FROM = re.compile(r"^(\s*)from (distributed(?:\.[\w.]+)?) import ", re.M)
+_FROM = re.compile(r"^(\s*)from ((?:dask\.)?distributed(?:\.[\w.]+)?) import ", re.M)
 
 
 def switch_imports(source: str) -> str:
