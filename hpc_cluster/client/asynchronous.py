@@ -28,6 +28,7 @@ import threading
 
 from .exceptions import TimeoutError
 from .futures import flatten_futures
+from .timeouts import parse_timeout
 
 # distributed.Client's methods that go through its `sync` (2026.8): awaitable in async code.
 # Those our Client has are made so when the class is made (AwaitableMixin.__init_subclass__),
@@ -225,9 +226,10 @@ class AsyncClientMixin(AwaitableMixin):
             return (await out) if inspect.isawaitable(out) else out
         return self._lt.run(call(), callback_timeout)
 
-    async def gather_async(self, futures, errors: str = "raise", timeout: float | None = None):
+    async def gather_async(self, futures, errors: str = "raise", direct=None, asynchronous=None, timeout=None):
         """gather() from a coroutine: waits for the futures on the loop, then fetches."""
         await self
+        timeout = parse_timeout(timeout, "gather")
         flat: list = []
         flatten_futures(futures, flat)
         if errors not in ("raise", "skip"):
@@ -237,7 +239,7 @@ class AsyncClientMixin(AwaitableMixin):
             key = next((k for k in keys if self.future_state(k).status == "pending"), keys[0])
             raise TimeoutError(f"{key!r} not done within {timeout} s")
         # Done (or failed): the fetch, short, in a thread (the same gather, timeout and all).
-        return await asyncio.wrap_future(_in_a_thread(self.gather, futures, errors, timeout))
+        return await asyncio.wrap_future(_in_a_thread(self.gather, futures, errors, timeout=timeout))
 
     async def wait_keys_async(self, keys: list[str], timeout: float | None, first: bool = False,
                               until_error: bool = False) -> bool:

@@ -21,10 +21,13 @@ import time
 import uuid
 from typing import Any
 
-from .exceptions import TimeoutError, error_from_record
+from .exceptions import TimeoutError, error_from_record, is_cancellation
 from .loop import LoopThread
 from .asynchronous import AsyncClientMixin
-from .starting import StartingMixin, check_start_arguments, parse_timeout
+from .starting import StartingMixin, check_asynchronous, check_start_arguments, parse_timeout
+from .timeouts import parse_timeout as parse_wait
+from .tracebacks import shorten
+from .identity import IdentityMixin
 from .seceding import seceded_while_waiting
 from .reattach import DEFAULT_RECONNECT, SpecKeeper, reattach_or_give_up
 from .data import WorkerDataMixin
@@ -59,7 +62,7 @@ def _funcname(func) -> str:
 
 # AsyncClientMixin first: its `asynchronous` is the one dask reads (client/asynchronous.py).
 class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, ClusterToolsMixin, WorkerDataMixin, WorkersMixin,
-             DatasetsMixin, FutureOpsMixin, ClientHTMLMixin):
+             DatasetsMixin, FutureOpsMixin, ClientHTMLMixin, IdentityMixin):
     """Connect to a cluster and run work on it.
 
     `Client()` or `Client(n_workers=2, processes=False, ...)` (a LocalCluster of its own, closed
@@ -88,7 +91,9 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
         # cluster_file it starts a LocalCluster of its own with **kwargs (client/starting.py).
         context.refuse_on_loop("Client()")               # worker/inline.py
         self._asynchronous = bool(asynchronous)           # read first: the awaitable methods look at it
+        check_asynchronous(asynchronous, loop)
         check_start_arguments(address, scheduler_file, cluster_file, kwargs)
+        self.direct_to_workers = direct_to_workers        # distributed's attribute; ours always go direct
         self.timeout = parse_timeout(timeout)
         self.name = name
         self.cluster = None
@@ -236,7 +241,7 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
             st = self._states.get(msg["key"])
             if st is not None:
                 err = msg["error"]
-                self._set(msg["key"], st, "cancelled" if err.get("kind") == ErrorKind.CANCELLED else "error", err)
+                self._set(msg["key"], st, "cancelled" if is_cancellation(err) else "error", err)
         elif op == Op.KEY_RECOMPUTING:
             st = self._states.get(msg["key"])
             if st is not None and st.status == "finished":
@@ -465,15 +470,25 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
         return error_from_record(key, err or {"kind": ErrorKind.CANCELLED, "text": "released"},
                                  lambda o: serialize.loads(o.data if isinstance(o, Opaque) else o))
 
-    def gather(self, futures, errors: str = "raise", timeout: float | None = None):
+    def gather(self, futures, errors: str = "raise", direct=None, asynchronous=None, timeout=None):
         """Results of a Future or of a (nested) list/tuple/set/dict of them, in the same shape.
 
         errors="skip" leaves failed (or cancelled) futures out: from lists, tuples and sets
-        at any depth, and their entries from dicts; a lone failed Future gives None. Inside
-        a task, waiting for its own cluster gives up the task's thread slot meanwhile.
+        at any depth, and their entries from dicts; a lone failed Future gives None. A task's
+        exception is raised with the task's frames as its traceback. Inside a task, waiting for
+        its own cluster gives up the task's thread slot meanwhile. `timeout` (ours): seconds or
+        a string ("10s"). `direct` and `asynchronous` are distributed's: results always come
+        straight from the workers here, and an asynchronous client's gather is awaitable in
+        async code whatever `asynchronous` says (client/asynchronous.py).
         """
-        with seceded_while_waiting(self.scheduler_address):
-            return self._gather(futures, errors, timeout)
+        timeout = parse_wait(timeout, "gather")
+        try:
+            with seceded_while_waiting(self.scheduler_address):
+                return self._gather(futures, errors, timeout)
+        except Exception as exc:
+            if not shorten(exc):
+                raise
+            raise exc                     # from here, with the task's frames (tracebacks.shorten)
 
     def _gather(self, futures, errors: str, timeout: float | None):
         if errors not in ("raise", "skip"):
@@ -532,14 +547,6 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
     def on_future_done(self, fut: Future, fn) -> None:
         self._loop.call_soon_threadsafe(self._states.add_callback, fut.key, lambda: fn(fut))
 
-    def scheduler_info(self) -> dict:
-        return self._scheduler_info(stacklevel=2)
-
-    def _scheduler_info(self, stacklevel: int) -> dict:
-        workers = self._lt.run(self._request({"op": Op.WORKERS}), self.timeout)
-        self._warn_on_other_versions(None, {w["address"]: w.get("versions") for w in workers}, stacklevel + 1)
-        return {"address": self.scheduler_address, "workers": {w["address"]: w for w in workers}}
-
     def close(self, timeout=None) -> None:
         """Close this client, and the cluster it started (Client() without an address)."""
         if self.status in ("closed", "closing"):
@@ -559,12 +566,3 @@ class Client(AsyncClientMixin, StartingMixin, CollectionsMixin, LookingMixin, Cl
         self._states.close()
         self.status = "closed"
         self._close_own_cluster()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<Client {self.scheduler_address} {self.status}>"

@@ -18,6 +18,7 @@ from typing import Iterable
 
 from .exceptions import TimeoutError
 from .futures import Future
+from .timeouts import parse_timeout
 
 
 def _wake(waker: asyncio.Future) -> None:
@@ -30,8 +31,8 @@ class as_completed:
 
     `with_results=True` yields (future, result) pairs; a failed future's error is raised
     then (`raise_errors=False`: its pair holds (type, exception, traceback), as
-    distributed's; a cancelled one's holds the CancelledError). `timeout` counts from this
-    call: a wait for the next one past it raises TimeoutError. `add`/`update` take more
+    distributed's; a cancelled one's holds the CancelledError). `timeout` (seconds, or a string:
+    "500ms") counts from this call: a wait for the next one past it raises TimeoutError. `add`/`update` take more
     futures while iterating; `batches()` yields lists of all that finished meanwhile; `loop`
     is accepted for distributed's signature and not needed (the client has its own).
     """
@@ -44,7 +45,7 @@ class as_completed:
         self._arrival = threading.Condition(self.lock)
         self._waker: asyncio.Future | None = None       # set while a coroutine waits (__anext__)
         self.with_results, self.raise_errors = with_results, raise_errors
-        self.timeout = timeout
+        self.timeout = timeout = parse_timeout(timeout, "as_completed")
         self._deadline = None if timeout is None else time.monotonic() + timeout
         if futures:
             self.update(futures)

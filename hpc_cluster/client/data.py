@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from .exceptions import TimeoutError
 from .futures import Future
+from .timeouts import parse_timeout
 from ..retry import Backoff
 from ..protocol import serialize
 from ..protocol.frames import Limits
@@ -88,7 +89,7 @@ class WorkerDataMixin:
         if isinstance(data, (queue.Queue, Iterator)):
             raise TypeError("scatter() takes a list, tuple, set, dict or one object, not an iterator or a queue: "
                             "make a list of it first (list(data)), or submit the work that produces it")
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else parse_timeout(timeout, "scatter")
         if type(data) is range:
             data = list(data)
         shape = type(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 
 from ..protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
@@ -162,8 +163,10 @@ class LostDataError(HPCClusterError):
                          "scatter it again, and use client.replicate() to keep copies")
 
 
-class CancelledError(HPCClusterError):
-    """The future was cancelled (by the user, a restart, or the cluster closing)."""
+class CancelledError(HPCClusterError, concurrent.futures.CancelledError):
+    """The future was cancelled (by the user, a restart, or the cluster closing). A
+    concurrent.futures.CancelledError too, as distributed's (code that catches that one, or gets
+    it paired with the future from as_completed(raise_errors=False), sees ours the same way)."""
 
     def __init__(self, key: str, reason: str = "cancelled"):
         self.key = key
@@ -173,6 +176,14 @@ class CancelledError(HPCClusterError):
 
 class TimeoutError(HPCClusterError, TimeoutError):  # noqa: A001 - mirrors the builtin
     pass
+
+
+def is_cancellation(err: dict | None) -> bool:
+    """The record says the task was cancelled, or failed because an input it needs was: its
+    future is "cancelled", as distributed's dependents of a cancelled future are (not "error")."""
+    while err and err.get("kind") == ErrorKind.DEPENDENCY:
+        err = err.get("cause")
+    return bool(err) and err.get("kind") == ErrorKind.CANCELLED
 
 
 def error_from_record(key: str, err: dict, load) -> BaseException:

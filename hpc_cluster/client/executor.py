@@ -19,6 +19,7 @@ import weakref
 
 from .exceptions import TimeoutError
 from .futures import Future
+from .timeouts import parse_timeout
 
 # submit()'s own parameters that are not task keywords.
 _NOT_KEYWORDS = frozenset({"self", "func", "args", "kwargs", "key"})
@@ -37,9 +38,9 @@ class ClientExecutor(cf.Executor):
     def __init__(self, client, **kwargs):
         known = task_keywords(client)
         unknown = sorted(set(kwargs) - set(known))
-        if unknown:
-            raise TypeError(f"get_executor() got {', '.join(map(repr, unknown))}, which submit() does not take; "
-                            f"use submit's keywords: {', '.join(known)}")
+        if unknown:                       # distributed's words first: code may look for them
+            raise TypeError(f"unsupported arguments to ClientExecutor: {unknown}; it takes submit's keywords: "
+                            f"{', '.join(known)}")
         self._client, self._kwargs = client, kwargs
         self._pending: "weakref.WeakSet[cf.Future]" = weakref.WeakSet()   # not delivered yet
         self._shutdown = False
@@ -52,7 +53,7 @@ class ClientExecutor(cf.Executor):
         """Run `fn(*args, **kwargs)` on the cluster."""
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        return self._wrap(self._client.submit(fn, *args, **self._kwargs, **kwargs))
+        return self._wrap(self._client.submit(fn, *args, **{**self._kwargs, **kwargs}))   # the call's keywords win
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int = 1):
         """Like builtins.map(fn, *iterables), run on the cluster: the tasks are submitted at
@@ -62,6 +63,7 @@ class ClientExecutor(cf.Executor):
         are cancelled."""
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
+        timeout = parse_timeout(timeout, "ClientExecutor.map")
         end = None if timeout is None else time.monotonic() + timeout
         futures = iter(self._client.map(fn, *iterables, **self._kwargs))
 

@@ -12,6 +12,7 @@ from ..protocol.messages import Op
 from ..retry import Backoff
 from .exceptions import HPCClusterError, TimeoutError
 from .futures import flatten_futures
+from .timeouts import parse_timeout
 
 
 class SchedulerRef:
@@ -57,14 +58,17 @@ class FutureOpsMixin:
         from .executor import ClientExecutor
         return ClientExecutor(self, **kwargs)
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None, *, n: int | None = None) -> None:
-        """Block until `n_workers` workers are connected (`n=` is the same, our older name).
-        TimeoutError after `timeout` seconds; an error at once if the cluster stopped starting
-        workers (and says why)."""
+    def wait_for_workers(self, n_workers: int = 1, timeout=None, *, n: int | None = None) -> None:
+        """Block until `n_workers` workers are connected (`n=` is the same, our older name;
+        0 returns at once). TimeoutError after `timeout` (seconds, or a string: "1 minute"); an
+        error at once if the cluster stopped starting workers (and says why)."""
         if n is not None:
             n_workers = n
-        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-            raise ValueError(f"wait_for_workers(n_workers={n_workers!r}): give a positive whole number of workers")
+        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
+            raise ValueError(f"wait_for_workers(n_workers={n_workers!r}): give a whole number of workers, 0 or more")
+        timeout = parse_timeout(timeout, "wait_for_workers")
+        if n_workers == 0:
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff(0.05, 1.0, factor=1.5)
         while len(self._scheduler_info(stacklevel=2)["workers"]) < n_workers:

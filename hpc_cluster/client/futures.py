@@ -22,7 +22,8 @@ from dask._task_spec import TaskRef
 from ..protocol.messages import ErrorKind
 from ..retry import Backoff
 from .exceptions import TimeoutError
-from .tracebacks import rebuild_traceback
+from .timeouts import parse_timeout
+from .tracebacks import rebuild_traceback, shorten
 
 logger = logging.getLogger("hpc_cluster.client")
 
@@ -43,7 +44,7 @@ class FutureOwner(Protocol):
 
     def on_future_done(self, future: "Future", fn: Callable[["Future"], None]) -> None: ...
 
-    def gather(self, futures, errors: str = "raise", timeout: float | None = None) -> Any: ...
+    def gather(self, futures, errors: str = "raise", direct=None, asynchronous=None, timeout=None) -> Any: ...
 
     def cancel(self, futures, reason: str = ...) -> None: ...
 
@@ -53,7 +54,8 @@ class FutureOwner(Protocol):
 
     # From async code of an asynchronous Client (client/asynchronous.py): `asynchronous` is True
     # there, and these wait on the event loop instead of blocking it.
-    async def gather_async(self, futures, errors: str = "raise", timeout: float | None = None) -> Any: ...
+    async def gather_async(self, futures, errors: str = "raise", direct=None, asynchronous=None,
+                           timeout=None) -> Any: ...
 
     async def wait_keys_async(self, keys: list[str], timeout: float | None, first: bool = False,
                               until_error: bool = False) -> bool: ...
@@ -267,13 +269,14 @@ class Future(TaskRef):
     graph's tasks wait for it instead of computing it again.
     """
 
-    __slots__ = ("_hpc_key", "client", "__weakref__")
+    __slots__ = ("_hpc_key", "client", "_released", "__weakref__")
     __dask_future__ = True
 
     def __init__(self, key: str, client: FutureOwner):
         super().__init__(key)
         self._hpc_key = key                 # recognised by the pickler as a task reference
         self.client = client
+        self._released = False              # release() let go of its reference already
         client.hold_key(key)
 
     def __dask_tokenize__(self):
@@ -303,12 +306,20 @@ class Future(TaskRef):
         return self._state.status != "pending"
 
     def result(self, timeout: float | None = None) -> Any:
-        value = self.client.gather(self, timeout=timeout)
+        """Its value (waiting for it); the task's exception raised with the task's own frames as
+        its traceback (tracebacks.shorten). `timeout`: seconds or a string ("1s")."""
+        try:
+            value = self.client.gather(self, timeout=timeout)
+        except Exception as exc:
+            if not shorten(exc):
+                raise
+            raise exc
         if not getattr(self.client, "asynchronous", False):
             self._state.type = type(value)
         return value
 
-    def _wait_done(self, timeout: float | None) -> None:
+    def _wait_done(self, timeout, what: str = "Future.exception") -> None:
+        timeout = parse_timeout(timeout, what)
         if not self.client.wait_keys([self.key], timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout} s")
 
@@ -324,15 +335,15 @@ class Future(TaskRef):
     def _failure(self) -> BaseException:
         """Its error as exception() gives it (the future failed)."""
         exc = self.client.future_error(self.key)
-        tb = rebuild_traceback(getattr(exc, "remote_traceback", None))
-        return exc.with_traceback(tb) if tb is not None else exc
+        shorten(exc)
+        return exc
 
     def traceback(self, timeout: float | None = None):
         """The traceback of its task's exception as a traceback object (`traceback.format_tb`
         reads it), rebuilt from the text its worker sent; None if it did not fail with one."""
         if getattr(self.client, "asynchronous", False):
             return self._traceback_async(timeout)         # an awaitable, as distributed's
-        self._wait_done(timeout)
+        self._wait_done(timeout, "Future.traceback")
         return self._remote_traceback()
 
     def _remote_traceback(self):
@@ -341,6 +352,7 @@ class Future(TaskRef):
         return rebuild_traceback(getattr(self.client.future_error(self.key), "remote_traceback", None))
 
     async def _traceback_async(self, timeout: float | None):
+        timeout = parse_timeout(timeout, "Future.traceback")
         if not await self.client.wait_keys_async([self.key], timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout} s")
         return self._remote_traceback()
@@ -357,9 +369,13 @@ class Future(TaskRef):
         client.hold_key(self.key)
         client.adopt_keys([self.key])
         old, self.client = self.client, client
-        old.release_key(self.key)
+        if self._released:
+            self._released = False          # held again, by its new client
+        else:
+            old.release_key(self.key)
 
     async def _exception_async(self, timeout: float | None) -> BaseException | None:
+        timeout = parse_timeout(timeout, "Future.exception")
         if not await self.client.wait_keys_async([self.key], timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout} s")
         return self._failure() if self._state.status in FAILED else None
@@ -378,12 +394,16 @@ class Future(TaskRef):
         self.client.on_future_done(self, fn)
 
     def release(self) -> None:
-        pass                                 # kept for dask compatibility; `del` releases
+        """Let go of its result now, as dropping the last reference to it does (distributed's):
+        this Future no longer keeps the result on the cluster; other Futures of the key still do."""
+        if not self._released:
+            self._released = True
+            self.client.release_key(self.key)
 
     def __del__(self):
         try:
-            self.client.release_key(self.key)
-        except Exception:  # interpreter shutdown
+            self.release()
+        except Exception:  # interpreter shutdown, or made only half (no client)
             pass
 
     def __repr__(self) -> str:
@@ -403,7 +423,8 @@ def flatten_futures(obj, out: list) -> None:
             stack.extend(reversed(list(x)))
         elif isinstance(x, dict):
             stack.extend(reversed(list(x.values())))
-        elif hasattr(x, "__dask_graph__") and hasattr(x, "__dask_keys__"):
+        elif hasattr(x, "__dask_graph__") and hasattr(x, "__dask_keys__") and not isinstance(x, type):
+            # (a collection's class, futures_of([da.Array]), has the methods but no graph)
             stack.extend(reversed([v for v in dict(x.__dask_graph__()).values() if isinstance(v, Future)]))
 
 
@@ -449,6 +470,7 @@ class _Waited(collections.namedtuple("_Waited", "done not_done")):
 def wait(futures, timeout: float | None = None, return_when: str = "ALL_COMPLETED") -> _Waited:
     """Block until all (or, with FIRST_COMPLETED, any) futures are done. From async code of an
     asynchronous Client, an awaitable of the same (`await wait(futures)`, as distributed's)."""
+    timeout = parse_timeout(timeout, "wait")
     flat: list[Future] = []
     flatten_futures(futures, flat)
     if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED"):

@@ -47,8 +47,10 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _facts(rows: dict) -> str:
-    """Label -> value (escaped here; a value already HTML is passed as `Markup`)."""
-    cells = "".join(f'<tr><th style="text-align: left;">{_e(k)}</th>'
+    """Label -> value (escaped here; a value already HTML is passed as `Markup`). Each label is
+    written as distributed's summaries write theirs ("<strong>Total threads: </strong>"), which
+    code reading a notebook's HTML may look for."""
+    cells = "".join(f'<tr><th style="text-align: left;"><strong>{_e(k)}: </strong></th>'
                     f'<td style="text-align: left;">{v if isinstance(v, Markup) else _e(v)}</td></tr>'
                     for k, v in rows.items() if v is not None)
     return f"<table>{cells}</table>"
@@ -176,10 +178,10 @@ class ClientHTMLMixin:
             how = "Direct"
         facts = {"Client": getattr(self, "id", None), "Status": self.status, "Connection": how,
                  "Scheduler": self.scheduler_address, "Dashboard": Markup(_link(self.dashboard_link))}
+        if self.status != "running":       # distributed's words first, as its repr says them
+            return summary_html("Client", facts, note=f"No scheduler connected: the client is {self.status}")
         if self.cluster is not None and hasattr(self.cluster, "_repr_html_"):
             return summary_html("Client", facts, inner=self.cluster._repr_html_())
-        if self.status != "running":
-            return summary_html("Client", facts, note=f"the client is {self.status}")
         try:
             workers, deaths = _asked(self)
         except Exception as exc:

@@ -12,6 +12,7 @@ constructor's blocking half (it runs in a thread of its own for an asynchronous 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -62,6 +63,20 @@ def parse_timeout(timeout) -> float:
         from dask.utils import parse_timedelta
         return float(parse_timedelta(timeout, "s"))
     return float(timeout)
+
+
+def check_asynchronous(asynchronous: bool, loop) -> None:
+    """An asynchronous client is made in async code, as distributed's must be: its methods give
+    awaitables to the loop running there (client/asynchronous.py); made outside one, nothing
+    could await them. Refused in distributed's words, with what to do instead."""
+    if not asynchronous or loop is not None:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("Constructing LoopRunner(asynchronous=True) without a running loop is not supported: "
+                           "make an asynchronous Client inside async code (`async with Client(..., "
+                           "asynchronous=True) as client`), or a synchronous one (asynchronous=False)") from None
 
 
 def check_start_arguments(address, scheduler_file, cluster_file, keywords: dict) -> None:

@@ -11,6 +11,7 @@ import warnings
 
 from .exceptions import TimeoutError, format_death
 from .futures import Future, flatten_futures, wait
+from .timeouts import parse_timeout
 from ..protocol import serialize
 from ..protocol.clusterfile import dashboard_link
 from ..protocol.messages import ErrorKind, Op
@@ -68,15 +69,21 @@ class ClusterToolsMixin:
             lines.append(f"  {info['workers']}")
         return "\n".join(lines)
 
-    def replicate(self, futures, n: int = 2, timeout: float | None = None) -> None:
-        """Keep `n` copies of these results on different workers, restored when a holder dies."""
+    def replicate(self, futures, n: int | None = 2, timeout=None) -> None:
+        """Keep `n` copies of these results on different workers (None: on every worker),
+        restored when a holder dies. `timeout`: seconds, or a string ("30s")."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"replicate(n={n!r}): give how many copies to keep, 1 or more (replicate cannot delete "
+                             "data: release the futures, or cancel them, for that)")
+        timeout = parse_timeout(timeout, "replicate")
         flat: list[Future] = []
         flatten_futures(futures, flat)
         keys = [f.key for f in flat]
         wait(flat, timeout=timeout)
-        self._send({"op": Op.REPLICATE, "keys": keys, "n": int(n)})
         workers = len(self.scheduler_info()["workers"])
-        want = min(int(n), workers)
+        n = workers if n is None else n
+        self._send({"op": Op.REPLICATE, "keys": keys, "n": n})
+        want = min(n, workers)
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             who_has = self._lt.run(self._request({"op": Op.WHO_HAS, "keys": keys}), self.timeout)
@@ -150,26 +157,41 @@ class ClusterToolsMixin:
                     logs[f"{d['worker']} (died: {d['cause']})"] = d["log_tail"][-n:]
         return logs
 
-    def recreate_error_locally(self, future: Future):
-        """Run the failed task (or the task its error came from) here, with its real inputs.
-
-        The exception is raised in this process, so `pdb.pm()` or a debugger can inspect it.
-        """
-        self.wait_keys([future.key], self.timeout)
-        st = self.future_state(future.key)
-        if st.status != "error":
-            raise ValueError(f"{future.key!r} did not fail (status {st.status!r})")
-        key, err = future.key, st.error or {}
-        while err.get("kind") == ErrorKind.DEPENDENCY:
-            key, err = err.get("origin"), err.get("cause") or {}
-        spec = self._lt.run(self._request({"op": Op.TASK_SPEC, "key": key}), self.timeout)
+    def recreate_task_locally(self, future):
+        """Run a task here, with its real inputs fetched from the cluster, and return what it
+        returns (distributed's): for a task that finished with a surprising result, under a
+        debugger (`pdb.runcall(client.recreate_task_locally, future)`). `future`: a Future
+        (waited for first) or a key."""
+        if isinstance(future, Future):
+            self.wait_keys([future.key], self.timeout)
+            future = future.key
+        spec = self._lt.run(self._request({"op": Op.TASK_SPEC, "key": future}), self.timeout)
         if spec is None:
-            raise ValueError(f"the task {key!r} behind this error is no longer known to the scheduler")
+            raise ValueError(f"the task {future!r} is not known to the scheduler (released, or never submitted): "
+                             "keep a future to it while you debug it")
         deps = [Future(k, self) for k in spec["deps"]]
         values = dict(zip(spec["deps"], self.gather(deps))) if deps else {}
         func = serialize.loads(spec["func"].data)
         args, kwargs = serialize.loads_args(spec["args"].data, values.__getitem__)
         return func(*args, **kwargs)
+
+    def recreate_error_locally(self, future):
+        """Run the task behind a failure here, with its real inputs, so that its exception is
+        raised in this process for `pdb.pm()` or a debugger to inspect (distributed's).
+        `future`: a failed Future, or a collection of futures (a persisted one too) of which
+        the first failed one is taken; when the failure came from an input's task, that task
+        is the one run."""
+        flat: list[Future] = []
+        flatten_futures(future, flat)
+        wait(flat)
+        failed = [f for f in flat if f.status == "error"]
+        if not failed:
+            raise ValueError("No errored futures passed: recreate_error_locally runs the task of a failed future "
+                             "(status 'error'); recreate_task_locally runs any task")
+        key, err = failed[0].key, self.future_state(failed[0].key).error or {}
+        while err.get("kind") == ErrorKind.DEPENDENCY:
+            key, err = err.get("origin"), err.get("cause") or {}
+        return self.recreate_task_locally(key)
 
 
 def _peers(scheduler: dict | None, workers: dict) -> dict[str, dict]:

@@ -61,3 +61,18 @@ def rebuild_traceback(text: str | None) -> types.TracebackType | None:
         # would put carets under the wrong part of the real line.
         tb = types.TracebackType(tb, _stand_in(filename, lineno, name), -1, lineno)
     return tb
+
+
+
+def shorten(exc: BaseException) -> bool:
+    """Give a task's exception (one that carries its worker's traceback text, exceptions.py's
+    error_from_record) the task's frames as its traceback; True if it did. Raised again by the
+    public call (Future.result, Client.gather: `raise exc`), it then shows the caller's frame,
+    that call, and the task's own frames, as distributed's does, not the client's frames in
+    between. Any other exception is left as it is (re-raise it with a bare `raise`): its frames
+    are where it happened."""
+    tb = rebuild_traceback(getattr(exc, "remote_traceback", None))
+    if tb is None:
+        return False
+    exc.with_traceback(tb)
+    return True

@@ -155,6 +155,10 @@ class Op(WireStr):
     TASK_RETRIED = "task-retried"                        # scheduler -> client: its failed future runs again
     WORKLOAD = "workload"                                # LocalCluster.adapt -> scheduler: queued work, workers
     DRAIN_WORKERS = "drain-workers"                      # LocalCluster.adapt -> scheduler: retire these gracefully
+    # issue 31, point 10: what distributed's own tests found missing (client/identity.py,
+    # scheduler/identity.py); client -> scheduler, answered with a reply
+    IDENTITY = "identity"                                # scheduler_info(): started, totals, workers
+    NBYTES = "nbytes"                                    # client.nbytes(): bytes of the results in memory
 
 
 class ErrorKind(WireStr):

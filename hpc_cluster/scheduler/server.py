@@ -25,6 +25,7 @@ from .collector import Collector
 from .coordination import COORDINATION_OPS, Coordination
 from .checks import Refused, check_keys, check_restart_timeout, check_task, compact_payloads
 from .evidence import EvidenceCollector
+from . import identity
 from .inspection import Inspection
 from .links import WorkerLinksMixin
 from .nanny_runs import NannyRuns
@@ -99,6 +100,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self._drain_intent: dict[str, str] = {}          # worker -> why it drains
         self.limits = limits or Limits()
         self.clock = clock
+        self.started = time.time()                        # scheduler_info()["started"] (identity.py)
         self.listener: Listener | None = None
         self.address: str | None = None
         self.streams: dict[str, BatchedSend] = {}    # worker address / client id -> stream
@@ -472,6 +474,8 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                 retried = st.retry(cid, check_keys(msg["keys"], "keys"))
                 self._flush()                          # its task-retried messages go ahead of the reply
                 self._reply(cid, msg, retried)
+            elif op in identity.OPS:                   # scheduler_info(), nbytes() (identity.py)
+                self._reply(cid, msg, identity.answer(self, op, msg))
             elif op == Op.WORKLOAD:                    # LocalCluster.adapt (deploy/local/adapt.py)
                 self._reply(cid, msg, {"workload": workload(st), "workers": self.worker_table()})
             elif op == Op.DRAIN_WORKERS:

@@ -6,7 +6,10 @@ import sys
 
 
 def sizeof(obj, _depth: int = 0) -> int:
-    nbytes = getattr(obj, "nbytes", None)           # numpy, pandas, memoryview
+    try:
+        nbytes = getattr(obj, "nbytes", None)       # numpy, pandas, memoryview
+    except Exception:                               # a property that refuses: a dask DataFrame's raises
+        nbytes = None                               # NotImplementedError (it dropped a scatter's connection)
     if isinstance(nbytes, int):
         return nbytes
     if isinstance(obj, (bytes, bytearray, str)):

@@ -37,7 +37,7 @@ class Page(ReportPage):
         return [value for tag, name, value in self.fetches if tag == "a" and name == "href"]
 
     def has(self, value) -> bool:
-        return str(value) in self.text
+        return str(value) in self.text or f"{value}: " in self.text      # a value, or a label of the facts
 
 
 WORKERS = [{"name": "w-0", "address": "tcp://10.0.0.1:4000", "nthreads": 4, "memory_limit": 2 << 30,

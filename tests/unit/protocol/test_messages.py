@@ -49,6 +49,8 @@ WIRE_OPS |= {"semaphore-register", "semaphore-acquire", "semaphore-release", "se
              "dataset-delete", "coordination-taken"}
 # issue 31, futures (client.retry, LocalCluster.adapt)
 WIRE_OPS |= {"retry", "task-retried", "workload", "drain-workers"}
+# issue 31, point 10 (scheduler_info's identity, client.nbytes)
+WIRE_OPS |= {"identity", "nbytes"}
 WIRE_KINDS = {"exception", "dependency", "missing", "refused", "cancelled", "lost-data", "killed-worker",
               "too-long", "no-pool", "unsendable"}
 # DESIGN.md's table, in its order.
