@@ -57,7 +57,7 @@ def _task_client(ctx: context.WorkerContext, timeout):
         if client is None or client.status in ("closed", "closing", "disconnected"):
             from .client import Client
             client = Client(ctx.scheduler, secret=ctx.secret, security=ctx.security, timeout=timeout,
-                            set_as_default=False)
+                            set_as_default=False, direct_to_workers=True)   # as distributed's says (ours always are)
             _worker_clients[ctx.scheduler] = client
     return client
 

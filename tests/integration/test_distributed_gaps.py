@@ -278,3 +278,13 @@ def test_scatter_of_a_persisted_dataframe(client):
     assert future.type == dd.DataFrame
     assert future.result().compute().equals(df)
 
+
+
+def direct_of_the_tasks_client():
+    from hpc_cluster import get_client
+    return get_client().direct_to_workers
+
+
+def test_a_tasks_client_says_it_talks_to_workers_directly(client):
+    assert not client.direct_to_workers
+    assert client.submit(direct_of_the_tasks_client).result() is True
