@@ -20,8 +20,10 @@ from hpc_cluster.protocol.clusterfile import SECRET_ENV
 def cluster(nworkers=2, nanny=False, worker_kwargs=None, active_rpc_timeout=10, scheduler_kwargs=None,
             config=None):
     before = os.environ.get(SECRET_ENV)
-    with LocalCluster(n_workers=nworkers, threads_per_worker=1, nanny=nanny, memory_limit="2GB",
-                      dashboard_address=None) as c:
+    worker_kwargs = dict(worker_kwargs or {})
+    # What distributed's cluster() gives its workers: one thread each, as much memory as asked.
+    with LocalCluster(n_workers=nworkers, threads_per_worker=worker_kwargs.pop("nthreads", 1), nanny=nanny,
+                      memory_limit=worker_kwargs.pop("memory_limit", "2GB"), dashboard_address=None) as c:
         os.environ[SECRET_ENV] = c.secret.hex()
         try:
             with Client(c, set_as_default=False) as client:
