@@ -15,7 +15,6 @@ Run alone: `.venv/bin/python -m pytest tests/peers/distributed_suite -ra`.
 
 from __future__ import annotations
 
-import collections
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,12 +23,11 @@ import pytest
 from conftest import DIST_SUMMARY
 from dist_fetch import FILES, PACKAGE, VERSION, extract, switch_imports
 
-from helpers.peers import (REPO, FailureTable, PytestRun, SuiteUnavailable, TableError, TableIds, indent,
-                           known_failures, last_lines, make_run, read_junit, row_for, unknown_rows)
+from helpers.peers import (REPO, FailureTable, PytestRun, SuiteUnavailable, TableError, TableIds, finished_results,
+                           known_failures, make_run, outcome_counts, row_for, table_problems)
 
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT = 1500
-FAILED = ("failed", "error")
 TABLE = FailureTable(
     doc=REPO / "docs" / "migrating-from-distributed.md",
     heading="## distributed's own tests, run against ours",
@@ -50,13 +48,9 @@ def upstream_run():
         pytest.fail(str(e), pytrace=False)
     run = make_run(PytestRun, suite, base / "run", [suite / PACKAGE / "tests" / f for f in FILES], "dist_plugin",
                    [HERE / "switched", HERE, suite], ["--timeout", "120"], run_timeout=RUN_TIMEOUT)
-    run.start()
-    run.wait()
-    results = read_junit(run.junit, IDS.from_junit) if run.junit.exists() else []
-    counts = collections.Counter(r.outcome for r in results)
+    results = finished_results(run, IDS.from_junit)
     DIST_SUMMARY.append(f"distributed {VERSION}'s synchronous tests ({len(FILES)} files) on our client: "
-                        + ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
-                        + f", in {run.seconds or 0:.0f} s\n  repeat by hand: {run.by_hand()}")
+                        f"{outcome_counts(results)}, in {run.seconds or 0:.0f} s\n  repeat by hand: {run.by_hand()}")
     yield run, results
     run.close()
     shutil.rmtree(base, ignore_errors=True)
@@ -66,17 +60,7 @@ def upstream_run():
 def test_distributed_tests_on_our_client(upstream_run):
     """Exactly the tests in the table fail; the run itself went well."""
     run, results = upstream_run
-    table = known_failures(TABLE)
-    bad = run.ended_badly(results)
-    for r in results:
-        row = row_for(table, r.test_id)
-        if r.outcome in FAILED and row is None:
-            bad.append(f"{r.test_id} {r.outcome.upper()}: {r.first_line}\n{indent(last_lines(r.text, 10))}\n"
-                       "    (fix it, or add it to the table with its reason)")
-        elif r.outcome == "passed" and row is not None:
-            bad.append(f"{r.test_id} PASSES now: remove it from the table (line {row.line})")
-    unknown = unknown_rows(table, {r.test_id for r in results})
-    bad += [f"the table lists {row}, which the suite does not have" for row in unknown]
+    bad = table_problems(run, results, known_failures(TABLE))
     assert not bad, f"{len(bad)} problem(s):\n\n" + "\n\n".join(bad)
 
 
