@@ -31,9 +31,10 @@ class ClusterProcesses:
         return proc, address
 
     def worker(self, address: str, *args: str) -> subprocess.Popen:
-        """A one-thread worker of the scheduler at `address`, beating every 0.2 s."""
-        return self._start("hpc_cluster.worker", "--scheduler", address, "--heartbeat-interval", "0.2",
-                           "--nthreads", "1", *args)
+        """A one-thread worker of the scheduler at `address` (or of the one its `--cluster-file`
+        in `args` names), beating every 0.2 s."""
+        where = [] if "--cluster-file" in args else ["--scheduler", address]
+        return self._start("hpc_cluster.worker", *where, "--heartbeat-interval", "0.2", "--nthreads", "1", *args)
 
     def _start(self, module: str, *args: str) -> subprocess.Popen:
         with open(self.directory / f"{module}-{len(self.procs)}.log", "wb") as log:

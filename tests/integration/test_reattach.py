@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from hpc_cluster import Client
-from hpc_cluster.protocol.clusterfile import SECRET_ENV, new_secret
+from helpers.procs import ClusterProcesses
 from helpers.wait import wait_until
 
 
@@ -31,43 +30,9 @@ def runs(directory, name) -> int:
     return sum(1 for f in os.listdir(directory) if f.split(".")[0] == name)
 
 
-class Processes:
-    """The scheduler and worker processes a test starts, all ended at its end."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path, self.procs = tmp_path, []
-        self.secret = new_secret()
-        self.env = dict(os.environ, **{SECRET_ENV: self.secret.hex()})
-
-    def scheduler(self, port: int = 0, *args: str) -> tuple[subprocess.Popen, str]:
-        address_file = self.tmp_path / f"address-{time.monotonic_ns()}"
-        proc = self._start("hpc_cluster.scheduler", "--port", str(port), "--address-file", str(address_file),
-                           *args)
-        address = wait_until(lambda: address_file.exists() and address_file.read_text(), what="the scheduler")
-        return proc, address
-
-    def worker(self, address: str, *args: str) -> subprocess.Popen:
-        where = [] if "--cluster-file" in args else ["--scheduler", address]
-        return self._start("hpc_cluster.worker", *where, "--heartbeat-interval", "0.2", "--nthreads", "1", *args)
-
-    def _start(self, module: str, *args: str) -> subprocess.Popen:
-        log = open(self.tmp_path / f"{module}-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], env=self.env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def end(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
 @pytest.fixture
 def processes(tmp_path):
-    p = Processes(tmp_path)
+    p = ClusterProcesses(tmp_path)
     yield p
     p.end()
 
@@ -101,7 +66,7 @@ def test_a_gather_waiting_through_a_scheduler_restart_returns_every_result_and_n
         waiter.start()
         wait_until(lambda: runs(marks, "late0") + runs(marks, "late1") >= 2, what="the long tasks to start")
         kill(first)
-        second, _ = processes.scheduler(port, "--reattach-grace", "5")
+        second, _ = processes.scheduler("--reattach-grace", "5", port=port)
         waiter.join(120)
         assert got.get("result") == [0, 10, 20, 30, 40, 50]
         assert time.monotonic() - started < 90
@@ -128,7 +93,7 @@ def test_a_client_resubmits_to_a_scheduler_that_knows_nothing(processes, tmp_pat
         wait_until(lambda: c.scheduler_info() and c._lt.run(c._request({"op": "counts"}), 10).get("queued") == 3,
                    what="the tasks to reach the first scheduler")
         kill(first)
-        second, _ = processes.scheduler(port)
+        second, _ = processes.scheduler(port=port)
         processes.worker(address, "--no-nanny")
         assert total.result(timeout=60) == 60
         assert c.gather(futures, timeout=30) == [10, 20, 30]
@@ -161,7 +126,7 @@ def scheduler_with_cluster_file(processes, tmp_path):
     from hpc_cluster.protocol.clusterfile import read_cluster_file, write_cluster_file
     cluster_file = tmp_path / "cluster.json"
     write_cluster_file(cluster_file, "tcp://127.0.0.1:1", processes.secret)
-    first, address = processes.scheduler(0, "--cluster-file", str(cluster_file))
+    first, address = processes.scheduler("--cluster-file", str(cluster_file))
     wait_until(lambda: read_cluster_file(cluster_file)["address"] == address, what="the cluster file")
     processes.worker(address, "--no-nanny", "--cluster-file", str(cluster_file))
     return cluster_file, first, address
@@ -179,7 +144,7 @@ def test_workers_and_clients_follow_the_cluster_file_to_a_new_address(processes,
         held = c.submit(marked, str(marks), "held", 4)
         assert held.result(30) == 40
         kill(first)
-        second, new_address = processes.scheduler(0, "--cluster-file", str(cluster_file), "--reattach-grace", "3")
+        second, new_address = processes.scheduler("--cluster-file", str(cluster_file), "--reattach-grace", "3")
         assert new_address != address
         late = c.submit(marked, str(marks), "late", 5)
         assert late.result(timeout=60) == 50                 # submitted during the outage
@@ -206,7 +171,7 @@ def test_a_client_waits_through_a_cluster_file_with_no_address_yet(processes, tm
         wait_until(lambda: sum("not reachable yet" in r.getMessage() for r in caplog.records[seen:]) >= 2,
                    20, "the client to retry while the cluster file names no address")
         late = c.submit(marked, str(tmp_path), "late", 5)
-        second, new_address = processes.scheduler(0, "--cluster-file", str(cluster_file), "--reattach-grace", "3")
+        second, new_address = processes.scheduler("--cluster-file", str(cluster_file), "--reattach-grace", "3")
         assert late.result(timeout=60) == 50
         assert c.scheduler_address == new_address
     kill(second)
@@ -224,7 +189,7 @@ def test_a_nanny_rejoins_the_restarted_scheduler_so_restart_reaches_it(processes
         c.wait_for_workers(1, 30)
         [pid] = [w["pid"] for w in c.scheduler_info()["workers"].values()]
         kill(first)
-        second, _ = processes.scheduler(port)
+        second, _ = processes.scheduler(port=port)
         wait_until(lambda: [w["pid"] for w in c.scheduler_info()["workers"].values()] == [pid], timeout=30,
                    what="the worker to reattach")
 
@@ -327,7 +292,7 @@ def test_a_resubmitted_task_waits_for_the_worker_that_holds_its_input(processes,
         os.kill(worker.pid, signal.SIGSTOP)
         try:
             y = c.submit(marked, str(marks), "y", x)
-            second, _ = processes.scheduler(port)
+            second, _ = processes.scheduler(port=port)
             wait_until(lambda: c.status == "running", what="the client to reattach")
             assert not y.done()
         finally:
