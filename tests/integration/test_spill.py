@@ -238,12 +238,13 @@ def array_total(x: np.ndarray) -> float:
 
 
 def test_persisting_more_than_the_workers_memory_finishes_with_spilling(tmp_path):
-    # 2 workers of 300 MB hold 100 results of 10 MB (1 GB, 1.7x their memory): each keeps
-    # ~180 MB in memory (target 0.6) and the rest in files under the local directory; nothing
-    # dies. (With 25 MB results, a tenth of a worker each, one result in flight more than the
+    # 2 workers of 350 MB hold 100 results of 10 MB (1 GB, 1.4x their memory): each keeps
+    # ~210 MB in memory (target 0.6) and the rest in files under the local directory; nothing
+    # dies. (At 300 MB, a worker holding its 180 MB beside the interpreter, numpy and our
+    # modules came within 4 MiB of the 95% it may not pass to send a result, on one CI run in two.) (With 25 MB results, a tenth of a worker each, one result in flight more than the
     # fractions allow for reaches the nanny's 95%: dask's fractions assume small chunks too.)
     n, size = 100, 10 * MB
-    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="300MB", local_directory=str(tmp_path),
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="350MB", local_directory=str(tmp_path),
                       allowed_failures=0) as cluster, Client(cluster) as client:
         futures = client.map(make, range(n), nbytes=size)
         client.gather(client.map(len, futures))           # all computed (gathers only the lengths)
@@ -251,7 +252,7 @@ def test_persisting_more_than_the_workers_memory_finishes_with_spilling(tmp_path
             workers = client.scheduler_info()["workers"].values()
             stored = sum(w["metrics"]["spilled_bytes"]["memory"] + w["metrics"]["managed_bytes"] for w in workers)
             # A heartbeat may fall between a result stored and the spill that follows it.
-            return n * size <= stored < n * size + n * 100 and all(w["metrics"]["managed_bytes"] <= 180 * MB
+            return n * size <= stored < n * size + n * 100 and all(w["metrics"]["managed_bytes"] <= 210 * MB
                                                                    for w in workers)
 
         # Results plus the lengths (small ints); copies a worker fetched for a task go once it ran.
@@ -260,8 +261,8 @@ def test_persisting_more_than_the_workers_memory_finishes_with_spilling(tmp_path
         info = client.scheduler_info()["workers"]
         spilled = {a: w["metrics"]["spilled_bytes"]["memory"] for a, w in info.items()}
         in_memory = {a: w["metrics"]["managed_bytes"] for a, w in info.items()}
-        assert sum(spilled.values()) >= n * size - 2 * 180 * MB      # the rest could not be in memory
-        assert all(m <= 180 * MB for m in in_memory.values()), in_memory
+        assert sum(spilled.values()) >= n * size - 2 * 210 * MB      # the rest could not be in memory
+        assert all(m <= 210 * MB for m in in_memory.values()), in_memory
         dirs = [Path(w["spill_directory"]) for w in info.values()]
         assert all(d.parent == tmp_path for d in dirs)              # in the local directory
 
@@ -280,7 +281,7 @@ def test_persisting_more_than_the_workers_memory_finishes_with_spilling(tmp_path
         assert all(np.array_equal(a, make(i, size)) for i, a in enumerate(some))
         assert client.deaths() == []
         peak = max(w["memory"]["peak_rss"] for w in client.scheduler_info()["workers"].values())
-        assert peak < 0.95 * 300 * MB
+        assert peak < 0.95 * 350 * MB
         # Released results take their files with them.
         del futures, some
         wait_until(lambda: all(not d.exists() or not list(d.iterdir()) for d in dirs), 20,
