@@ -28,7 +28,7 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
-from helpers.peers import SuiteUnavailable, TableIds, sdist_files
+from helpers.peers import SuiteUnavailable, TableIds, pytest_ini, sdist_files
 
 try:
     import tomllib
@@ -116,10 +116,4 @@ def ini(pyproject: dict, rerunfailures: bool | None = None) -> str:
                        if a not in DROPPED_ADDOPTS and not a.startswith("--cov")]
     opts["timeout_method"] = "signal"
     opts["junit_family"] = "xunit2"
-    lines = ["[pytest]"]
-    for key, value in opts.items():
-        if isinstance(value, list):
-            lines.append(f"{key} =" + "".join(f"\n    {v}" for v in value))
-        else:
-            lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
-    return "\n".join(lines) + "\n"
+    return pytest_ini(opts)
