@@ -29,6 +29,7 @@ from . import events
 from .fetch import FetchMixin
 from .inline import InlineMixin, inline_allowed
 from .logs import LogBuffer
+from .peer_port import serve_peer
 from .plugins import WorkerPlugins
 from .reattach import reattach
 from .sizeof import sizeof
@@ -40,9 +41,8 @@ logger = logging.getLogger("hpc_cluster.worker")
 
 # Plain str copies of the ops read or sent per task: a literal's cost (an Enum attribute costs
 # ~75 ns, and a member misses str's fast compare; protocol/messages.py).
-COMPUTE, FREE_KEYS, TASK_STARTED, TASK_FINISHED, TASK_ERRED, GET_DATA, DATA = (
-    Op.COMPUTE.value, Op.FREE_KEYS.value, Op.TASK_STARTED.value, Op.TASK_FINISHED.value, Op.TASK_ERRED.value,
-    Op.GET_DATA.value, Op.DATA.value)
+COMPUTE, FREE_KEYS, TASK_STARTED, TASK_FINISHED, TASK_ERRED = (
+    Op.COMPUTE.value, Op.FREE_KEYS.value, Op.TASK_STARTED.value, Op.TASK_FINISHED.value, Op.TASK_ERRED.value)
 
 # Threads beyond nthreads for tasks that seceded (each waits on its own subtasks): a task
 # that starts more nested levels than this waits for a thread, as in dask's own pools.
@@ -535,38 +535,7 @@ class Worker(FetchMixin, InlineMixin):
         return await self.peers.request(address, msg)
 
     async def _serve_peer(self, comm: Comm) -> None:
-        while True:
-            for msg in await comm.read():
-                op = msg["op"]
-                if op == GET_DATA:
-                    keys = msg.get("keys")
-                    if not isinstance(keys, list):
-                        raise ProtocolError("get-data needs a list of keys")
-                    if any(self.data.is_spilled(k) for k in keys):
-                        # Read from disk in a thread: the event loop keeps serving meanwhile.
-                        data, missing, errors = await self.loop.run_in_executor(None, self._payloads, keys)
-                    else:
-                        data, missing, errors = self._payloads(keys)
-                    await comm.write({"op": DATA, "data": data, "missing": missing, "errors": errors})
-                elif op == Op.PUT_DATA:
-                    items = msg.get("data")
-                    if not isinstance(items, dict) or not all(isinstance(v, Opaque) for v in items.values()):
-                        raise ProtocolError("put-data needs a map of keys to payloads")
-                    for k, blob in items.items():
-                        self.nbytes[k] = self.data.put(k, serialize.loads_value(blob), spill=False)
-                    self.memory.spill_soon()
-                    await comm.write({"op": Op.OK, "nbytes": {k: self.nbytes[k] for k in items}})
-                elif op == Op.PING:
-                    await comm.write({"op": Op.PONG, "address": self.address})
-                elif op == Op.GET_LOGS:
-                    n = msg.get("n", 200)
-                    lines = list(self.logs)[-int(n):] if isinstance(n, int) and n > 0 else []
-                    await comm.write({"op": Op.LOGS, "lines": lines})
-                elif op in (Op.RUN, Op.SETUP_PLUGIN, Op.TEARDOWN_PLUGIN):
-                    await comm.write(await self.plugins.answer(msg))
-                else:
-                    raise ProtocolError(f"unknown op {op!r} on the worker's port")
-
+        await serve_peer(self, comm)
 
     def _payloads(self, keys: list) -> tuple[dict, list, dict]:
         """Results for a peer or a client, as they travel (see MemoryManager.payloads)."""
