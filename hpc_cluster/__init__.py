@@ -67,48 +67,6 @@ def _register_joblib_backends(joblib) -> None:
         joblib.register_parallel_backend(name, partial(_joblib_backend, name))
 
 
-class _AfterJoblib:
-    """On sys.meta_path until joblib is imported, for that one name: joblib loads as it would
-    without us (its own finder and loader), then our backends are registered."""
+from .imports import when_imported as _when_imported  # noqa: E402  (a leaf: imports nothing of ours)
 
-    def __init__(self):
-        self.finding = False
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "joblib" or self.finding:
-            return None
-        import importlib.util
-        self.finding = True
-        try:
-            spec = importlib.util.find_spec(name)      # the finders after us
-        finally:
-            self.finding = False
-        if spec is not None and spec.loader is not None:
-            spec.loader = _JoblibLoader(spec.loader, self)
-        return spec
-
-
-class _JoblibLoader:
-    def __init__(self, loader, hook):
-        self.loader, self.hook = loader, hook
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        module.__loader__ = module.__spec__.loader = self.loader     # joblib sees only its own
-        self.loader.exec_module(module)
-        if self.hook in _sys.meta_path:
-            _sys.meta_path.remove(self.hook)
-        _register_joblib_backends(module)
-
-
-import sys as _sys  # noqa: E402  (here, with the one part of this file that needs it)
-
-if "joblib" in _sys.modules:
-    _register_joblib_backends(_sys.modules["joblib"])
-else:
-    _sys.meta_path.insert(0, _AfterJoblib())
+_when_imported("joblib", _register_joblib_backends)

@@ -20,16 +20,17 @@ What. Two of xarray's functions are wrapped, nothing else changes:
 With distributed's Client as the scheduler, or none of ours, both answer exactly as before.
 
 When. `install()` runs when hpc_cluster's client package is imported: it patches xarray now if
-xarray.backends.locks is already imported, else it adds an import hook that patches the module
-as it is imported (so xarray may be imported before or after hpc_cluster). Modules that took
+xarray.backends.locks is already imported, else it patches the module as it is imported
+(hpc_cluster/imports.py) (so xarray may be imported before or after hpc_cluster). Modules that took
 `get_dask_scheduler` by name before the patch (writers.py) are given the wrapped one too.
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import threading
+
+from ..imports import when_imported
 
 LOCKS = "xarray.backends.locks"
 _lock = threading.Lock()
@@ -75,44 +76,7 @@ def patch(locks) -> None:
                 module.get_dask_scheduler = get_dask_scheduler
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds xarray.backends.locks through the other finders, and patches it once it has run."""
-
-    def find_spec(self, name, path, target=None):
-        if name != LOCKS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenPatch(spec.loader)
-                return spec
-        return None
-
-
-class _ThenPatch(importlib.abc.Loader):
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        patch(module)
-
-    def __getattr__(self, name):               # the rest of the loader's face (get_source, ...)
-        return getattr(self.loader, name)
-
-
 def install() -> None:
-    """Patch xarray now if its locks module is loaded, else when it is (idempotent)."""
-    locks = sys.modules.get(LOCKS)
-    if locks is not None:
-        patch(locks)
-        return
-    with _lock:
-        if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PatchOnImport())
+    """Patch xarray now if its locks module is loaded, else when it is (idempotent: patch()
+    marks what it wrapped)."""
+    when_imported(LOCKS, patch)

@@ -30,7 +30,7 @@ import hpc_cluster
 PACKAGE = Path(__file__).resolve().parents[2] / "hpc_cluster"
 
 # The leaves at the package root: any layer may import them, they import no layer of ours.
-LEAVES = {"units", "retry", "memseries", "lifeline", "plugins"}
+LEAVES = {"units", "retry", "memseries", "lifeline", "plugins", "imports"}
 # layer (a folder of hpc_cluster/) -> the layers it may import (besides itself and the leaves).
 ALLOWED = {
     "protocol": set(),
