@@ -206,7 +206,8 @@ def test_every_op_dispatched_on_or_sent_is_a_member():
     # The scan saw the handler tables it is meant to check (it would pass on nothing otherwise).
     assert {"task-finished", "heartbeat", "goodbye", "register-worker"} <= seen["scheduler/links.py"]
     assert {"update-graph", "why", "counts", "restart"} <= seen["scheduler/server.py"]
-    assert {"compute", "free-keys", "get-data", "ping", "registered"} <= seen["worker/worker.py"]
+    assert {"compute", "free-keys", "registered"} <= seen["worker/worker.py"]
+    assert {"get-data", "put-data", "ping", "get-logs", "run"} <= seen["worker/peer_port.py"]
     assert {"restart", "end-unresponsive", "exit-report"} <= seen["worker/nanny.py"]
     assert {"key-in-memory", "task-erred", "reply", "cluster-halted"} <= seen["client/client.py"]
     assert {"scale", "jobs", "adapt", "shutdown"} <= seen["deploy/daemon/handlers.py"]
