@@ -66,7 +66,8 @@ def cmd_up(args, out, err) -> int:
     if args.workers < 0:
         raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
     cfg = resolve(site=args.site, config=args.config,
-                  **({"scheduler_in_job": True} if args.scheduler_in_job else {}))
+                  **({"scheduler_in_job": True} if args.scheduler_in_job else {}),
+                  **({"engine": args.engine} if args.engine else {}))
     v = cfg.values
     if v["batch"] in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
@@ -445,6 +446,9 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the jobs are submitted")
     p.add_argument("--pool", action="append", metavar="NAME=JOBS",
                    help="jobs of the site's pool NAME to start with (repeat for several pools)")
+    p.add_argument("--engine", metavar="NAME", choices=("hpc-cluster", "distributed"),
+                   help="hpc-cluster (the default) or distributed: dask.distributed's scheduler and workers, "
+                        "deployed and diagnosed alike (docs/choosing-an-engine.md)")
     p.add_argument("--scheduler-in-job", action="store_true",
                    help="run the scheduler itself as a batch job, not on this machine (the site's "
                         "scheduler_in_job: true); for sites that forbid long processes on login nodes")

@@ -337,6 +337,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("job_script_epilogue", "list of str", _str_list, [], "shell lines run after the worker exits"),
     # Here come the batch systems' own settings, each declared by its adapter (ADAPTERS_AFTER).
     Option("log_directory", "path", _path, None, "directory for the jobs' stdout/stderr", example="~/hpc-cluster-logs"),
+    Option("engine", "hpc-cluster|distributed", _choice("hpc-cluster", "distributed"), "hpc-cluster",
+           "what runs as scheduler and workers: hpc-cluster's own engine, or dask.distributed's Scheduler and "
+           "Worker (for libraries that need distributed itself: xgboost, lightgbm, dask-ml, optuna), deployed, "
+           "watched and diagnosed alike; docs/choosing-an-engine.md", example="distributed"),
     Option("nanny", "bool", _bool, True, "run each worker under a nanny that watches memory and reports its death"),
     Option("python", "str", _str, None, "Python executable that starts the worker on the compute node; "
            "unset: the Python running hpc-cluster (with ssh: python3 from the job's PATH)",

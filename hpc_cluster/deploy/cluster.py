@@ -32,6 +32,7 @@ from ..protocol.messages import Op
 from ..protocol.tls import Security
 from ..client.html import ClusterDisplayMixin, cluster_html
 from ..units import UnitError, format_memory, format_walltime, parse_memory
+from ..engines import check_engine
 from .compat import check_protocol, check_security, silence_logs_note
 from .keeper import DaemonKeeper
 from .launch import ClusterError, cluster_id, control, launch  # noqa: F401  (ClusterError: public)
@@ -175,6 +176,7 @@ class JobQueueCluster(ClusterDisplayMixin):
             self.config = cfg = resolve(site=site, config=config, **kwargs)
         v = cfg.values
         self.batch = v["batch"]
+        self.engine = check_engine(v.get("engine") or "hpc-cluster")   # EngineError: what to install or write
         self._require_cores_and_memory(job_kwargs)
         notes += self._check_worker_args(v["worker_extra_args"])
         notes += cfg.notes
@@ -255,6 +257,11 @@ class JobQueueCluster(ClusterDisplayMixin):
         info = read_cluster_file(path)
         self.scheduler_address, self.secret = info["address"], info["secret"]
         self.security = Security.from_dict(info.get("tls"))
+        if info.get("engine_address"):
+            # distributed's scheduler: the address and security its Client takes (Client(cluster))
+            from ..engines.dask_scheduler import distributed_security
+            self.scheduler_address = info["engine_address"]
+            self.security = distributed_security(self.security, "client")
         self.daemon_log = info.get("daemon_log")
         # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
         self.owner_file = plan.owner_file
@@ -436,9 +443,12 @@ class JobQueueCluster(ClusterDisplayMixin):
         daemon; None when scheduler_options turned it off or the cluster is not running. Read
         from the cluster file each time: a daemon restarted by the keeper may have a new port."""
         try:
-            return read_cluster_file(self.cluster_file).get("dashboard") or None
+            info = read_cluster_file(self.cluster_file)
         except (OSError, ValueError):
             return None
+        # engine='distributed': distributed's own dashboard (ours, the deaths page, beside it:
+        # `hpc-cluster status` prints both)
+        return info.get("engine_dashboard") or info.get("dashboard") or None
 
     def get_logs(self, cluster: bool = True, scheduler: bool = True, workers=True) -> dict[str, str]:
         """Logs by name, as dask's Cluster.get_logs: the cluster daemon's under "Cluster" and

@@ -25,7 +25,8 @@ from ..protocol.clusterfile import (cluster_file_for, clusters_dir, journal_for,
 from ..lifeline import alive
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
-from ..config import ResolvedConfig
+from ..config import ConfigError, ResolvedConfig
+from ..engines import EngineError, check_engine
 from .daemon.scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
 from .plan import ClusterError, Plan, SchedulerJobPlan, make_plan, render_job_script, shell_word, worker_python
@@ -106,6 +107,10 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         raise ClusterError(f"site {cfg.site!r} has batch={cfg.values['batch']!r}; a job cluster needs "
                            "a batch system ('slurm', 'pbs', 'sge' or a plugin's; use LocalCluster for this "
                            "machine alone)")
+    try:
+        check_engine(cfg.values.get("engine") or "hpc-cluster")    # before any file or job
+    except EngineError as exc:
+        raise ConfigError(str(exc)) from None
     cluster_file = cluster_file_for(name)
     # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
     private_directory(cluster_file.parent, fix=True)

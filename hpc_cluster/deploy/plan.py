@@ -50,6 +50,7 @@ class SchedulerPlan:
     dashboard: list | None = None          # [host, port] of the dashboard, or None: none
     prefer_port: int | None = None         # a resumed daemon tries its predecessor's port first
     interface: str | None = None           # a scheduler job listens on this interface of its node
+    engine: str = "hpc-cluster"            # or "distributed": its Scheduler beside ours (hpc_cluster/engines/)
 
     def to_json(self) -> dict:
         out = {"host": self.host, "port": self.port, "allowed_failures": self.allowed_failures,
@@ -60,6 +61,8 @@ class SchedulerPlan:
             out["prefer_port"] = self.prefer_port
         if self.interface:
             out["interface"] = self.interface
+        if self.engine != "hpc-cluster":
+            out["engine"] = self.engine
         return out
 
     @classmethod
@@ -68,7 +71,8 @@ class SchedulerPlan:
                    versions=d["versions"], max_message_bytes=d["max_message_bytes"],
                    max_frame_bytes=d["max_frame_bytes"], port=d.get("port") or 0,
                    walltime_margin=d.get("walltime_margin", 60.0), dashboard=d.get("dashboard"),
-                   prefer_port=d.get("prefer_port"), interface=d.get("interface"))
+                   prefer_port=d.get("prefer_port"), interface=d.get("interface"),
+                   engine=d.get("engine") or "hpc-cluster")
 
 
 @dataclass
@@ -292,6 +296,8 @@ def worker_command(cfg: ResolvedConfig, cluster_file: str, name: str, pool: str 
              "--max-message-bytes", str(v["max_message_bytes"]), "--max-frame-bytes", str(v["max_frame_bytes"])]
     if pool != DEFAULT_POOL:
         args += ["--pool", pool]
+    if v.get("engine", "hpc-cluster") != "hpc-cluster":
+        args += ["--engine", v["engine"]]          # the nanny starts that engine's worker (worker/flags.py)
     args += list(v["worker_extra_args"])
     return " ".join(head) + " " + shlex.join(args)
 
@@ -447,7 +453,7 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
                                 allowed_failures=v["allowed_failures"], heartbeat_ttl=v["heartbeat_ttl"],
                                 versions=v["versions"], walltime_margin=v["walltime_margin"],
                                 max_message_bytes=v["max_message_bytes"], max_frame_bytes=v["max_frame_bytes"],
-                                dashboard=dashboard_bind(options)),
+                                dashboard=dashboard_bind(options), engine=v.get("engine") or "hpc-cluster"),
         job=spec, n_jobs=n_jobs, max_jobs_in_queue=v["max_jobs_in_queue"], pools=plan_pools, escalate=v["escalate"],
         poll_interval=v["poll_interval"], poll_interval_fast=v["poll_interval_fast"],
         batch_calls_per_minute=v["batch_calls_per_minute"], startup_failures=v["startup_failures"],

@@ -77,6 +77,9 @@ class EvidenceCollector:
         self._final_rounds: dict[int, int] = {}              # death id -> final records seen so far
         self._gave_up: set[int] = set()                      # deaths we stopped asking about
         self._task: asyncio.Task | None = None
+        # Who hears of every verdict as it is made or refined (the distributed engine's bridge:
+        # its tasks are not in our state): fn(death record).
+        self.verdicts: list[Callable[[dict], None]] = []
 
     # -- events ----------------------------------------------------------------------
     def worker_removed(self, addr: str, connection: str, intent: str | None) -> dict | None:
@@ -112,6 +115,7 @@ class EvidenceCollector:
             self._wake.set()
             self._ensure_loop()
         logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
+        self._announce(record)
         return record
 
     def exit_report(self, report: dict) -> None:
@@ -168,7 +172,15 @@ class EvidenceCollector:
                                 peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
         if changed:
             logger.info("death of %s refined: %s: %s", record.get("name"), v.cause, v.text)
+        self._announce(record)
         self.flush()
+
+    def _announce(self, record: dict) -> None:
+        for listener in self.verdicts:
+            try:
+                listener(record)
+            except Exception:
+                logger.exception("a verdict listener failed on the death of %s", record.get("name"))
 
     def _expecting(self, death_id: int) -> bool:
         """Is more evidence still to come for this death?

@@ -19,7 +19,7 @@ from ..protocol.clusterfile import SECRET_ENV, read_cluster_file, take_secret_fr
 from ..protocol.tls import Security
 from .memory import tune_malloc
 from .store import MemoryFractions
-from .flags import (DEFAULTS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
+from .flags import (DEFAULTS, ENGINE_WORKERS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
                     threads_per_worker)
 
@@ -244,14 +244,18 @@ def main(argv=None) -> int:
         # The nanny restarts the worker when its lifetime ends; the worker only says so.
         # Its worker is told the nanny's pid as its owner, not ours.
         child = drop_flags(argv, "--nanny", "--no-nanny", "--lifetime-restart", "--no-lifetime-restart",
-                           "--owner-pid")
+                           "--owner-pid", "--engine")
         # The secret left our environment (tasks must not inherit it); the worker gets it in its own.
         child_env = None if args.cluster_file else {**os.environ, SECRET_ENV: secret.hex()}
         return run_nanny(address, secret, child + ["--no-nanny"], memory_limit=memory_limit, child_env=child_env,
                          security=security,
                          terminate_fraction=args.memory_terminate_fraction, name=args.name,
                          lifetime_restart=args.lifetime_restart, local_directory=args.local_directory,
-                         owner_pid=args.owner_pid, cluster_file=args.cluster_file)
+                         owner_pid=args.owner_pid, cluster_file=args.cluster_file,
+                         module=ENGINE_WORKERS[args.engine])
+    if args.engine != "hpc-cluster":              # another engine's worker, without our nanny
+        os.execv(sys.executable, [sys.executable, "-m", ENGINE_WORKERS[args.engine],
+                                  *drop_flags(argv, "--engine")])
     from .run import run_worker
     # A task that crashes the process (SIGSEGV in a C extension, say) leaves its Python stack
     # on stderr: the nanny and the job log keep it, and the diagnosis names the crash site.

@@ -216,6 +216,17 @@ def _pool_name(text: str) -> str:
     return text
 
 
+# The module each engine's worker process runs (`python -m ...`), by name: the nanny starts it. A
+# name, not an import: the worker layer stands below hpc_cluster/engines/ (tests/unit/test_layering.py).
+ENGINE_WORKERS = {"hpc-cluster": "hpc_cluster.worker", "distributed": "hpc_cluster.engines.dask_worker"}
+
+
+def _engine_name(text: str) -> str:
+    if text not in ENGINE_WORKERS:
+        raise ValueError(f"no engine named {text!r}; use {' or '.join(ENGINE_WORKERS)}")
+    return text
+
+
 # -- the table -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -339,6 +350,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-frame-bytes", SUPPORTED, "largest frame accepted", _int_at_least(1, "bytes"), dask=False),
     Flag("--log-level", SUPPORTED, "DEBUG, INFO, WARNING or ERROR", dask=False),
     Flag("--nanny-id", SUPPORTED, "set by the nanny", dask=False, hidden=True),
+    Flag("--engine", SUPPORTED, "hpc-cluster (this worker) or distributed (dask.distributed's Worker under our "
+         "nanny: the cluster's engine setting)", _engine_name, dask=False, metavar="NAME"),
+    Flag("--executing-fd", SUPPORTED, "set by the nanny: the pipe a distributed worker names its executing "
+         "tasks on", _int_at_least(0, "a file descriptor"), dask=False, hidden=True),
     Flag("--owner-pid", SUPPORTED, "set by LocalCluster and the nanny: exit when this process is gone",
          _int_at_least(1, "a process id"), dask=False, hidden=True),
     Flag("--ready-fd", SUPPORTED, "set by the nanny: the pipe to say the scheduler accepted the worker",
@@ -358,6 +373,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "cluster_file": None, "heartbeat_interval": 0.5, "memory_terminate_fraction": 0.95,
             "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,
             "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
+            "engine": "hpc-cluster", "executing_fd": None,
             "ready_fd": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None,
             "owner_pid": None, "pool": "default"}
 

@@ -122,8 +122,13 @@ class ProcessTree:
 class Nanny:
     def __init__(self, child_argv: list[str], memory_limit: int = 0, terminate_fraction: float = 0.95,
                  name: str | None = None, max_startup_failures: int = 5, lifetime_restart: bool = False,
-                 local_directory: str | None = None, child_env: dict | None = None):
+                 local_directory: str | None = None, child_env: dict | None = None,
+                 module: str = "hpc_cluster.worker"):
         self.child_argv = child_argv
+        # What runs as the worker: ours, or another engine's worker (worker/flags.py's ENGINE_WORKERS),
+        # which names its executing tasks on a pipe: our scheduler does not see its tasks.
+        self.module = module
+        self.executing: dict[str, None] = {}        # that engine's executing tasks (their keys as JSON)
         self.child_env = child_env                  # None: ours (the worker reads the cluster file)
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
@@ -161,14 +166,21 @@ class Nanny:
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)
         # --owner-pid: the worker ends with us, even if we are SIGKILLed (lifeline.py).
-        argv = [sys.executable, "-m", "hpc_cluster.worker", *self.child_argv, "--nanny-id", self.id,
+        argv = [sys.executable, "-m", self.module, *self.child_argv, "--nanny-id", self.id,
                 "--ready-fd", str(ready_w), "--owner-pid", str(os.getpid())]
+        fds, watching = [ready_w], None
+        if self.module != "hpc_cluster.worker":
+            watching = ExecutingPipe(self.executing)
+            argv += ["--executing-fd", str(watching.write_end)]
+            fds.append(watching.write_end)
         try:
             self.proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE,
-                                                             start_new_session=False, pass_fds=(ready_w,),
+                                                             start_new_session=False, pass_fds=tuple(fds),
                                                              env=self.child_env)
         finally:
             os.close(ready_w)
+            if watching is not None:
+                watching.started()
         if self.stopping:                           # told to stop while this one was starting
             self._terminate()
         pid = self.proc.pid
@@ -217,6 +229,7 @@ class Nanny:
         remove_spill_directory(spill_directory(self.local_directory, pid))
         remove_spill_directory(worker_directory(self.local_directory, pid))     # its uploads (plugins.py)
         await asyncio.wait_for(pump, 5)
+        executing = watching.finish() if watching is not None else None
         try:
             registered = os.read(ready_r, 1) == b"1"
         except BlockingIOError:
@@ -234,6 +247,8 @@ class Nanny:
             "cgroup": str(cgroup) if cgroup else None, "stopping": self.stopping,
             "log_tail": list(self.log_tail)[-40:], "registered": registered,
         }
+        if executing is not None:                   # another engine's worker: what it was running
+            report["executing_keys"] = executing
         self.reports.append(report)
         return report
 
@@ -334,6 +349,50 @@ class Nanny:
                 pass
 
 
+class ExecutingPipe:
+    """The pipe on which another engine's worker names each task it starts ("+KEY") and ends
+    ("-KEY"), a line each: at its death, the tasks it was executing are the ones blamed (issue
+    32). Read as it arrives, so the worker never blocks on a full pipe."""
+
+    def __init__(self, executing: dict):
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.read_end, False)
+        self.executing = executing
+        self.executing.clear()
+        self._partial = b""
+
+    def started(self) -> None:
+        os.close(self.write_end)
+        asyncio.get_running_loop().add_reader(self.read_end, self._read)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self.read_end, 65536)
+                if not chunk:
+                    asyncio.get_running_loop().remove_reader(self.read_end)
+                    return
+                *lines, self._partial = (self._partial + chunk).split(b"\n")
+                for line in lines:
+                    key = line[1:].decode(errors="replace")
+                    if line[:1] == b"+":
+                        self.executing[key] = None
+                    elif line[:1] == b"-":
+                        self.executing.pop(key, None)
+        except BlockingIOError:
+            return
+        except OSError:
+            asyncio.get_running_loop().remove_reader(self.read_end)
+
+    def finish(self) -> list[str]:
+        """What it was executing when it ended; the pipe closed."""
+        self._read()
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.read_end)
+        os.close(self.read_end)
+        return list(self.executing)
+
+
 def _describe(report: dict) -> str:
     if report["signal"]:
         try:
@@ -420,10 +479,11 @@ class SchedulerLink:
 def run_nanny(address: str, secret: bytes, child_argv: list[str], memory_limit: int = 0,
               terminate_fraction: float = 0.95, name: str | None = None, lifetime_restart: bool = False,
               local_directory: str | None = None, child_env: dict | None = None, security=None,
-              owner_pid: int | None = None, cluster_file: str | None = None) -> int:
+              owner_pid: int | None = None, cluster_file: str | None = None,
+              module: str = "hpc_cluster.worker") -> int:
     async def main() -> int:
         nanny = Nanny(child_argv, memory_limit, terminate_fraction, name, lifetime_restart=lifetime_restart,
-                      local_directory=local_directory, child_env=child_env)
+                      local_directory=local_directory, child_env=child_env, module=module)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, nanny.stop)

@@ -118,6 +118,16 @@ async def run(plan: Plan) -> int:
                      submit_directory=plan.submit_directory)
     announce(sched.state, pools, plan.escalate)   # placement and escalation by pool (issue 15)
     sched.deaths.source = jm               # accounting and job logs for the diagnosis (every pool's jobs)
+    engine = None
+    if sc.engine == "distributed":
+        # distributed's Scheduler beside ours: clients and workers use its address; ours keeps
+        # the jobs, the nannies and the deaths (hpc_cluster/engines/).
+        from ...engines.dask_scheduler import start as start_engine
+        engine = await start_engine(sched, sc.host, sc.allowed_failures, security=security,
+                                    dashboard=bool(sc.dashboard))
+        meta.update(engine.meta())
+        if security is not None:
+            meta["engine_tls"] = security.to_dict()
     dashboard = start_dashboard(sched, secret, sc, jm)
     if dashboard is not None:
         meta["dashboard"] = dashboard.link     # the link with its token: `hpc-cluster status` prints it
@@ -177,6 +187,8 @@ async def run(plan: Plan) -> int:
     await jm.close()
     if dashboard is not None:
         dashboard.stop()
+    if engine is not None:
+        await engine.close()
     await sched.close()
     if journal is not None:
         journal.remove()                      # shut down on purpose: nothing to resume
