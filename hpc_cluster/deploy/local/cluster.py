@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from ...engines import check_engine
 from ...client.asynchronous import AwaitableMixin
 from ...client.html import ClusterDisplayMixin, cluster_html
 from ...lifeline import alive, process_start
@@ -159,7 +160,12 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
                  memory_pause_fraction: float | None = None, local_directory: str | None = None,
                  security=None, journal: bool = False, dashboard_address: str | int | None = ":8787",
                  processes: bool = True, asynchronous: bool = False, scheduler_port: int = 0,
-                 name: str | None = None, **unknown):
+                 name: str | None = None, engine: str = "hpc-cluster", **unknown):
+        if check_engine(engine) != "hpc-cluster":
+            raise ValueError("LocalCluster(engine='distributed') is not supported: LocalCluster runs hpc-cluster's "
+                             "engine on this machine. For distributed's engine here use distributed.LocalCluster "
+                             "(without our diagnosis); on a batch system, SLURMCluster(..., engine='distributed') "
+                             "and the other cluster classes deploy and diagnose it (docs/choosing-an-engine.md)")
         if unknown:                    # distributed's other keywords (dask_keywords.py), or a mistake
             import inspect
             known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
