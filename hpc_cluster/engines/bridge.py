@@ -30,6 +30,7 @@ from distributed.protocol import pickle
 
 from ..protocol.messages import Cause, Op
 from ..scheduler.checks import check_number, worker_deadline
+from . import escalation
 from .blame import Ledger
 from .errors import killed_worker
 
@@ -104,6 +105,7 @@ class Bridge(SchedulerPlugin):
                       deadline=worker_deadline(info))
         self.mirrored.add(worker)
         self.ours.streams[worker] = EngineStream(self, worker)
+        escalation.worker_joined(self, worker)     # tasks moved to its pool may run on it
         self.ours._tell("joined", info)
         self.ours._pace_heartbeats()
         self.ours._flush()
@@ -169,6 +171,7 @@ class Bridge(SchedulerPlugin):
             record["executing"] = sorted(str(k) for k in executing)
         if not (record.get("blame") or record.get("cause") == Cause.WALLTIME):
             return
+        executing = escalation.verdict(self, record, executing)    # moved to a bigger pool: not charged
         for key, error in self.ledger.charge(record, executing):
             self._fail(key, error, record.get("worker"))
 
