@@ -26,6 +26,14 @@ worker before the clock starts, while our workers import them inside the first t
 for dask.array, 0.8 s for dask.dataframe and pandas, per worker, on this machine).
 `--cold` times the first run instead. `--repeat N` runs each pair N times, interleaved
 (ours, distributed, ours, ...), each time on fresh clusters, and reports the median.
+
+Both engines as hpc-cluster deploys them (issue 32, point 8; deployed.py): `--systems
+ours-slurm,dist-slurm` runs each workload on SLURMCluster() and on SLURMCluster(engine=
+"distributed"), 2 one-process jobs of 1 core each (memory per job: --job-memory, or 1GiB for
+(e)), the user's Client ours or distributed's. Every system after the first is compared with
+the first, one table per pair; deaths are our records on either engine.
+
+    python benchmarks/collections.py --quick --systems ours-slurm,dist-slurm,distributed
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import deployed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 GiB = 2**30
 
@@ -120,6 +130,14 @@ def theirs(memory: str | None):
         yield client, lambda: []
 
 
+@contextlib.contextmanager
+def on_batch(system: str, memory: str):
+    """One of deployed.py's systems: 2 jobs of one 1-thread worker, `memory` each."""
+    with contextlib.ExitStack() as stack:
+        d = deployed.start(stack, system, 2, 1, memory=memory)
+        yield d.client, d.deaths
+
+
 class PeakRSS:
     """The largest RSS of the given processes, sampled at 20 Hz in a thread."""
 
@@ -145,15 +163,18 @@ class PeakRSS:
 
 
 def worker_pids(client, system: str) -> list[int]:
-    if system != "ours":                 # distributed's scheduler_info() has no pids: ask the workers
+    if system not in ("ours", "ours-slurm"):   # distributed's scheduler_info() has no pids: ask the workers
         return list(client.run(os.getpid).values())
     info = client.scheduler_info()["workers"].values()
     return [w["pid"] for w in info if w.get("pid")]
 
 
-def run(system: str, name: str, quick: bool, warm: bool = True) -> dict:
-    make = ours if system == "ours" else theirs
-    with make(SMALL_WORKERS.get(name)) as (client, deaths):
+def run(system: str, name: str, quick: bool, warm: bool = True, job_memory: str = "4GiB") -> dict:
+    if system in deployed.SYSTEMS:
+        cluster = on_batch(system, SMALL_WORKERS.get(name) or job_memory)
+    else:
+        cluster = (ours if system == "ours" else theirs)(SMALL_WORKERS.get(name))
+    with cluster as (client, deaths):
         client.wait_for_workers(2, timeout=120)
         pids = worker_pids(client, system)
         assert len(pids) == 2, pids
@@ -187,11 +208,32 @@ def _note(r: dict) -> str:
     return f"{r['system']}: " + ", ".join(parts)
 
 
+def table(results: list[dict], workloads: list[str], base: str, other: str, repeat: int) -> None:
+    """`other` against `base`, workload by workload (medians of the repeats)."""
+    a, b = base[:10], other[:10]
+    print(f"\n{'workload':<10}{a + ' s':>14}{b + ' s':>14}{'speed':>8}{a + ' GiB':>16}{b + ' GiB':>16}{'memory':>8}"
+          "  notes" + ("   (medians of %d runs each)" % repeat if repeat > 1 else ""))
+    for name in workloads:
+        o, d = (_median_run([r for r in results if r["workload"] == name and r["system"] == s]) for s in (base, other))
+        if not (o and d):
+            continue
+        speed = d["seconds"] / o["seconds"] if o["seconds"] else float("nan")
+        mem = o["peak_rss"] / d["peak_rss"] if d["peak_rss"] else float("nan")
+        notes = "; ".join(_note(r) for r in (o, d) if r["error"] or r["deaths"])
+        print(f"{name:<10}{o['seconds']:>14.1f}{d['seconds']:>14.1f}{speed:>7.2f}x{o['peak_rss'] / GiB:>16.2f}"
+              f"{d['peak_rss'] / GiB:>16.2f}{mem:>7.2f}x  {notes}")
+    print(f"\nspeed: {other}'s time / {base}'s (above 1: {base} is faster); memory: {base}'s peak worker RSS / "
+          f"{other}'s (below 1: {base} uses less)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default="a,b,c,d,e")
-    p.add_argument("--systems", default="ours,distributed")
+    p.add_argument("--systems", default="ours,distributed",
+                   help="comma-separated: ours, distributed (LocalCluster each), " + deployed.DESCRIPTION
+                   + "; each compared with the first")
+    p.add_argument("--job-memory", default="4GiB", help="memory per job for the batch systems (not (e))")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--repeat", type=int, default=1, help="runs of each system per workload, interleaved")
     p.add_argument("--cold", action="store_true", help="time the first run on fresh workers (no warm-up)")
@@ -201,25 +243,15 @@ def main(argv=None) -> int:
         for i in range(args.repeat):
             for system in args.systems.split(","):
                 print(f"{name} on {system} ({i + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
-                results.append(dict(run(system, name, args.quick, warm=not args.cold), repeat=i))
+                results.append(dict(run(system, name, args.quick, warm=not args.cold, job_memory=args.job_memory),
+                                    repeat=i))
                 r = results[-1]
                 print(f"  {r['seconds']:.2f} s, peak worker RSS {r['peak_rss'] / GiB:.2f} GiB"
                       + (f", ERROR {r['error']}" if r["error"] else "")
                       + (f", {r['deaths']} deaths" if r["deaths"] else ""), file=sys.stderr, flush=True)
-    print(f"\n{'workload':<10}{'ours s':>9}{'dist s':>9}{'speed':>8}{'ours GiB':>10}{'dist GiB':>10}{'memory':>8}  notes"
-          + ("   (medians of %d runs each)" % args.repeat if args.repeat > 1 else ""))
-    for name in args.only.split(","):
-        o, d = (_median_run([r for r in results if r["workload"] == name and r["system"] == s])
-                for s in ("ours", "distributed"))
-        if not (o and d):
-            continue
-        speed = d["seconds"] / o["seconds"] if o["seconds"] else float("nan")
-        mem = o["peak_rss"] / d["peak_rss"] if d["peak_rss"] else float("nan")
-        notes = "; ".join(_note(r) for r in (o, d) if r["error"] or r["deaths"])
-        print(f"{name:<10}{o['seconds']:>9.1f}{d['seconds']:>9.1f}{speed:>7.2f}x{o['peak_rss'] / GiB:>10.2f}"
-              f"{d['peak_rss'] / GiB:>10.2f}{mem:>7.2f}x  {notes}")
-    print("\nspeed: distributed's time / ours (above 1: we are faster); memory: our peak / theirs "
-          "(below 1: we use less)")
+    systems = args.systems.split(",")
+    for other in systems[1:]:
+        table(results, args.only.split(","), systems[0], other, args.repeat)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": {"cpus": os.cpu_count(),
                                                            "memory": psutil.virtual_memory().total},

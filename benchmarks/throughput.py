@@ -26,6 +26,16 @@ and "ours-viewed" polls it.
 the scheduler's peak RSS per task) for ours and dask, each on a fresh cluster: minutes at
 N=1,000,000, so it is off by default. Every figure issue 19 sets a goal for is printed
 next to its goal (GOALS).
+
+"ours-slurm" and "dist-slurm" are both engines as hpc-cluster deploys them (issue 32, point 8;
+deployed.py): SLURMCluster() and SLURMCluster(engine="distributed"), one job per worker on the
+real SLURM, the daemon as the scheduler process:
+
+    python benchmarks/throughput.py --systems ours-slurm,dist-slurm,dask --repeat 2
+
+Every system after the first gets a ratio line against the first (tasks/s, best and median),
+and the memory table after the runs gives each system's scheduler peak RSS (VmHWM) and its
+workers' and nannies' RSS.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import time
 from pathlib import Path
 
 import cluster_procs       # benchmarks/ is on sys.path when run as a script
+import deployed
 
 
 # -- the tasks (module level; cloudpickle ships them by value from __main__) ---------------
@@ -223,6 +234,14 @@ def start_dask_local(stack: contextlib.ExitStack, workers: int, threads: int, se
     return client, os.getpid()
 
 
+def start_deployed(system: str):
+    """One of deployed.py's systems (both engines on the real SLURM): (client, daemon pid)."""
+    def starter(stack: contextlib.ExitStack, workers: int, threads: int):
+        d = deployed.start(stack, system, workers, threads)
+        return d.client, d.scheduler_pid
+    return starter
+
+
 # "-tls": the same cluster with every connection under TLS (security=True; dask's Security.temporary(),
 # on dask's LocalCluster: its scheduler in this process).
 # "ours-journal": the scheduler keeps its journal (issue 16; LocalCluster(journal=True)).
@@ -233,7 +252,8 @@ STARTERS = {"ours": start_ours, "dask": start_dask, "dask-local": start_dask_loc
             "ours-viewed": lambda *a: start_ours(*a, viewer=True),
             "ours-journal": lambda *a: start_ours(*a, journal=True),
             "ours-tls": lambda *a: start_ours(*a, security=True),
-            "dask-tls": lambda *a: start_dask_local(*a, security=True)}
+            "dask-tls": lambda *a: start_dask_local(*a, security=True),
+            **{name: start_deployed(name) for name in deployed.SYSTEMS}}
 
 
 def warm_up(client) -> None:
@@ -268,6 +288,19 @@ def summarise(samples: list[tuple]) -> dict:
         if sched:
             # HyperQueue's figure: the server's CPU seconds per 1,000 tasks
             out["scheduler_cpu_s_per_1000_tasks"] = round(per_task[sched] / 1000, 3)
+    return out
+
+
+def ratios(results: dict, systems: list[str], benches: list[str]) -> dict:
+    """Each system's tasks/s over the first's (best and median; over 1: faster), except dask over
+    ours, which has its own line (ratio_ours_over_dask)."""
+    out: dict = {}
+    for s in systems[1:]:
+        if (systems[0], s) == ("ours", "dask"):
+            continue
+        out[f"{s}/{systems[0]}"] = {
+            b: {k: round(results[s][b][f"{k}_tasks_per_s"] / results[systems[0]][b][f"{k}_tasks_per_s"], 3)
+                for k in ("best", "median")} for b in benches}
     return out
 
 
@@ -342,6 +375,7 @@ def run(args) -> dict:
                     log(args, f"{b:5s} rep {rep + 1}/{args.repeat} {s:11s}: {tasks} tasks in {seconds:.3f} s "
                               f"({tasks / seconds:,.0f} tasks/s, {sum(cpu.values()) / tasks * 1e6:,.0f} CPU us/task)")
                     time.sleep(args.pause)          # let releases settle before the next run
+        report["memory"] = {s: deployed.memory_after(meters[s]) for s in systems}
     report["machine"]["load_after"] = _load()
     for s in systems:
         report["results"][s] = {b: summarise(samples[s][b]) for b in benches}
@@ -352,6 +386,7 @@ def run(args) -> dict:
                 "median": round(report["results"]["ours"][b]["median_tasks_per_s"]
                                 / report["results"]["dask"][b]["median_tasks_per_s"], 3)}
             for b in benches}
+    report["ratios"] = ratios(report["results"], systems, benches)
     report["paired"] = paired(samples, systems, benches)
     if args.big:
         report["big"] = run_big(args, [s for s in systems if s in ("ours", "dask")])
@@ -392,11 +427,11 @@ def _git_state() -> str:
 
 def _versions(systems) -> dict:
     out = {}
-    if any(s.startswith("dask") for s in systems):
+    if any(s.startswith(("dask", "dist")) for s in systems):
         import dask
         import distributed
         out["dask"], out["distributed"] = dask.__version__, distributed.__version__
-    if any(s.startswith("ours") for s in systems):
+    if any(s.startswith("ours") or s in deployed.SYSTEMS for s in systems):
         try:
             from importlib.metadata import version
             out["hpc_cluster"] = version("hpc-cluster")
@@ -441,6 +476,9 @@ def format_table(report: dict) -> str:
         ratio = report.get("ratio_ours_over_dask", {}).get(b)
         if ratio:
             lines.append(f"{'':34s} {'ours/dask':>13s} best {ratio['best']:.2f}x, median {ratio['median']:.2f}x")
+        for name, per_bench in (report.get("ratios") or {}).items():
+            r = per_bench[b]
+            lines.append(f"{'':34s} {name} tasks/s: best {r['best']:.2f}x, median {r['median']:.2f}x")
     for name, per_bench in (report.get("paired") or {}).items():
         lines += ["", f"paired by repetition, {name} (speed over 1: faster; CPU over 1: more CPU per task)"]
         for b, r in per_bench.items():
@@ -467,6 +505,16 @@ def format_table(report: dict) -> str:
             lines.append(f"{b:10s} {s:11s} {cell(sched):>10s} {c.get('workers', 0):9,.0f} {c.get('nannies', 0):9,.0f} "
                          f"{cell(client):>9s} {c['total']:9,.0f} {r.get('scheduler_cpu_s_per_1000_tasks', 0):17.3f}"
                          f"{goal}")
+    if report.get("memory"):
+        lines += ["", "Memory after the runs (RSS, MiB; scheduler peak: its VmHWM; dask-local: the client's "
+                      "process holds the scheduler)"]
+        head = f"{'system':11s} {'scheduler':>10s} {'sched peak':>11s} {'workers':>9s} {'nannies':>9s}"
+        lines += [head, "-" * len(head)]
+        mib = (lambda v: f"{v / 2**20:,.0f}" if v is not None else "-")
+        for s, m in report["memory"].items():
+            sched = m.get("scheduler", m.get("client+scheduler"))
+            lines.append(f"{s:11s} {mib(sched):>10s} {mib(m.get('scheduler_peak')):>11s} "
+                         f"{mib(m.get('workers')):>9s} {mib(m.get('nannies')):>9s}")
     if report.get("big"):
         lines += ["", f"Big submissions (big_graphs.py; scheduler peak RSS over its start, per task: goal "
                       f"<= {GOALS['rss_bytes_per_task']:,} B per waiting task)"]
@@ -495,7 +543,8 @@ def parse_args(argv=None):
     p.add_argument("--systems", default="ours,dask", help="comma-separated: ours, dask, dask-local (dask's "
                    "LocalCluster, its scheduler in this process), ours-tls, dask-tls "
                    "(TLS on every connection), ours-journal (the scheduler keeps its journal), ours-nodash (no dashboard), "
-                   "ours-viewed (the dashboard polled every 2 s as an open page does); default ours,dask")
+                   "ours-viewed (the dashboard polled every 2 s as an open page does), " + deployed.DESCRIPTION
+                   + "; default ours,dask")
     p.add_argument("--pause", type=float, default=0.5, help="seconds to idle between runs (default 0.5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--big", type=int, metavar="N", default=0,
