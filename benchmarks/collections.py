@@ -210,9 +210,9 @@ def _note(r: dict) -> str:
 
 def table(results: list[dict], workloads: list[str], base: str, other: str, repeat: int) -> None:
     """`other` against `base`, workload by workload (medians of the repeats)."""
-    a, b = base[:10], other[:10]
-    print(f"\n{'workload':<10}{a + ' s':>14}{b + ' s':>14}{'speed':>8}{a + ' GiB':>16}{b + ' GiB':>16}{'memory':>8}"
-          "  notes" + ("   (medians of %d runs each)" % repeat if repeat > 1 else ""))
+    w = max(len(base), len(other)) + 6
+    print(f"\n{'workload':<10}{base + ' s':>{w}}{other + ' s':>{w}}{'speed':>8}{base + ' GiB':>{w}}"
+          f"{other + ' GiB':>{w}}{'memory':>8}  notes" + ("   (medians of %d runs each)" % repeat if repeat > 1 else ""))
     for name in workloads:
         o, d = (_median_run([r for r in results if r["workload"] == name and r["system"] == s]) for s in (base, other))
         if not (o and d):
@@ -220,8 +220,8 @@ def table(results: list[dict], workloads: list[str], base: str, other: str, repe
         speed = d["seconds"] / o["seconds"] if o["seconds"] else float("nan")
         mem = o["peak_rss"] / d["peak_rss"] if d["peak_rss"] else float("nan")
         notes = "; ".join(_note(r) for r in (o, d) if r["error"] or r["deaths"])
-        print(f"{name:<10}{o['seconds']:>14.1f}{d['seconds']:>14.1f}{speed:>7.2f}x{o['peak_rss'] / GiB:>16.2f}"
-              f"{d['peak_rss'] / GiB:>16.2f}{mem:>7.2f}x  {notes}")
+        print(f"{name:<10}{o['seconds']:>{w}.1f}{d['seconds']:>{w}.1f}{speed:>7.2f}x{o['peak_rss'] / GiB:>{w}.2f}"
+              f"{d['peak_rss'] / GiB:>{w}.2f}{mem:>7.2f}x  {notes}")
     print(f"\nspeed: {other}'s time / {base}'s (above 1: {base} is faster); memory: {base}'s peak worker RSS / "
           f"{other}'s (below 1: {base} uses less)")
 
