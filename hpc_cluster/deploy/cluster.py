@@ -254,14 +254,7 @@ class JobQueueCluster(ClusterDisplayMixin):
         plan = Plan.load(path.parent / f".{self.id}.plan.json")
         self._job = plan.job
         self._pool_jobs = {name: p.job for name, p in plan.pools.items()}
-        info = read_cluster_file(path)
-        self.scheduler_address, self.secret = info["address"], info["secret"]
-        self.security = Security.from_dict(info.get("tls"))
-        if info.get("engine_address"):
-            # distributed's scheduler: the address and security its Client takes (Client(cluster))
-            from ..engines.dask_scheduler import distributed_security
-            self.scheduler_address = info["engine_address"]
-            self.security = distributed_security(self.security, "client")
+        info = self._read_addresses()
         self.daemon_log = info.get("daemon_log")
         # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
         self.owner_file = plan.owner_file
@@ -270,6 +263,19 @@ class JobQueueCluster(ClusterDisplayMixin):
         self._keeper.start()
         if self._n_workers:
             control(self.cluster_file, Op.SCALE, jobs=math.ceil(self._n_workers / self.processes))
+
+    def _read_addresses(self) -> dict:
+        """The scheduler's address, secret and security from the cluster file; read again after
+        the keeper restarts the daemon (engine='distributed': its scheduler starts anew, elsewhere)."""
+        info = read_cluster_file(self.cluster_file)
+        self.scheduler_address, self.secret = info["address"], info["secret"]
+        self.security = Security.from_dict(info.get("tls"))
+        if info.get("engine_address"):
+            # distributed's scheduler: the address and security its Client takes (Client(cluster))
+            from ..engines.dask_scheduler import distributed_security
+            self.scheduler_address = info["engine_address"]
+            self.security = distributed_security(self.security, "client")
+        return info
 
     async def _start_async(self) -> "JobQueueCluster":
         if self._starting is None:

@@ -59,10 +59,16 @@ class DaemonKeeper:
                 logger.error("%s", self.error)
                 return
             self.restarts += 1
-            logger.warning("the cluster daemon of %s died (exit code %s); restarting it from its journal "
-                           "(its workers and clients reattach)", self.cluster.id, code)
+            engine = getattr(self.cluster, "engine", "hpc-cluster")
+            logger.warning("the cluster daemon of %s died (exit code %s); restarting it from its journal (%s)",
+                           self.cluster.id, code, "its workers and clients reattach" if engine == "hpc-cluster" else
+                           "engine='distributed': its scheduler starts anew at a new address; its futures are "
+                           "lost, and Client(cluster) connects to the new one")
             try:
                 self.cluster._proc = self.restart()
+                reread = getattr(self.cluster, "_read_addresses", None)
+                if reread is not None:
+                    reread()
             except Exception as exc:          # noqa: BLE001  (said, not raised: no caller to raise to)
                 self.error = f"restarting the cluster daemon failed: {exc}"
                 logger.error("%s", self.error)

@@ -1,0 +1,39 @@
+"""The keeper restarts a SIGKILLed daemon of a distributed-engine cluster: distributed's scheduler
+starts anew at a new address, and the cluster object must say so, so that Client(cluster) reaches
+the new one (it kept the dead address: issue 32's review)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from hpc_cluster import SLURMCluster
+from helpers.wait import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+def test_after_the_keeper_restarts_the_daemon_client_cluster_reaches_the_new_scheduler(slurm_cluster, own_home,
+                                                                                      tmp_path):
+    from distributed import Client
+    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", engine="distributed",
+                           log_directory=str(tmp_path / "logs"))
+    try:
+        old_address, old_pid = cluster.scheduler_address, cluster._proc.pid
+        os.kill(old_pid, signal.SIGKILL)
+
+        def restarted():
+            info = json.loads(cluster.cluster_file.read_text()) if cluster.cluster_file.exists() else {}
+            return (cluster._proc.pid != old_pid and info.get("engine_address") not in (None, old_address)
+                    and info["engine_address"])
+        new_address = wait_until(restarted, 120, "the keeper to restart the daemon", interval=0.2)
+        wait_until(lambda: cluster.scheduler_address == new_address, 30, "the cluster to name the new scheduler")
+        cluster.scale(1)
+        with Client(cluster, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=180)
+            assert client.submit(pow, 3, 4).result(timeout=60) == 81
+    finally:
+        cluster.close()
