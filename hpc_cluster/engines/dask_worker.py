@@ -31,10 +31,14 @@ from ..protocol.clusterfile import read_cluster_file
 from ..worker.__main__ import (build_parser, cpu_count, lifetime_info, registration_info, system_memory,
                                use_local_directory)
 from ..worker.flags import memory_limit_bytes, parse_resources, threads_per_worker
+from ..worker.worker import EXIT_LIFETIME
 
 logger = logging.getLogger("hpc_cluster.engines.dask_worker")
 
 EXIT_REFUSED = 3            # the nanny does not restart it (worker/nanny.py: "cannot reach the scheduler")
+# bridge.retire's stimulus ids say why we asked a worker to leave ("hpc-cluster-<intent>-<time>");
+# the scheduler drains for a --lifetime with the intent "lifetime" (scheduler/server.py).
+LIFETIME_RETIREMENT = "hpc-cluster-lifetime-"
 
 
 def key_text(key) -> str:
@@ -62,6 +66,19 @@ class ExecutingToNanny(WorkerPlugin):
             os.write(self.fd, sign + key_text(key).encode() + b"\n")
         except OSError:              # the nanny is gone: nothing to tell
             pass
+
+
+def note_retirement(worker) -> dict:
+    """Keep the stimulus id of the retirement distributed announces to the worker (its status
+    change to closing_gracefully): it tells the end of a --lifetime from other retirements."""
+    seen: dict = {}
+    handler = worker.stream_handlers["worker-status-change"]
+
+    def status_change(status, stimulus_id, **kwargs):
+        seen["stimulus_id"] = str(stimulus_id)
+        return handler(status=status, stimulus_id=stimulus_id, **kwargs)
+    worker.stream_handlers["worker-status-change"] = status_change
+    return seen
 
 
 def version_mismatch(expected: dict | None) -> str | None:
@@ -103,6 +120,7 @@ async def run(args, address: str, info: dict, security, executing_fd: int | None
                     local_directory=args.local_directory, death_timeout=args.death_timeout,
                     startup_information={"hpc_cluster": lambda _worker: info}, plugins=plugins,
                     security=security, nanny=None, **where)
+    retirement = note_retirement(worker)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.close(reason="the nanny stopped it")))
@@ -113,6 +131,8 @@ async def run(args, address: str, info: dict, security, executing_fd: int | None
         return EXIT_REFUSED
     ready()
     await worker.finished()
+    if args.nanny_id and retirement.get("stimulus_id", "").startswith(LIFETIME_RETIREMENT):
+        return EXIT_LIFETIME     # the nanny starts a fresh worker (--lifetime-restart) or exits 0
     return 0
 
 
