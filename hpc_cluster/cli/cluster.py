@@ -27,6 +27,7 @@ from .lookup import (_NAME_RE, DEFAULT_NAME, EXIT_CODES, FAILED, NOT_FOUND, OK, 
 from .down import cmd_down
 from .startup import watch_startup
 from .chart import memory_chart
+from .engine import connect_hint, dashboard_lines, distributed_worker_logs, status_fields, status_lines
 from .views import dur, fmt_clock, indent, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, control
@@ -115,11 +116,11 @@ def cmd_up(args, out, err) -> int:
           file=out, flush=True)
     if want and not args.no_wait:
         watch_startup(name, path, info, proc, want, args.timeout, out)
-    print(f"\ncluster {name!r} is up. Connect from Python:\n"
-          f"    from hpc_cluster import Client\n"
-          f"    client = Client({name!r})\n"
-          f"cluster file (address and secret; keep it private): {path}\n"
-          + (f"dashboard (the link carries its access token): {info['dashboard']}\n" if info.get("dashboard") else "")
+    engine = f" (engine: {info['engine']})" if info.get("engine_address") else ""
+    print(f"\ncluster {name!r} is up{engine}. Connect from Python:\n"
+          + connect_hint(name, info)
+          + f"cluster file (address and secret; keep it private): {path}\n"
+          + dashboard_lines(info)
           + f"see it:  hpc-cluster status {name}\n"
           f"stop it: hpc-cluster down {name}", file=out)
     return OK
@@ -168,7 +169,8 @@ def cmd_status(args, out, err) -> int:
             deaths = client.deaths()
         json.dump({"name": name, "address": info.get("address"), "batch": info.get("batch"),
                    "site": info.get("site"), "daemon_pid": info.get("pid"),
-                   "scheduler_job": info.get("scheduler_job"), "dashboard": info.get("dashboard"), **table,
+                   "scheduler_job": info.get("scheduler_job"), "dashboard": info.get("dashboard"),
+                   **status_fields(info), **table,
                    "deaths": deaths},
                   out, indent=1, default=str)
         print(file=out)
@@ -176,6 +178,8 @@ def cmd_status(args, out, err) -> int:
     in_job = f" in scheduler job {info['scheduler_job']}" if info.get("scheduler_job") else ""
     print(f"cluster {name!r} at {info['address']} ({info.get('batch')}, site {info.get('site') or 'defaults'}, "
           f"daemon pid {info.get('pid')}{in_job})", file=out)
+    for line in status_lines(info):            # a distributed cluster: its scheduler, file, dashboard
+        print(line, file=out)
     if info.get("dashboard"):
         print(f"dashboard: {info['dashboard']}", file=out)
     print(f"target {table.get('target')} job(s); {len(live)} in the queue; {workers} worker(s) connected"
@@ -290,7 +294,7 @@ def cmd_logs(args, out, err) -> int:
         return OK
     if _JOB_ID_RE.match(target):
         return _job_logs(name, info, target, args.tail, out)
-    return _worker_logs(path, target, args.tail, out)
+    return _worker_logs(path, info, target, args.tail, out)
 
 
 def _job_log_files(directory: Path, job_id: str) -> list[Path]:
@@ -330,12 +334,15 @@ def _job_logs(name: str, info: dict, job_id: str, tail: int, out) -> int:
     return OK
 
 
-def _worker_logs(path: Path, target: str, tail: int, out) -> int:
+def _worker_logs(path: Path, info: dict, target: str, tail: int, out) -> int:
     from ..client.client import Client
-    with Client(cluster_file=str(path), timeout=30) as client:
-        names = {a: w.get("name") for a, w in client.scheduler_info()["workers"].items()}
-        names.update({d["worker"]: d.get("name") for d in client.deaths() if d.get("worker")})
-        logs = client.get_worker_logs(n=tail)
+    if info.get("engine_address"):            # distributed's workers: asked through its scheduler
+        logs, names = distributed_worker_logs(info, path, tail)
+    else:
+        with Client(cluster_file=str(path), timeout=30) as client:
+            names = {a: w.get("name") for a, w in client.scheduler_info()["workers"].items()}
+            names.update({d["worker"]: d.get("name") for d in client.deaths() if d.get("worker")})
+            logs = client.get_worker_logs(n=tail)
     found = 0
     for key, lines in logs.items():
         addr = key.split(" ", 1)[0]           # dead workers come as "<address> (died: <cause>)"
@@ -435,6 +442,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up -n 8 --pool bigmem=1      and 1 job of the site's pool 'bigmem'
   hpc-cluster up --name big                after its daemon died: resumes it from its journal
   hpc-cluster up -n 4 --scheduler-in-job   the scheduler too runs as a batch job (no login-node process)
+  hpc-cluster up -n 4 --engine distributed  dask.distributed runs the tasks (connect with its Client)
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")

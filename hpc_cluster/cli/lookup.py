@@ -15,6 +15,8 @@ from ..deploy.plan import Plan
 from ..deploy.daemon.scheduler_job import handover_path, job_alive, owner_path
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
+# engines/dask_scheduler.py's scheduler_file_for (not imported: it loads distributed)
+SCHEDULER_FILE_SUFFIX = ".scheduler.json"
 EXIT_CODES = """exit codes:
   0  ok
   1  the operation failed (the message says why and what to try)
@@ -46,14 +48,19 @@ def cluster_names() -> list[str]:
     d = clusters_dir()
     if not d.is_dir():
         return []
-    # pathlib's glob matches dot files too: skip the plans and half-written temp files.
-    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
+    # pathlib's glob matches dot files too: skip the plans and half-written temp files; and
+    # the distributed engine's scheduler files (NAME.scheduler.json), which are no cluster's.
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith(".")
+                  and not p.name.endswith(SCHEDULER_FILE_SUFFIX))
 
 
 def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
         raise CommandError(f"bad cluster name {name!r}: use letters, digits, '.', '_' and '-' "
                            "(it becomes a file name)", USAGE)
+    if f"{name}.json".endswith(SCHEDULER_FILE_SUFFIX):
+        raise CommandError(f"bad cluster name {name!r}: NAME.scheduler.json is the scheduler file of "
+                           "cluster NAME (engine distributed); choose a name not ending in '.scheduler'", USAGE)
     return name
 
 
@@ -133,8 +140,9 @@ def journal_jobs(name: str) -> list[str]:
 def _remove_leftovers(name: str) -> list[Path]:
     removed = []
     # The journal too (issue 16): `down` says the cluster is not to be resumed.
-    for p in (cluster_file_for(name), plan_file(name), journal_for(cluster_file_for(name)),
-              handover_path(cluster_file_for(name)), owner_path(cluster_file_for(name))):
+    path = cluster_file_for(name)
+    for p in (path, plan_file(name), journal_for(path), handover_path(path), owner_path(path),
+              path.with_suffix(SCHEDULER_FILE_SUFFIX)):        # engine distributed: its scheduler file
         try:
             p.unlink()
             removed.append(p)

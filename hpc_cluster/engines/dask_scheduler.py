@@ -5,14 +5,19 @@ nannies, deaths, the CLI) and then this: distributed's own Scheduler on the same
 the bridge (bridge.py) as a scheduler plugin. Clients and workers use distributed's address
 (the cluster file's `engine_address`); distributed's dashboard is served where bokeh is
 installed, ours (the deaths page) beside it. distributed's `allowed-failures` is set out of
-reach: our verdicts decide which deaths fail a task (blame.py).
+reach: our verdicts decide which deaths fail a task (blame.py). The daemon also writes
+distributed's own scheduler file (NAME.scheduler.json beside the cluster file), so
+distributed's `Client(scheduler_file=...)` finds the scheduler; it goes with the scheduler.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from .blame import Ledger
 from .bridge import Bridge
@@ -20,6 +25,12 @@ from .bridge import Bridge
 logger = logging.getLogger("hpc_cluster.engines")
 
 NEVER = 1_000_000_000         # distributed's allowed-failures: its own count never fails a task
+SCHEDULER_FILE_SUFFIX = ".scheduler.json"
+
+
+def scheduler_file_for(cluster_file) -> Path:
+    """NAME.scheduler.json beside the cluster file NAME.json."""
+    return Path(cluster_file).with_suffix(SCHEDULER_FILE_SUFFIX)
 
 
 @dataclass
@@ -29,19 +40,37 @@ class DistributedEngine:
     address: str
     dashboard: str | None
     versions: dict
+    scheduler_file: Path | None = None
 
     def meta(self) -> dict:
         """What the cluster file says of the engine: workers and clients read it."""
         out = {"engine": "distributed", "engine_address": self.address, "engine_versions": self.versions}
         if self.dashboard:
             out["engine_dashboard"] = self.dashboard
+        if self.scheduler_file:
+            out["scheduler_file"] = str(self.scheduler_file)
         return out
+
+    def write_scheduler_file(self, path) -> Path:
+        """What distributed's Scheduler(scheduler_file=...) writes (its identity, whose "address"
+        its Client and workers read), but atomic and 0600 like the cluster file: it names where
+        the cluster listens. Removed by close()."""
+        from ..protocol.clusterfile import open_private
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open_private(tmp, "w") as f:
+            json.dump(self.scheduler.identity(), f, indent=2, default=str)
+        os.replace(tmp, path)
+        self.scheduler_file = path
+        return path
 
     async def close(self) -> None:
         try:
             await self.scheduler.close()
         except Exception:
             logger.exception("closing distributed's scheduler failed")
+        if self.scheduler_file is not None:
+            self.scheduler_file.unlink(missing_ok=True)
 
 
 def distributed_security(security, role: str = "scheduler"):

@@ -122,9 +122,12 @@ async def run(plan: Plan) -> int:
     if sc.engine == "distributed":
         # distributed's Scheduler beside ours: clients and workers use its address; ours keeps
         # the jobs, the nannies and the deaths (hpc_cluster/engines/).
-        from ...engines.dask_scheduler import start as start_engine
+        from ...engines.dask_scheduler import scheduler_file_for, start as start_engine
         engine = await start_engine(sched, sc.host, sc.allowed_failures, security=security,
                                     dashboard=bool(sc.dashboard))
+        # distributed's scheduler file beside the cluster file: Client(scheduler_file=...) works as
+        # with dask-jobqueue; the cluster file and `status` name it.
+        engine.write_scheduler_file(scheduler_file_for(cluster_file))
         meta.update(engine.meta())
         if security is not None:
             meta["engine_tls"] = security.to_dict()
