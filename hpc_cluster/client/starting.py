@@ -176,6 +176,11 @@ class StartingMixin:
             address = start_cluster(keywords, security)
             self._owns_cluster = True
         if address is not None and not isinstance(address, str):
+            if getattr(address, "engine", "hpc-cluster") != "hpc-cluster":
+                raise ValueError(f"{type(address).__name__} {getattr(address, 'name', '')!r} runs dask.distributed's "
+                                 "engine: connect with distributed's Client (from dask.distributed import Client; "
+                                 "Client(cluster)). Its deaths: `hpc-cluster why`, or this Client with "
+                                 "cluster_file=cluster.cluster_file (no tasks: they run on distributed's scheduler)")
             self.cluster = address
             if address.scheduler_address is None and getattr(address, "_started", None) is not None:
                 address._started.result(self.timeout)    # an asynchronous cluster whose scheduler is starting

@@ -145,11 +145,19 @@ class ClusterToolsMixin:
     def get_worker_logs(self, n: int = 200, include_dead: bool = True) -> dict[str, list[str]]:
         """Recent log lines of each worker; with include_dead, the last lines of dead ones too."""
         async def collect():
-            workers = await self._request({"op": Op.WORKERS})
+            rows = await self._request({"op": Op.WORKERS})
+            # Another engine's workers (engine: distributed) speak its protocol, not ours: their
+            # logs are its client's to fetch (distributed.Client.get_worker_logs()).
+            workers = [w for w in rows if w.get("engine", "hpc-cluster") == "hpc-cluster"]
             replies = await asyncio.gather(*(self._worker_request(w["address"], {"op": Op.GET_LOGS, "n": n})
                                              for w in workers), return_exceptions=True)
-            return {w["address"]: (r["lines"] if isinstance(r, dict) else [f"(unreachable: {r})"])
+            logs = {w["address"]: (r["lines"] if isinstance(r, dict) else [f"(unreachable: {r})"])
                     for w, r in zip(workers, replies)}
+            for w in rows:
+                if w not in workers:
+                    logs[w["address"]] = [f"(a {w['engine']} worker: distributed's Client.get_worker_logs() has "
+                                          "its lines)"]
+            return logs
         logs = self._lt.run(collect(), self.timeout)
         if include_dead:
             for d in self.deaths():

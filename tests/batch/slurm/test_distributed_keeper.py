@@ -37,3 +37,28 @@ def test_after_the_keeper_restarts_the_daemon_client_cluster_reaches_the_new_sch
             assert client.submit(pow, 3, 4).result(timeout=60) == 81
     finally:
         cluster.close()
+
+
+def test_our_client_refuses_a_distributed_cluster_and_leaves_its_workers_alone(slurm_cluster, own_home, tmp_path):
+    """hpc_cluster.Client(cluster) of a distributed-engine cluster would speak our protocol to
+    distributed's scheduler: refused, saying which Client to use. Through the cluster file (our
+    control plane), get_worker_logs() must not open our handshake on distributed's workers (one
+    tried to allocate 643 PiB, and the traceback joined its log tail)."""
+    from distributed import Client
+    from hpc_cluster import Client as OurClient
+    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", engine="distributed",
+                           log_directory=str(tmp_path / "logs"))
+    try:
+        with pytest.raises(ValueError, match="distributed's Client"):
+            OurClient(cluster)
+        cluster.scale(1)
+        with Client(cluster, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=180)
+            (address,) = client.scheduler_info()["workers"]
+            with OurClient(cluster_file=str(cluster.cluster_file), timeout=30) as ours:
+                logs = ours.get_worker_logs()
+            assert "get_worker_logs" in logs[address][0]
+            theirs = client.get_worker_logs()[address]
+            assert not any("MemoryError" in line or "handshake" in line.lower() for _level, line in theirs), theirs
+    finally:
+        cluster.close()
