@@ -11,9 +11,16 @@ walltime and lifetime from the worker's startup information), so that:
 - walltime and --lifetime drains, scale-down and shutdown reach distributed as a retirement
   (its own: results moved to peers first), through the stream our state writes to the worker
   (EngineStream: its CLOSE becomes `retire_workers`);
-- a final verdict charges the tasks the nanny saw executing (blame.py's Ledger), and a task over
-  its limits fails in distributed with our KilledWorker (errors.py); distributed's own
-  `allowed-failures` is set out of reach (dask_scheduler.py), so an innocent death never fails one.
+- a death is judged with the tasks its worker was executing: the nanny's list (its exit report's
+  `executing_keys`, read from the worker's pipe to its last instant; the report may come before or
+  after distributed removes the worker), else, without a nanny, what distributed's last heartbeat
+  of it said; the collector judges again with them named (`while running 'k'`, blame);
+- a final verdict charges those tasks (blame.py's Ledger), and a task over its limits fails in
+  distributed with our KilledWorker (errors.py) wherever it is by then (rerun, queued, waiting);
+  distributed's own `allowed-failures` is set out of reach (dask_scheduler.py), so an innocent
+  death never fails one, nor does a task merely queued on the dead worker;
+- work no worker will run (our scheduler halted: jobs kept dying before their worker started)
+  fails with the reason, as on our engine.
 
 Heartbeats and memory come from distributed's worker records, once every BEAT seconds.
 """
@@ -32,12 +39,17 @@ from ..protocol.messages import Cause, Op
 from ..scheduler.checks import check_number, worker_deadline
 from . import escalation
 from .blame import Ledger
-from .errors import killed_worker
+from .errors import killed_worker, stranded
 
 logger = logging.getLogger("hpc_cluster.engines")
 
 BEAT = 0.5
 GOODBYE, CLOSED = Op.GOODBYE.value, "closed"
+
+
+def shown_key(key) -> str:
+    """A key as death records show it ('hog-1GB', "('x', 0)"), as our engine's records do."""
+    return key if isinstance(key, str) else str(key)
 
 
 def key_from_text(text: str):
@@ -80,6 +92,10 @@ class Bridge(SchedulerPlugin):
         self.retiring: dict[str, str] = {}          # address -> why we asked it to leave
         self.charged: set[int] = set()              # death ids already counted
         self.failed: list = []                      # keys failed by a verdict (for tests and logs)
+        self.theirs: dict = {}                      # address -> distributed's WorkerState
+        # address -> {key: when it started} as its last heartbeat said, kept as it is removed:
+        # what a worker that dies without its nanny's report was executing.
+        self.last_executing: dict[str, dict] = {}
         self._beat: asyncio.Task | None = None
 
     # -- distributed's side ------------------------------------------------------------------
@@ -104,6 +120,7 @@ class Bridge(SchedulerPlugin):
                       name=str(dws.name), resources=dict(dws.resources or {}), info=info,
                       deadline=worker_deadline(info))
         self.mirrored.add(worker)
+        self.theirs[worker] = dws
         self.ours.streams[worker] = EngineStream(self, worker)
         escalation.worker_joined(self, worker)     # tasks moved to its pool may run on it
         self.ours._tell("joined", info)
@@ -113,13 +130,25 @@ class Bridge(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs) -> None:
         if worker not in self.mirrored:
+            self.theirs.pop(worker, None)
             return
         self.mirrored.discard(worker)
+        self._keep_executing(worker)
         asked = self.retiring.pop(worker, None)
         if worker in self.ours.state.workers:
             # A retirement we asked for leaves as a goodbye (our intent says why); anything
             # else is a death to explain.
             self.ours._remove_worker(worker, GOODBYE if asked else CLOSED)
+
+    def _keep_executing(self, address: str) -> None:
+        """What distributed's last heartbeat of a leaving worker said it was executing (at most
+        a beat old; a task that finished since is in memory): distributed may have moved its
+        tasks on already, but keeps that in its WorkerState."""
+        dws = self.theirs.pop(address, None)
+        if dws is not None:
+            now = self.clock()
+            self.last_executing[address] = {ts.key: now - ran for ts, ran in dws.executing.items()
+                                            if ts.state not in ("memory", "forgotten")}
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in ("memory", "forgotten") and self.ledger.attempts:
@@ -132,6 +161,7 @@ class Bridge(SchedulerPlugin):
         addr = info.get("address")
         if kind == "removed" and addr in self.mirrored and self.ds is not None and addr in self.ds.workers:
             self.mirrored.discard(addr)
+            self._keep_executing(addr)             # before our collector judges the death
             asyncio.ensure_future(self.ds.remove_worker(addr, stimulus_id=f"hpc-cluster-silent-{time.time()}"))
 
     def retire(self, address: str, intent: str) -> None:
@@ -155,45 +185,85 @@ class Bridge(SchedulerPlugin):
         asyncio.ensure_future(leave())
 
     def on_verdict(self, record: dict) -> None:
-        """A death's verdict changed; a final one charges (or not) the tasks it was executing."""
-        if record.get("final_at") is None or record.get("worker") is None or record["id"] in self.charged:
+        """A death's verdict was made or changed; a final one charges (or not) the tasks it was
+        executing."""
+        did = record["id"]
+        if record.get("worker") is None or did in self.charged:
             return
-        ev = self.ours.deaths.evidence.get(record["id"])
-        report = (ev.nanny if ev is not None else None) or {}
-        # The nanny's list; without one (nanny=False, a node gone with its nanny) no task is
-        # known to have been executing, and none is charged.
-        named = report.get("executing_keys")
-        self.charged.add(record["id"])
-        executing = {}
-        for text, started in (named or {}).items():
-            executing[key_from_text(text)] = (record["time"] - started) if isinstance(started, (int, float)) else None
-        if executing:
-            record["executing"] = sorted(str(k) for k in executing)
+        ev = self.ours.deaths.evidence.get(did)
+        executing = self._executing(record, ev)
+        shown = sorted(shown_key(k) for k in executing)
+        if ev is not None and shown != ev.executing:
+            # Our collector judges a death by the tasks our state saw executing, none of
+            # distributed's ("while idle", never blamed): name them and judge again. The refined
+            # verdict comes back here, final or not. (The nanny's list, when its report comes
+            # after the heartbeat's, replaces that one.)
+            record["executing"] = ev.executing = shown
+            self.ours.deaths._refine(did)
+            return
+        if record.get("final_at") is None:
+            return
+        self.charged.add(did)
+        self.last_executing.pop(record["worker"], None)
         if not (record.get("blame") or record.get("cause") == Cause.WALLTIME):
             return
         executing = escalation.verdict(self, record, executing)    # moved to a bigger pool: not charged
         for key, error in self.ledger.charge(record, executing):
             self._fail(key, error, record.get("worker"))
 
+    def _executing(self, record: dict, ev) -> dict:
+        """The distributed tasks the dead worker was executing (key -> seconds each had run, or
+        None): the nanny's list, read from the worker's pipe up to its last instant; without a
+        report (nanny=False, or a node gone with its nanny), the worker's last heartbeat's list
+        (at most a beat old: a task started in that last beat is missed)."""
+        report = (ev.nanny if ev is not None else None) or {}
+        named = report.get("executing_keys")
+        if named is None:
+            started = self.last_executing.get(record["worker"]) or {}
+        else:
+            if isinstance(named, list):             # a nanny that kept no start times
+                named = dict.fromkeys(named)
+            started = {key_from_text(text): at for text, at in named.items()}
+        ended = report.get("ended") or record["time"]
+        return {key: (round(ended - at, 3) if isinstance(at, (int, float)) else None)
+                for key, at in started.items()}
+
     def _fail(self, key, error: dict, last_worker: str | None) -> None:
+        exc = killed_worker(key, error, last_worker)
+        if self._err(key, exc):
+            self.failed.append(key)
+            logger.warning("task %r failed: %s", key, str(exc).splitlines()[0])
+
+    def _err(self, key, exc: BaseException) -> bool:
+        """Fail a task in distributed's scheduler with `exc`, wherever it is by now: rerun on
+        another worker (processing: that worker is told to drop it), queued, without a worker,
+        or waiting. Its dependents fail with it, as with distributed's own KilledWorker. False if
+        it had finished, failed or been forgotten meanwhile."""
         ds = self.ds
         ts = ds.tasks.get(key) if ds is not None else None
         if ts is None or ts.state in ("memory", "erred", "forgotten"):
-            return
-        exc = killed_worker(key, error, last_worker)
-        blob = pickle.dumps(exc)
+            return False
         sid = f"hpc-cluster-verdict-{time.time()}"
-        if ts.state in ("waiting", "released"):
-            if ts.state == "waiting":
-                ds.transitions({key: "released"}, sid)
-            ts.exception, ts.exception_text, ts.exception_blame = blob, str(exc), ts
-            ds.transitions({key: "erred"}, sid)
-        else:
-            more = {"worker": ts.processing_on.address} if ts.state == "processing" and ts.processing_on else {}
-            recs = ds.transition(key, "erred", sid, exception=blob, exception_text=str(exc), cause=key, **more)
-            ds.transitions(recs, sid)
-        self.failed.append(key)
-        logger.warning("task %r failed: %s", key, str(exc).splitlines()[0])
+        recs = {}
+        if ts.state != "released":
+            recs = ds.transition(key, "released", sid)      # sends free-keys to a worker running it
+            recs.pop(key, None)                              # it goes to erred, not back to waiting
+        ts.exception, ts.exception_text, ts.exception_blame = pickle.dumps(exc), str(exc), ts
+        recs.update(ds.transition(key, "erred", sid))
+        ds.transitions(recs, sid)
+        return True
+
+    def _fail_if_stranded(self) -> None:
+        """No worker, none on its way, and no job will be submitted (our scheduler halted: jobs
+        kept ending before their worker started): distributed's waiting work would wait forever.
+        Fail it, saying why, as our engine's fail_if_stranded does for its own."""
+        ours, ds = self.ours, self.ds
+        if not ours.halted or ds.workers or ours.expecting_workers():
+            return
+        reason = f"no worker is left to run it and none will be started: {ours.halted}"
+        for key, ts in list(ds.tasks.items()):
+            if ts.state in ("waiting", "queued", "no-worker") and self._err(key, stranded(key, reason)):
+                logger.warning("task %r failed: %s", key, reason)
 
     async def _beats(self) -> None:
         """Heartbeats and memory of the mirrored workers, from distributed's records."""
@@ -209,6 +279,7 @@ class Bridge(SchedulerPlugin):
                     mem = dws.memory
                     st.worker_memory(addr, {"rss": int(mem.process), "managed": int(mem.managed),
                                             "spilled": int(mem.spilled)}, now)
+                self._fail_if_stranded()
                 self.ours._flush()
             except Exception:
                 logger.exception("mirroring distributed's workers failed")

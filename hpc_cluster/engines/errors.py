@@ -2,7 +2,8 @@
 
 Each is distributed's `KilledWorker` (so `except distributed.KilledWorker` keeps working) and
 ours (TaskMemoryError, TaskCrashedError, TaskWalltimeError, hpc_cluster.KilledWorker), with our
-text: the cause, the evidence and the fix, every attempt, not "inspect worker logs". They travel
+text: the cause, the evidence and the fix, every attempt, not "inspect worker logs". Work that no
+worker will ever run (the cluster halted) fails with our CancelledError and the reason. They travel
 pickled through distributed's scheduler; unpickling needs hpc-cluster where the client runs.
 """
 
@@ -33,6 +34,11 @@ class KilledWorker(ours.KilledWorker, _DistributedKilledWorker):
     def __str__(self) -> str:
         return Exception.__str__(self)
 
+    def __reduce__(self):
+        # Ours pickles the message's ingredients; the address of the last worker travels too.
+        cls, args = super().__reduce__()[:2]
+        return cls, args, {"last_worker": self.last_worker}
+
 
 class TaskMemoryError(ours.TaskMemoryError, KilledWorker):
     """The task's memory use killed its workers."""
@@ -57,3 +63,16 @@ def killed_worker(key, error: dict, last_worker: str | None = None) -> KilledWor
                                  error.get("walltime"), error.get("pools"))
     exc.last_worker = last_worker
     return exc
+
+
+class CancelledError(ours.CancelledError):
+    """No worker is left to run the task and none will be started (the cluster stopped
+    submitting jobs whose workers never started): our CancelledError, with the reason, as on
+    our engine; a concurrent.futures.CancelledError as distributed's are."""
+
+    def __reduce__(self):
+        return type(self), (self.key, self.reason)
+
+
+def stranded(key, reason: str) -> CancelledError:
+    return CancelledError(key, reason)

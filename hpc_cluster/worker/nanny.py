@@ -128,7 +128,7 @@ class Nanny:
         # What runs as the worker: ours, or another engine's worker (worker/flags.py's ENGINE_WORKERS),
         # which names its executing tasks on a pipe: our scheduler does not see its tasks.
         self.module = module
-        self.executing: dict[str, None] = {}        # that engine's executing tasks (their keys as JSON)
+        self.executing: dict[str, float] = {}       # that engine's executing tasks (key as JSON -> started)
         self.child_env = child_env                  # None: ours (the worker reads the cluster file)
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
@@ -352,7 +352,8 @@ class Nanny:
 class ExecutingPipe:
     """The pipe on which another engine's worker names each task it starts ("+KEY") and ends
     ("-KEY"), a line each: at its death, the tasks it was executing are the ones blamed (issue
-    32). Read as it arrives, so the worker never blocks on a full pipe."""
+    32), each with the time it started (how long it ran goes in the death's attempts). Read as
+    it arrives, so the worker never blocks on a full pipe."""
 
     def __init__(self, executing: dict):
         self.read_end, self.write_end = os.pipe()
@@ -376,7 +377,7 @@ class ExecutingPipe:
                 for line in lines:
                     key = line[1:].decode(errors="replace")
                     if line[:1] == b"+":
-                        self.executing[key] = None
+                        self.executing[key] = round(time.time(), 3)
                     elif line[:1] == b"-":
                         self.executing.pop(key, None)
         except BlockingIOError:
@@ -384,13 +385,13 @@ class ExecutingPipe:
         except OSError:
             asyncio.get_running_loop().remove_reader(self.read_end)
 
-    def finish(self) -> list[str]:
-        """What it was executing when it ended; the pipe closed."""
+    def finish(self) -> dict[str, float]:
+        """What it was executing when it ended (key -> when it started); the pipe closed."""
         self._read()
         loop = asyncio.get_running_loop()
         loop.remove_reader(self.read_end)
         os.close(self.read_end)
-        return list(self.executing)
+        return dict(self.executing)
 
 
 def _describe(report: dict) -> str:
