@@ -55,10 +55,12 @@ class ExecutingToNanny(WorkerPlugin):
         self.fd = fd
 
     def transition(self, key, start, finish, **kwargs):
-        running = ("executing", "long-running")
+        # A task cancelled while executing (the worker closing on SIGTERM, the scheduler freeing
+        # it) still runs in its thread until it returns: it ends when it leaves "cancelled".
+        running, still = ("executing", "long-running"), ("executing", "long-running", "cancelled")
         if finish in running and start not in running:
             self._write(b"+", key)
-        elif start in running and finish not in running:
+        elif start in still and finish not in still:
             self._write(b"-", key)
 
     def _write(self, sign: bytes, key) -> None:
