@@ -5,9 +5,12 @@ scenario waits for its verdict or cleans up its jobs reaches both."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from contextlib import contextmanager
 
 from hpc_cluster import Client
+from helpers.by_value import by_value
 from helpers.wait import WaitTimeout, wait_until
 
 # The evidence collector stops asking the batch system's accounting after ~90 s; be generous.
@@ -58,6 +61,60 @@ class Run:
                             to_final=round(death["final_at"] - death["time"], 1))
 
 
+class DistributedClients:
+    """engine="distributed": the user's client is distributed's (`distributed.Client(cluster)`:
+    submit, map, wait_for_workers, futures), and what a user asks hpc-cluster about deaths goes
+    to ours (`hpc_cluster.Client(cluster_file=...)`: deaths, scheduler_info with each worker's
+    job) and to `hpc-cluster why KEY NAME`. One object, so that a scenario written for our
+    engine's Client stages the same death on distributed's. Task functions go by value
+    (helpers/by_value.py: distributed's scheduler and workers cannot import tests/)."""
+
+    def __init__(self, cluster):
+        import distributed
+        self.cluster = cluster
+        self.user = distributed.Client(cluster)
+        self.ours = Client(cluster_file=str(cluster.cluster_file))
+
+    def __getattr__(self, name):                  # wait_for_workers, gather, get_events ...
+        return getattr(self.user, name)
+
+    def submit(self, fn, *args, **kwargs):
+        return self.user.submit(by_value(fn), *args, **kwargs)
+
+    def map(self, fn, *iterables, **kwargs):
+        return self.user.map(by_value(fn), *iterables, **kwargs)
+
+    def deaths(self) -> list[dict]:
+        return self.ours.deaths()
+
+    def scheduler_info(self) -> dict:
+        """Ours (each worker's job id, pid, pool), with the number of tasks executing on each
+        as distributed's scheduler last heard it (our state runs none of them)."""
+        theirs = self.user.scheduler_info(n_workers=-1)["workers"]
+        info = self.ours.scheduler_info()
+        for addr, row in info["workers"].items():
+            counts = ((theirs.get(addr) or {}).get("metrics") or {}).get("task_counts") or {}
+            row["executing"] = counts.get("executing", 0)
+        return info
+
+    def why(self, future) -> str:
+        """`hpc-cluster why KEY NAME`, as the user types it: the deaths while it was executing."""
+        out = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "why", str(future.key), self.cluster.id],
+                             capture_output=True, text=True, timeout=120)
+        return out.stdout + out.stderr
+
+    def close(self) -> None:
+        try:
+            self.user.close()
+        finally:
+            self.ours.close()
+
+
+def clients_for(cluster):
+    """The client a scenario uses: ours, or on engine="distributed" distributed's with ours beside."""
+    return DistributedClients(cluster) if getattr(cluster, "engine", None) == "distributed" else Client(cluster)
+
+
 @contextmanager
 def deployed(cluster, queued, jobs: int = 1, wait: bool = True, outcome: dict | None = None):
     """A Run of `cluster` (a batch system's cluster, just made) with `jobs` workers up (jobs=0:
@@ -68,7 +125,7 @@ def deployed(cluster, queued, jobs: int = 1, wait: bool = True, outcome: dict | 
     outcome = {} if outcome is None else outcome
     client = run = None
     try:
-        client = Client(cluster)
+        client = clients_for(cluster)
         run = Run(cluster, client, outcome)
         if jobs:
             cluster.scale(jobs)

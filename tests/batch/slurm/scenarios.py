@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -42,12 +43,40 @@ def hard_exit(code=1):
     os._exit(code)
 
 
+def segfault_after(seconds: float):
+    """A crash a moment after the task starts: the tasks queued behind it reach its worker first."""
+    import ctypes
+    import time
+    time.sleep(seconds)
+    ctypes.string_at(0)
+
+
 # ---------------------------------------------------------------------------- helpers
+
+# The engine a scenario's clusters run (with_engine): ours unless said. Per thread, since the
+# scenarios run side by side in threads.
+_engine = threading.local()
+
+
+def with_engine(engine: str, fn):
+    """Scenario `fn` staged on `engine` ("distributed": distributed's scheduler and workers,
+    the user's client distributed's; helpers.scenarios.DistributedClients): the same staging."""
+    def staged(*args):
+        _engine.name = engine
+        try:
+            return fn(*args)
+        finally:
+            _engine.name = None
+    staged.__name__ = getattr(fn, "__name__", "scenario")
+    return staged
+
 
 def on_slurm(name: str, nanny: bool, log_dir: Path, jobs: int = 1, **kwargs):
     """helpers.scenarios.deployed: a SLURMCluster named sc-<name>, with `jobs` workers up, its
     outcome named after the scenario; closed, and its jobs gone from squeue, on exit."""
     kwargs = {"cores": 1, "memory": "300MB", "walltime": "00:10:00", **kwargs}
+    if getattr(_engine, "name", None):
+        kwargs["engine"] = _engine.name
     cluster = SLURMCluster(log_directory=str(log_dir / f"{name}-{'nanny' if nanny else 'bare'}"),
                            nanny=nanny, name=f"sc-{name}", **kwargs)
     # A failing squeue lists no job: the outcome is recorded either way, and the test says so.
