@@ -10,8 +10,9 @@ scheduler's address from the cluster file, and runs distributed's Worker with:
   the bridge (bridge.py) reads when the worker registers;
 - a worker plugin naming each task it starts and ends on the nanny's pipe (--executing-fd), so a
   death charges only the tasks that were executing;
-- a version check: a worker whose distributed differs from the scheduler's exits at start with
-  both versions (as our engine refuses a mismatched worker), before it can run anything.
+- a version check: a worker whose dask or distributed differs from the scheduler's, or that has
+  no distributed, exits at start (EXIT_REFUSED: the nanny does not restart it) with both versions
+  and its interpreter (as our engine refuses a mismatched worker), before it can run anything.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import os
 import signal
 import sys
 
-from distributed.diagnostics.plugin import WorkerPlugin
+try:
+    from distributed.diagnostics.plugin import WorkerPlugin
+except ImportError:         # the job's environment lacks distributed: main() refuses, saying so
+    WorkerPlugin = object
 
 from ..lifeline import watch_owner
 from ..protocol.clusterfile import read_cluster_file
@@ -86,15 +90,20 @@ def note_retirement(worker) -> dict:
 def version_mismatch(expected: dict | None) -> str | None:
     """Why this worker may not join a scheduler running `expected` (package -> version), or None."""
     import dask
-    import distributed
-    here = {"distributed": distributed.__version__, "dask": dask.__version__}
+    try:
+        import distributed
+        installed = distributed.__version__
+    except ImportError:
+        installed = "not installed"
+    here = {"distributed": installed, "dask": dask.__version__}
     wrong = [f"{name} {here[name]} here, {want} on the scheduler" for name, want in sorted((expected or {}).items())
              if name in here and want and want != here[name]]
     if not wrong:
         return None
+    # The interpreter named: which environment to fix is what a user of several cannot tell.
     return ("this worker's packages differ from the scheduler's (" + "; ".join(wrong) + "): install the same "
-            "versions in the environment the jobs run (python= of the cluster, or job_script_prologue's "
-            "activation) as where the cluster starts")
+            f"versions in the environment the jobs run ({sys.executable}: the cluster's python= setting, or "
+            "job_script_prologue's activation) as where the cluster starts")
 
 
 def apply_memory_fractions(args) -> None:
