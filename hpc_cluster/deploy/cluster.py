@@ -278,6 +278,10 @@ class JobQueueCluster(ClusterDisplayMixin):
         return info
 
     async def _start_async(self) -> "JobQueueCluster":
+        if self._starting is None and self.status is Status.running:
+            # Started in __init__ (asynchronous=False), and distributed's Client(cluster) awaits the
+            # cluster all the same: a second launch would find our own daemon and mark us failed.
+            return self
         if self._starting is None:
             self._starting = asyncio.ensure_future(asyncio.to_thread(self._start))
         await self._starting
