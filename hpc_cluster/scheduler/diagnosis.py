@@ -249,6 +249,19 @@ RULES = [
 ]
 
 
+# How a worker that refuses to start says why, in its last lines (worker/__main__.py and
+# engines/dask_worker.py: a version mismatch, a bad flag, no scheduler in the cluster file).
+WORKER_SAYS = "hpc-cluster worker: "
+
+
+def _refusal(ev: Evidence) -> str:
+    """A startup death's fix: the worker's own refusal when it gave one, else the general advice."""
+    said = next((line for line in reversed(ev.log_tail) if WORKER_SAYS in line), None)
+    if said is None:
+        return ADVICE[Cause.STARTUP]
+    return f"the worker said: {said.split(WORKER_SAYS, 1)[1].strip()}"
+
+
 def diagnose(ev: Evidence) -> Verdict:
     """Decide the cause of a death from the evidence gathered so far."""
     facts = facts_of(ev)
@@ -261,7 +274,7 @@ def diagnose(ev: Evidence) -> Verdict:
                 blame = blame and picture.charged is not False
                 return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)),
                                facts + memory_facts(ev), memory_advice(picture, cause, blame))
-            return Verdict(cause, blame, text, facts, ADVICE[cause])
+            return Verdict(cause, blame, text, facts, _refusal(ev) if cause == Cause.STARTUP else ADVICE[cause])
     return Verdict(Cause.UNKNOWN, False, "no evidence about this death", facts, ADVICE[Cause.UNKNOWN])
 
 

@@ -443,3 +443,17 @@ def test_results_stored_since_the_last_heartbeat_count_as_held_at_a_death_betwee
     assert record["cause"] == "memory-nanny" and not record["blame"], record
     assert "it held 270.00 MiB of stored results in memory" in record["text"], record["text"]
     assert "stored results filled the worker" in record["advice"], record["advice"]
+
+
+def test_a_startup_death_advises_what_the_refusing_worker_said():
+    """A worker that refused to start (a version mismatch on the distributed engine) said why in
+    its last line: that is the fix, not the general 'check python= and the prologue'."""
+    said = ("hpc-cluster worker: this worker's packages differ from the scheduler's (distributed 2025.1.0 here, "
+            "2026.8.0 on the scheduler): install the same versions")
+    v = diagnose(Evidence(registered=False, job_id="7", accounting=acct("failed", "FAILED", exit_code=3),
+                          log_tail=["some import noise", said, "nanny: worker ended (exit code 3); nanny exits"]))
+    assert v.cause == "startup"
+    assert v.advice.startswith("the worker said: this worker's packages differ") and "2025.1.0" in v.advice
+    plain = diagnose(Evidence(registered=False, job_id="7", accounting=acct("failed", "FAILED", exit_code=1),
+                              log_tail=["ModuleNotFoundError: No module named 'hpc_cluster'"]))
+    assert plain.advice == ADVICE[plain.cause]
