@@ -44,6 +44,9 @@ from .errors import killed_worker, stranded
 logger = logging.getLogger("hpc_cluster.engines")
 
 BEAT = 0.5
+# Seconds before its job's deadline a draining worker stops waiting for its running tasks and
+# is retired: distributed's retirement moves its results to peers in that time.
+FINISH_MARGIN = 5.0
 GOODBYE, CLOSED = Op.GOODBYE.value, "closed"
 
 
@@ -171,6 +174,7 @@ class Bridge(SchedulerPlugin):
         logger.info("retiring distributed worker %s (%s)", address, intent)
 
         async def leave():
+            await self._let_running_finish(address, intent)
             try:
                 await self.ds.retire_workers(workers=[address], close_workers=True, remove=True,
                                              stimulus_id=f"hpc-cluster-{intent}-{time.time()}")
@@ -183,6 +187,24 @@ class Bridge(SchedulerPlugin):
                 await self.ds.remove_worker(address, stimulus_id=f"hpc-cluster-{intent}-{time.time()}",
                                             expected=True)
         asyncio.ensure_future(leave())
+
+    async def _let_running_finish(self, address: str, intent: str) -> None:
+        """Before a walltime or lifetime retirement, as our engine's drain does: the worker gets
+        no new task (paused on distributed's side: it does not know), and what it is running
+        finishes, up to FINISH_MARGIN before its job's deadline; then distributed retires it
+        (results to peers). distributed's retirement alone closed it with its tasks still
+        running: a task that fitted in the job was cut at every drain and never finished."""
+        ws = self.ours.state.workers.get(address)
+        deadline = ws.deadline if ws is not None else None
+        if deadline is None or not intent.startswith(("walltime", "lifetime")):
+            return
+        dws = self.ds.workers.get(address)
+        if dws is None:
+            return
+        self.ds.handle_worker_status_change("paused", address, stimulus_id=f"hpc-cluster-drain-{time.time()}")
+        while (address in self.ds.workers and self.ds.workers[address].processing
+               and self.clock() < deadline - FINISH_MARGIN):
+            await asyncio.sleep(0.2)
 
     def on_verdict(self, record: dict) -> None:
         """A death's verdict was made or changed; a final one charges (or not) the tasks it was
