@@ -194,9 +194,12 @@ class Bridge(SchedulerPlugin):
         finishes, up to FINISH_MARGIN before its job's deadline; then distributed retires it
         (results to peers). distributed's retirement alone closed it with its tasks still
         running: a task that fitted in the job was cut at every drain and never finished."""
-        ws = self.ours.state.workers.get(address)
+        if not intent.startswith(("walltime", "lifetime")):
+            return
+        state = getattr(self.ours, "state", None)         # none: a bridge without our scheduler (tests)
+        ws = state.workers.get(address) if state is not None else None
         deadline = ws.deadline if ws is not None else None
-        if deadline is None or not intent.startswith(("walltime", "lifetime")):
+        if deadline is None:
             return
         dws = self.ds.workers.get(address)
         if dws is None:
