@@ -47,7 +47,7 @@ BEAT = 0.5
 # Seconds before its job's deadline a draining worker stops waiting for its running tasks and
 # is retired: distributed's retirement moves its results to peers in that time.
 FINISH_MARGIN = 5.0
-GOODBYE, CLOSED = Op.GOODBYE.value, "closed"
+GOODBYE, CLOSED, HEARTBEAT_LOST = Op.GOODBYE.value, "closed", Cause.HEARTBEAT_LOST.value
 
 
 def shown_key(key) -> str:
@@ -140,8 +140,13 @@ class Bridge(SchedulerPlugin):
         asked = self.retiring.pop(worker, None)
         if worker in self.ours.state.workers:
             # A retirement we asked for leaves as a goodbye (our intent says why); anything
-            # else is a death to explain.
-            self.ours._remove_worker(worker, GOODBYE if asked else CLOSED)
+            # else is a death to explain: silence past distributed's worker-ttl as heartbeat-lost,
+            # its nanny told to end the process (which it reports on, as for our workers).
+            silent = str(stimulus_id or "").startswith("check-worker-ttl")
+            info = dict(self.ours.state.workers[worker].info)
+            self.ours._remove_worker(worker, GOODBYE if asked else HEARTBEAT_LOST if silent else CLOSED)
+            if silent:
+                self.ours._end_unresponsive(info)
 
     def _keep_executing(self, address: str) -> None:
         """What distributed's last heartbeat of a leaving worker said it was executing (at most
@@ -300,7 +305,11 @@ class Bridge(SchedulerPlugin):
                     dws = self.ds.workers.get(addr)
                     if dws is None or addr not in st.workers:
                         continue
-                    st.heartbeat(addr, max(dws.last_seen, st.workers[addr].last_seen))
+                    # Alive while distributed keeps it: its worker beats from its event loop, which a
+                    # task holding the GIL blocks for seconds (xgboost under load: our 5 s TTL
+                    # removed a training worker and its scattered data). distributed's worker-ttl
+                    # judges silence; its removal comes here as heartbeat-lost (remove_worker).
+                    st.heartbeat(addr, now)
                     mem = dws.memory
                     st.worker_memory(addr, {"rss": int(mem.process), "managed": int(mem.managed),
                                             "spilled": int(mem.spilled)}, now)

@@ -62,3 +62,33 @@ def test_our_client_refuses_a_distributed_cluster_and_leaves_its_workers_alone(s
             assert not any("MemoryError" in line or "handshake" in line.lower() for _level, line in theirs), theirs
     finally:
         cluster.close()
+
+
+def _hold_the_gil(seconds: int) -> int:
+    import ctypes
+    ctypes.PyDLL(None).sleep(seconds)       # libc's sleep through PyDLL: the GIL stays held
+    return seconds
+
+
+@pytest.mark.timeout(300)
+def test_a_task_holding_the_gil_past_our_heartbeat_ttl_keeps_its_distributed_worker(slurm_cluster, own_home,
+                                                                                    tmp_path):
+    """distributed's workers beat from their event loop, which a task holding the GIL stops; our
+    heartbeat_ttl (2 s here) removed such a worker and its nanny killed it (xgboost in CI lost its
+    scattered data so). distributed's worker-ttl judges their silence instead."""
+    from distributed import Client
+    from hpc_cluster import Client as OurClient
+    from helpers.by_value import by_value
+    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", engine="distributed", heartbeat_ttl=2,
+                           log_directory=str(tmp_path / "logs"))
+    try:
+        cluster.scale(1)
+        with Client(cluster, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=180)
+            (before,) = client.scheduler_info()["workers"]
+            assert client.submit(by_value(_hold_the_gil), 8, pure=False).result(timeout=120) == 8
+            assert list(client.scheduler_info()["workers"]) == [before]
+            with OurClient(cluster_file=str(cluster.cluster_file), timeout=30) as ours:
+                assert ours.deaths() == []
+    finally:
+        cluster.close()
