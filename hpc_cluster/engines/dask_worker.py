@@ -35,6 +35,7 @@ from ..protocol.clusterfile import read_cluster_file
 from ..worker.__main__ import (build_parser, cpu_count, lifetime_info, registration_info, system_memory,
                                use_local_directory)
 from ..worker.flags import memory_limit_bytes, parse_resources, threads_per_worker
+from ..worker.route import listen_host
 from ..worker.worker import EXIT_LIFETIME
 
 logger = logging.getLogger("hpc_cluster.engines.dask_worker")
@@ -125,7 +126,7 @@ async def run(args, address: str, info: dict, security, executing_fd: int | None
     if note:
         logger.warning(note)
     plugins = [ExecutingToNanny(executing_fd)] if executing_fd is not None else []
-    where = {"interface": args.interface} if args.interface else {"host": args.host}
+    where = {"interface": args.interface} if args.interface else {"host": listen_host(args.host, address)}
     worker = Worker(address, nthreads=nthreads, name=args.name, memory_limit=memory_limit or None,
                     resources=parse_resources(args.resources or "") or None,
                     local_directory=args.local_directory, death_timeout=args.death_timeout,

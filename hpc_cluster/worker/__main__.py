@@ -18,6 +18,7 @@ from ..protocol.frames import Limits
 from ..protocol.clusterfile import SECRET_ENV, read_cluster_file, take_secret_from_env
 from ..protocol.tls import Security
 from .memory import tune_malloc
+from .route import listen_host
 from .store import MemoryFractions
 from .flags import (DEFAULTS, ENGINE_WORKERS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
@@ -235,6 +236,7 @@ def main(argv=None) -> int:
         if secret is None:
             print("hpc-cluster worker: set $HPC_CLUSTER_SECRET or use --cluster-file", file=sys.stderr)
             return 2
+    args.host = listen_host(args.host, address)     # not every interface: the one towards the scheduler
     memory_limit, note = memory_limit_bytes(args.memory_limit, nthreads=nthreads, cpus=cpus,
                                             system_memory=system_memory())
     if note:
