@@ -1,0 +1,71 @@
+"""Workers on other nodes reach the scheduler on the login node across the bridge, with no
+interface= setting (issue 33, point 2), and each node keeps its own /tmp (point 1)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+
+from hpc_cluster import Client
+from hpc_cluster.deploy.cluster import SLURMCluster
+from helpers import multinode as MN
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def where_am_i():
+    return socket.gethostname()
+
+
+def write_local(name):
+    path = os.path.join(tempfile.gettempdir(), name)
+    with open(path, "w") as f:
+        f.write(socket.gethostname())
+    return socket.gethostname(), path
+
+
+@pytest.fixture(scope="module")
+def spread(tmp_path_factory):
+    base = MN.SHARED / "tests" / "across"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
+        mp.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(base / "etc"))
+        with SLURMCluster(cores=1, memory="400MB", walltime="00:10:00", name="mn-across",
+                          log_directory=str(base / "logs")) as cluster:
+            cluster.scale(4)
+            with Client(cluster) as client:
+                client.wait_for_workers(4, timeout=180)
+                yield cluster, client
+
+
+def test_the_scheduler_advertises_the_address_that_routes_to_the_nodes(spread):
+    cluster, client = spread
+    assert client.scheduler_info()["address"].split("://")[1].split(":")[0] == MN.LOGIN_ADDRESS
+
+
+def test_workers_on_every_node_register_by_address(spread):
+    cluster, client = spread
+    hosts = client.run(where_am_i)
+    assert len(set(hosts.values())) >= 3, hosts           # CR_LLN spreads the 4 jobs
+    assert set(hosts.values()) <= set(MN.NODES), hosts
+    for address, host in hosts.items():
+        # An IP the login node can reach, on the node's own bridge address, not a host name.
+        assert address.split("://")[1].split(":")[0] == f"10.77.0.1{host[-1]}", (address, host)
+    assert sum(client.gather(client.map(lambda x: x + 1, range(200)))) == sum(range(1, 201))
+
+
+def test_each_node_has_its_own_tmp(spread):
+    cluster, client = spread
+    name = f"mn-local-{os.getpid()}"
+    written = client.run(write_local, name)
+    for host, path in written.values():
+        assert path.startswith("/tmp/"), path
+        on_node = MN.STATE / host / "tmp" / os.path.basename(path)
+        assert on_node.read_text() == host
+        others = [n for n in MN.NODES if n != host and (MN.STATE / n / "tmp" / name).exists()
+                  and (MN.STATE / n / "tmp" / name).read_text() == host]
+        assert not others, others
+    assert not os.path.exists(os.path.join("/tmp", name))        # the login node's /tmp is its own
