@@ -83,6 +83,12 @@ class Evidence:
     # fractions, its last report (rss, peak_rss, managed results, spilled), its memory when
     # the oldest running task started (start_rss, start_managed), the cluster's stored results.
     memory: dict | None = None
+    # A silent worker's nanny did not answer a ping either: the node, or the network to it,
+    # went quiet, not the worker process alone (scheduler/links.py, issue 33).
+    nanny_silent: bool = False
+    # Seconds after its removal that a silent worker registered again (reattached): the
+    # silence was a partition or a pause, and it is over.
+    reattached_after: float | None = None
 
 
 @dataclass
@@ -200,7 +206,9 @@ RULES = [
     (lambda ev: _acct_state(ev) == "preempted" or _log_says(ev, Cause.PREEMPTED),
      lambda ev: (Cause.PREEMPTED, f"{_job(ev)} was preempted by the batch system {_running(ev)}")),
     (lambda ev: _acct_state(ev) in ("node-fail", "boot-fail") or _log_says(ev, Cause.NODE_FAILURE),
-     lambda ev: (Cause.NODE_FAILURE, f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}")),
+     lambda ev: (Cause.NODE_FAILURE, f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}"
+                 + (", after the worker had fallen silent (it never came back)"
+                    if ev.connection == Cause.HEARTBEAT_LOST and ev.reattached_after is None else ""))),
     (lambda ev: _nanny(ev).get("killed_by_nanny"),
      lambda ev: (Cause.MEMORY_NANNY,
                  f"the nanny stopped the worker {_running(ev)}: memory reached "
@@ -243,10 +251,37 @@ RULES = [
      lambda ev: (Cause.UNKNOWN, f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
     (lambda ev: ev.connection == Cause.HEARTBEAT_LOST,
-     lambda ev: (Cause.HEARTBEAT_LOST, f"the worker stopped answering heartbeats {_running(ev)}")),
+     lambda ev: (Cause.HEARTBEAT_LOST, f"the worker stopped answering heartbeats {_running(ev)}" + _silence(ev))),
     (lambda ev: ev.connection == "closed",
      lambda ev: (Cause.CONNECTION_LOST, f"the connection to the worker closed {_running(ev)}")),
 ]
+
+
+def _silence(ev: Evidence) -> str:
+    """What followed a worker's silence: it came back (a partition or a pause that ended), or
+    its nanny was silent too (the node or the network to it, not the worker process)."""
+    node = _acct(ev).get("node")
+    running = _acct_state(ev) == "running"
+    if ev.reattached_after is not None:
+        return (f"; it came back {ev.reattached_after:.0f} s later and was reattached"
+                + (" (its job was RUNNING throughout)" if running else "")
+                + f": the network to its node{' ' + node if node else ''} was cut, or the node paused, "
+                  "and it recovered")
+    if ev.nanny_silent:
+        return (f"; its nanny{' on ' + node if node else ''} did not answer either"
+                + (" while the job was still RUNNING" if running else "")
+                + ": the node or the network to it, not the worker process")
+    return ""
+
+
+def _advice(ev: Evidence, cause: str) -> str:
+    if cause == Cause.STARTUP:
+        return _refusal(ev)
+    if cause == Cause.HEARTBEAT_LOST and ev.reattached_after is not None:
+        node = _acct(ev).get("node")
+        return (f"nothing to do: nothing was lost and no task was charged; if it happens again, ask your "
+                f"admins about the network of node {node or '(see the accounting line)'}")
+    return ADVICE[cause]
 
 
 # How a worker that refuses to start says why, in its last lines (worker/__main__.py and
@@ -274,7 +309,7 @@ def diagnose(ev: Evidence) -> Verdict:
                 blame = blame and picture.charged is not False
                 return Verdict(cause, blame, text + picture.story(blame, bool(ev.executing)),
                                facts + memory_facts(ev), memory_advice(picture, cause, blame))
-            return Verdict(cause, blame, text, facts, _refusal(ev) if cause == Cause.STARTUP else ADVICE[cause])
+            return Verdict(cause, blame, text, facts, _advice(ev, cause))
     return Verdict(Cause.UNKNOWN, False, "no evidence about this death", facts, ADVICE[Cause.UNKNOWN])
 
 
@@ -447,6 +482,11 @@ def facts_of(ev: Evidence) -> list[str]:
                    + (", cgroup OOM kill recorded" if n.get("cgroup_oom") else "")
                    + (f", ended by the nanny after the scheduler lost its heartbeat (process "
                       f"{n['unresponsive'].get('status', '?')})" if n.get("unresponsive") else ""))
+    if ev.nanny_silent:
+        out.append("nanny: did not answer the scheduler's ping either (no order to end the worker was sent)")
+    if ev.reattached_after is not None:
+        out.append(f"reconnection: the worker registered again {ev.reattached_after:.0f} s after it was "
+                   "removed, with its results (reattached)")
     a = ev.accounting
     if a:
         code = f" {a.get('exit_code')}:{a.get('signal') or 0}" if a.get("exit_code") is not None else ""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Callable, Protocol
 
+from ..protocol.messages import Cause
 from .diagnosis import Evidence, diagnose, needs_accounting, peak_memory
 from .state.machine import SchedulerState
 
@@ -76,6 +77,7 @@ class EvidenceCollector:
         self._wake = asyncio.Event()                         # a new death may be due sooner
         self._final_rounds: dict[int, int] = {}              # death id -> final records seen so far
         self._gave_up: set[int] = set()                      # deaths we stopped asking about
+        self._silent: dict[str, int] = {}                    # address -> death of a worker removed as silent
         self._task: asyncio.Task | None = None
         # Who hears of every verdict as it is made or refined (the distributed engine's bridge:
         # its tasks are not in our state): fn(death record).
@@ -109,6 +111,8 @@ class EvidenceCollector:
         self.evidence[record["id"]] = ev
         if awaiting_nanny:
             self._death_of_nanny[nanny_id] = record["id"]
+        if connection == Cause.HEARTBEAT_LOST and record["final_at"] is None:
+            self._silent[addr] = record["id"]          # it may come back (reattached)
         if asking:
             self._waiting[record["id"]] = 0
             self._due[record["id"]] = asyncio.get_running_loop().time() + BACKOFF[0]
@@ -144,6 +148,27 @@ class EvidenceCollector:
         if death_id is not None:
             self._refine(death_id)
 
+    def nanny_unanswered(self, nanny_id: str) -> None:
+        """A silent worker's nanny did not answer a ping either (scheduler/links.py)."""
+        death_id = self._death_of_nanny.get(nanny_id)
+        if death_id is not None:
+            self.evidence[death_id].nanny_silent = True
+            self._refine(death_id)
+
+    def reattached(self, address: str) -> None:
+        """A worker removed as silent registered again (the same process: its address): the
+        silence is over. Its death record says so and is final (its job runs on: the batch
+        system has nothing more to tell, and its nanny no report to send)."""
+        death_id = self._silent.pop(address, None)
+        if death_id is None or self.state.deaths[death_id].get("final_at") is not None:
+            return
+        for nanny_id in [n for n, d in self._death_of_nanny.items() if d == death_id]:
+            del self._death_of_nanny[nanny_id]
+        self.evidence[death_id].reattached_after = self.clock() - self.state.deaths[death_id]["time"]
+        self._waiting.pop(death_id, None)
+        self._due.pop(death_id, None)
+        self._refine(death_id)
+
     def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str],
                           pool: str | None = None) -> dict:
         """A job ended before its worker registered: a deployment problem, charged to no task.
@@ -170,6 +195,8 @@ class EvidenceCollector:
             self.state.refine_death_memory(death_id, batch_limit=ev.accounting.get("requested_memory"))
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
                                 peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
+        if final and self._silent.get(record.get("worker")) == death_id:
+            del self._silent[record["worker"]]
         if changed:
             logger.info("death of %s refined: %s: %s", record.get("name"), v.cause, v.text)
         self._announce(record)

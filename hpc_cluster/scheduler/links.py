@@ -9,6 +9,7 @@ A malformed message is a ProtocolError: that one connection is dropped, logged.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -70,6 +71,7 @@ class WorkerLinksMixin:
         join(addr, nthreads, self.clock(), memory_limit=first.get("memory_limit") or 0,
              name=name, resources=first.get("resources") or {},
              info=info, deadline=worker_deadline(info))
+        self.deaths.reattached(addr)          # a worker removed as silent, back: its death says so
         self._flush()
         if self._backlog:
             self._replay_backlog()            # its results may be inputs a client's submission waits for
@@ -172,5 +174,32 @@ class WorkerLinksMixin:
             self._tell("exit-report", msg["report"])
         elif op == Op.RUN_RESULT:                          # client.run(nanny=True)'s answer (nanny_runs.py)
             self.nanny_runs.answered(msg)
+        elif op == Op.PONG:
+            answered = self._nanny_pings.pop(msg.get("nanny_id"), None)
+            if answered is not None and not answered.done():
+                answered.set_result(True)
         else:
             raise ProtocolError(f"unknown op {op!r} from nanny")
+
+    async def _end_if_nanny_answers(self, nanny_id: str, pid: int) -> None:
+        """End a silent worker through its nanny, if the nanny answers a ping within the silence
+        TTL. One that does not is behind the same silence (its node down or cut off): the worker
+        process is not the problem, and an order read when the network comes back would kill a
+        worker that is reattaching with its results; the death says the nanny was silent too."""
+        stream = self.nannies.get(nanny_id)
+        if stream is None:
+            return
+        answered = asyncio.get_running_loop().create_future()
+        self._nanny_pings[nanny_id] = answered
+        stream.send({"op": Op.PING})
+        try:
+            await asyncio.wait_for(answered, self.silence_ttl())
+        except asyncio.TimeoutError:
+            logger.warning("the nanny of silent worker pid %s did not answer either: its node or the network to it", pid)
+            self.deaths.nanny_unanswered(nanny_id)
+            return
+        finally:
+            self._nanny_pings.pop(nanny_id, None)
+        stream = self.nannies.get(nanny_id)
+        if stream is not None:
+            stream.send({"op": Op.END_UNRESPONSIVE, "pid": pid})

@@ -108,6 +108,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self._client_ids = itertools.count(1)
         self.deaths = EvidenceCollector(self.state, self.clock, self._flush)
         self.nannies: dict[str, BatchedSend] = {}          # nanny id -> stream to it
+        self._nanny_pings: dict[str, asyncio.Future] = {}  # nanny id -> its answer to a ping (links.py)
         self.flusher = Flusher()                          # writes to workers, bounded per loop turn
         # Extra client ops added by whoever runs us (deploy's job manager): op -> async fn(msg).
         self.handlers: dict[str, Callable[[dict], Awaitable]] = {}
@@ -314,10 +315,11 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
     def _end_unresponsive(self, info: dict) -> None:
         """A silent worker still holds its job's slot: its nanny (if any) ends it and reports
         what state the process was in, which also makes the verdict final in a second
-        instead of after the ~90 s of asking the batch system about a job that runs on."""
-        stream = self.nannies.get(info.get("nanny_id") or "")
-        if stream is not None and isinstance(info.get("pid"), int):
-            stream.send({"op": Op.END_UNRESPONSIVE, "pid": info["pid"]})
+        instead of after the ~90 s of asking the batch system about a job that runs on.
+        Only if the nanny answers a ping: links.py's _end_if_nanny_answers."""
+        nanny_id = info.get("nanny_id") or ""
+        if nanny_id in self.nannies and isinstance(info.get("pid"), int):
+            asyncio.ensure_future(self._end_if_nanny_answers(nanny_id, info["pid"]))
 
     def _tell(self, kind: str, info: dict) -> None:
         for listener in self.worker_events:

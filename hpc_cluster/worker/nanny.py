@@ -443,6 +443,8 @@ class SchedulerLink:
                         self.nanny.restart()
                     elif msg.get("op") == Op.END_UNRESPONSIVE:
                         self.nanny.end_unresponsive(msg.get("pid"))
+                    elif msg.get("op") == Op.PING:         # before an end-unresponsive: are we reachable?
+                        asyncio.ensure_future(comm.write({"op": Op.PONG, "nanny_id": self.nanny.id}))
                     elif msg.get("op") == Op.RUN:          # client.run(nanny=True), relayed (running.py)
                         run_in_nanny(self, msg)
         except Exception as exc:  # the connection is gone

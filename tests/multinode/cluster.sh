@@ -109,7 +109,9 @@ DefMemPerCPU=256
 MinJobAge=30
 KillWait=5
 SlurmctldTimeout=10
-SlurmdTimeout=20
+# A minute (SLURM's default is 300 s): a 30 s network partition must not fail the node (tests cut
+# links for 30 s), and a node killed for good is marked DOWN within ~80 s.
+SlurmdTimeout=60
 MessageTimeout=10
 InactiveLimit=0
 Waittime=0

@@ -4,6 +4,7 @@ The accounting dicts have the shape of AccountingRecord (adapters/base.py) as th
 manager hands them over; the nanny dicts are the nanny's exit report.
 """
 
+import asyncio
 import re
 import signal
 
@@ -11,6 +12,8 @@ import pytest
 
 from hpc_cluster.scheduler.diagnosis import (ADVICE, BLAMED, CAUSES, MEMORY_CAUSES, Evidence, diagnose,
                                              needs_accounting)
+from hpc_cluster.scheduler import evidence
+from hpc_cluster.scheduler.state import SchedulerState
 from helpers.wait import wait_until_async
 
 RUNNING = ["f-3a9c"]
@@ -457,3 +460,70 @@ def test_a_startup_death_advises_what_the_refusing_worker_said():
     plain = diagnose(Evidence(registered=False, job_id="7", accounting=acct("failed", "FAILED", exit_code=1),
                               log_tail=["ModuleNotFoundError: No module named 'hpc_cluster'"]))
     assert plain.advice == ADVICE[plain.cause]
+
+
+# -- a silent worker: a partition that ends, one that does not (issue 33) ---------------------
+
+STILL_RUNNING = {**acct("running", "RUNNING", node="hpcn2"), "final": False}
+
+
+def test_a_silent_worker_that_came_back_is_a_partition_that_ended_and_nothing_to_fix():
+    v = diagnose(Evidence(connection="heartbeat-lost", accounting=STILL_RUNNING, nanny_silent=True,
+                          reattached_after=26.4))
+    assert (v.cause, v.blame) == ("heartbeat-lost", False)
+    assert "came back 26 s later and was reattached (its job was RUNNING throughout)" in v.text, v.text
+    assert "network to its node hpcn2 was cut" in v.text, v.text
+    assert any(e.startswith("reconnection: the worker registered again 26 s") for e in v.evidence), v.evidence
+    assert v.advice.startswith("nothing to do") and "hpcn2" in v.advice
+
+
+def test_a_silent_worker_whose_nanny_is_silent_too_points_at_the_node_not_the_process():
+    v = diagnose(Evidence(connection="heartbeat-lost", executing=RUNNING, accounting=STILL_RUNNING, nanny_silent=True))
+    assert (v.cause, v.blame) == ("heartbeat-lost", False)
+    assert "its nanny on hpcn2 did not answer either while the job was still RUNNING" in v.text, v.text
+    assert any(e.startswith("nanny: did not answer the scheduler's ping") for e in v.evidence), v.evidence
+
+
+def test_a_node_that_fails_after_its_worker_fell_silent_says_it_never_came_back():
+    v = diagnose(Evidence(connection="heartbeat-lost", nanny_silent=True,
+                          accounting=acct("node-fail", "NODE_FAIL", node="hpcn2")))
+    assert (v.cause, v.blame) == ("node-failure", False)
+    assert "node hpcn2 failed while idle, after the worker had fallen silent (it never came back)" in v.text, v.text
+
+
+def test_a_silent_worker_that_registers_again_makes_its_death_final_and_says_so():
+    state = SchedulerState()
+    now = [1000.0]
+    col = evidence.EvidenceCollector(state, clock=lambda: now[0], flush=lambda: None)
+    state.add_worker("tcp://10.77.0.12:4000", 1, 990.0, name="w1", info={"job_id": "7", "nanny_id": "n1"})
+
+    async def run():
+        record = col.worker_removed("tcp://10.77.0.12:4000", "heartbeat-lost", None)
+        assert record["final_at"] is None                   # the nanny may still report
+        col.nanny_unanswered("n1")
+        assert "did not answer either" in record["text"] and record["final_at"] is None
+        now[0] += 25
+        state.add_worker("tcp://10.77.0.12:4000", 1, now[0], name="w1", info={"job_id": "7", "nanny_id": "n1"})
+        col.reattached("tcp://10.77.0.12:4000")
+        return record
+
+    record = asyncio.run(run())
+    assert record["final_at"] == 1025.0 and record["cause"] == "heartbeat-lost" and not record["blame"]
+    assert "came back 25 s later and was reattached" in record["text"], record["text"]
+    # A later worker at another address is not taken for it; a second registration changes nothing.
+    col.reattached("tcp://10.77.0.12:4000")
+    assert len(state.deaths) == 1
+
+
+def test_a_fresh_worker_after_a_crash_is_not_a_reattachment():
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    state.add_worker("tcp://w:1", 1, 990.0, name="w1", info={"job_id": "7", "nanny_id": "n1"})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        col.reattached("tcp://w:1")                   # only a worker removed as silent can come back
+        return record
+
+    record = asyncio.run(run())
+    assert record["final_at"] is None and "reattached" not in record["text"]
