@@ -20,6 +20,11 @@ from .state.machine import SchedulerState
 logger = logging.getLogger("hpc_cluster.evidence")
 
 BACKOFF = (0.5, 1, 1, 2, 2, 4, 4, 8, 8, 15, 15, 30)     # ~90 s in all, then we stop asking
+# ... unless the job still RUNS and nobody reported on the worker: its node or the network to
+# it went quiet, and the batch system declares a node down only after its own timeout (SLURM's
+# SlurmdTimeout, 300 s by default). Keep asking every 30 s for this long, so that the verdict
+# becomes node-failure then rather than stay "connection lost" (issue 33).
+QUIET_NODE_WAIT = 600
 COALESCE = 0.25     # deaths due this soon are asked about in the same batch command
 # sacct's first final record of a job can still lack ReqMem and Timelimit (seen on the
 # real cluster), which the explanation quotes ("MaxRSS 1.02 GiB of 1.00 GiB requested");
@@ -55,6 +60,14 @@ def memory_evidence(state: SchedulerState, ws) -> dict:
     if known > (out.get("managed") or 0):
         out["managed"] = known
     return out
+
+
+_QUIET_ROUNDS = QUIET_NODE_WAIT // BACKOFF[-1]
+
+
+def _quiet_node(rec: dict | None, ev) -> bool:
+    """The worker is gone, its job runs on, and no nanny said a word: see QUIET_NODE_WAIT."""
+    return rec is not None and not rec.get("final") and ev.nanny is None and ev.reattached_after is None
 
 
 class EvidenceSource(Protocol):
@@ -268,7 +281,7 @@ class EvidenceCollector:
                 # or when we gave up.
                 done = (final and (_complete(rec) or self._final_rounds[death_id] >= FINAL_ROUNDS)) \
                     or (rec is not None and not final and ev.nanny is not None) \
-                    or tries >= len(BACKOFF)
+                    or tries >= len(BACKOFF) + (_QUIET_ROUNDS if _quiet_node(rec, ev) else 0)
                 if done:
                     del self._waiting[death_id], self._due[death_id]
                     self._final_rounds.pop(death_id, None)

@@ -527,3 +527,14 @@ def test_a_fresh_worker_after_a_crash_is_not_a_reattachment():
 
     record = asyncio.run(run())
     assert record["final_at"] is None and "reattached" not in record["text"]
+
+
+def test_a_quiet_node_declared_down_after_our_first_90_s_is_still_node_failure(monkeypatch):
+    # SLURM marks a silent node DOWN after SlurmdTimeout (300 s by default): its jobs say RUNNING
+    # until then. The collector used to stop asking after its 12 tries (~90 s) and leave the
+    # death "connection lost"; it keeps asking while the job runs and no nanny spoke.
+    running = {**acct("running", "RUNNING", job_id="5"), "final": False}
+    failed = acct("node-fail", "NODE_FAIL", job_id="5", node="hpcn2", requested_memory=2**30, time_limit=600)
+    source = _Growing([running] * 16 + [failed])
+    record = _collect_from(source, monkeypatch)         # 6 tries of its own, then the quiet node's
+    assert source.calls == 17 and record["cause"] == "node-failure", record["text"]
