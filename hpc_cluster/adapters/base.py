@@ -36,7 +36,7 @@ class JobSpec:
     job_name: str = "hpc-cluster"
     cores: int = 1
     memory: int = 1_000_000_000
-    processes: int = 1
+    processes: int = 1                      # worker processes per node (per job when nodes is 1)
     walltime: int = 3600
     queue: str | None = None
     account: str | None = None
@@ -64,6 +64,13 @@ class JobSpec:
     # adapter alone. SLURM's job_cpu and job_mem and PBS's and SGE's resource_spec are declared
     # by their adapters too but, older, are fields of their own above.
     batch_options: dict = field(default_factory=dict)
+    # Nodes per job (adapters with `multi_node`): `processes` workers on each, cores and memory
+    # per node. Last, so plans written before it read as one node.
+    nodes: int = 1
+
+    @property
+    def workers_per_job(self) -> int:
+        return max(1, self.processes) * max(1, self.nodes)
 
     def replace(self, **changes) -> "JobSpec":
         return dataclasses.replace(self, **changes)
@@ -221,6 +228,9 @@ class BatchAdapter:
     # Without it, a scale-up of k jobs is k submissions, as always.
     supports_arrays = False
     array_index_variable: str | None = None   # the element's index inside the job (SLURM_ARRAY_TASK_ID)
+    # One job over several nodes (JobSpec.nodes > 1): the adapter asks for them and its template
+    # starts a worker set on each. Without it, nodes= > 1 is refused (config/resolve.py, render).
+    multi_node = False
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:
@@ -264,6 +274,9 @@ class BatchAdapter:
             lstrip_blocks=True,
         )
         env.filters["quote"] = shlex.quote
+        if spec.nodes > 1 and not self.multi_node:
+            raise BatchError(f"nodes={spec.nodes}: {self.name} jobs here run on one node each; ask for one job "
+                             "per node instead (nodes=1 and scale(jobs=N)); nodes= is supported with SLURM")
         context = dataclasses.asdict(spec)
         context.update(self.template_context(spec))
         if spec.template:
@@ -298,6 +311,12 @@ class BatchAdapter:
         accounting take them and as the job's HPC_CLUSTER_JOB_ID says (`array_id` is what
         `submit` returned for the array). Only for adapters with `supports_arrays`."""
         raise NotImplementedError(f"{self.name}: no job arrays")
+
+    def node_addresses(self, partition: str | None = None) -> list[str]:
+        """The compute nodes' addresses (names or IPs), for the scheduler to listen on the
+        address that routes to them (deploy/address.py). [] (the default): unknown, and the
+        scheduler falls back to this host name's address."""
+        return []
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         raise NotImplementedError

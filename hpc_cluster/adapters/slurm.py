@@ -366,6 +366,28 @@ ONLY_JOB_STATE_SINCE = (23, 11, 5)
 STARTTIME_MARGIN = 600
 
 
+# sinfo's node-oriented form: one line per node and partition, its name and NodeAddr.
+SINFO_ADDRESS_FORMAT = "%N %o"
+
+
+def parse_sinfo_addresses(text: str) -> list[str]:
+    """`sinfo -h -N -o "%N %o"` -> the nodes' addresses (NodeAddr), each once, in sinfo's order.
+
+    A node in several partitions is listed once per partition. NodeAddr is the node's name
+    when slurm.conf sets none (a name the login node resolves, usually); the one-node test
+    cluster's is 127.0.0.1. Nodes without an address ('(null)', 'N/A') are skipped.
+    """
+    out = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        addr = fields[1]
+        if addr not in ("(null)", "N/A", "n/a") and addr not in out:
+            out.append(addr)
+    return out
+
+
 def sacct_starttime(within: float) -> str:
     """The --starttime value for jobs all submitted within the last `within` seconds. With -j
     and no --starttime, sacct reads from the epoch: slurmdbd scans all of its history."""
@@ -412,6 +434,7 @@ class SLURMAdapter(BatchAdapter):
     submit_command = "sbatch"
     cancel_command = "scancel"
     cluster_name = "SLURMCluster"
+    multi_node = True
     # sbatch -t: a bare number is minutes, 'MM:SS' takes any minutes ('90:00'), days come first.
     walltime_reading = WalltimeReading(
         "SLURM", "SLURM's forms: minutes ('60'), 'MM:SS' ('90:00'), 'HH:MM:SS', 'D-HH', 'D-HH:MM', "
@@ -451,8 +474,16 @@ class SLURMAdapter(BatchAdapter):
             ours.append((f"#SBATCH -p {_value(spec.queue)}", f"#SBATCH --partition={_value(spec.queue)}"))
         if spec.account:
             ours.append((f"#SBATCH -A {_value(spec.account)}", f"#SBATCH --account={_value(spec.account)}"))
+        if spec.nodes > 1:
+            # One task per node, each a worker set of `processes` (the template's srun loop);
+            # --cpus-per-task and --mem are per node. --no-kill: a node that fails ends its own
+            # step and workers, not the whole job (SLURM's default kills the job).
+            ours += [(f"#SBATCH --nodes={spec.nodes}", f"#SBATCH -N {spec.nodes}"),
+                     ("#SBATCH --ntasks-per-node=1",),
+                     ("#SBATCH --no-kill", "#SBATCH -k")]
+        else:
+            ours.append(("#SBATCH -n 1", "#SBATCH --ntasks=1"))
         ours += [
-            ("#SBATCH -n 1", "#SBATCH --ntasks=1"),
             (f"#SBATCH --cpus-per-task={cpus}", f"#SBATCH -c {cpus}"),
             (f"#SBATCH --mem={memory}",),
             (f"#SBATCH -t {format_walltime(minutes * 60)}", f"#SBATCH --time={format_walltime(minutes * 60)}"),
@@ -471,7 +502,8 @@ class SLURMAdapter(BatchAdapter):
             # Never skipped: the job manager counts on one element per index it handed out.
             kept.append(f"#SBATCH --array=0-{spec.array_size - 1}")
         return {"directives": kept + extra,
-                "slurm_walltime_seconds": minutes * 60}
+                "slurm_walltime_seconds": minutes * 60,
+                "srun_per_node": spec.nodes > 1, "node_cpus": cpus}
 
     # -- commands ------------------------------------------------------------------
     def _run(self, argv: list[str], input: str | None = None):
@@ -512,6 +544,13 @@ class SLURMAdapter(BatchAdapter):
             result = self._run(["squeue", "--version"])
             self._version = parse_slurm_version(result.stdout) if result.returncode == 0 else None
         return self._version
+
+    def node_addresses(self, partition: str | None = None) -> list[str]:
+        """The compute nodes' addresses (of `partition` when given), for the scheduler's choice
+        of address (deploy/address.py); [] when sinfo fails."""
+        argv = ["sinfo", "-h", "-N", "-o", SINFO_ADDRESS_FORMAT] + (["-p", partition] if partition else [])
+        result = self._run(argv)
+        return parse_sinfo_addresses(result.stdout) if result.returncode == 0 else []
 
     def _squeue(self, ids: list[str]):
         """One squeue for `ids`: --only-job-state where this SLURM has it (a lighter RPC, but

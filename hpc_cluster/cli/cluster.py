@@ -68,7 +68,8 @@ def cmd_up(args, out, err) -> int:
         raise CommandError(f"-n {args.workers}: give a number of workers >= 0", USAGE)
     cfg = resolve(site=args.site, config=args.config,
                   **({"scheduler_in_job": True} if args.scheduler_in_job else {}),
-                  **({"engine": args.engine} if args.engine else {}))
+                  **({"engine": args.engine} if args.engine else {}),
+                  **({"interface": args.interface} if args.interface else {}))
     v = cfg.values
     if v["batch"] in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
@@ -443,6 +444,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up --name big                after its daemon died: resumes it from its journal
   hpc-cluster up -n 4 --scheduler-in-job   the scheduler too runs as a batch job (no login-node process)
   hpc-cluster up -n 4 --engine distributed  dask.distributed runs the tasks (connect with its Client)
+  hpc-cluster up -n 4 --interface ib0      scheduler and workers on the InfiniBand network
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
@@ -457,6 +459,9 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--engine", metavar="NAME", choices=("hpc-cluster", "distributed"),
                    help="hpc-cluster (the default) or distributed: dask.distributed's scheduler and workers, "
                         "deployed and diagnosed alike (docs/choosing-an-engine.md)")
+    p.add_argument("--interface", metavar="NAME",
+                   help="the network interface (ib0, eth1) the scheduler and workers listen on, as the "
+                        "site's interface: (default: the address that routes to the compute nodes)")
     p.add_argument("--scheduler-in-job", action="store_true",
                    help="run the scheduler itself as a batch job, not on this machine (the site's "
                         "scheduler_in_job: true); for sites that forbid long processes on login nodes")

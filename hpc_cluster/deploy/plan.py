@@ -39,7 +39,7 @@ def spec_json(spec: JobSpec) -> dict:
 class SchedulerPlan:
     """How the daemon's scheduler listens and judges (the plan's "scheduler")."""
 
-    host: str
+    host: str                              # '': the daemon chooses (deploy/address.py)
     allowed_failures: int
     heartbeat_ttl: float
     versions: str
@@ -348,7 +348,9 @@ def render_job_script(cfg: ResolvedConfig, cluster_file: str, name: str = "worke
 
 def scheduler_host(cfg: ResolvedConfig) -> str:
     """Where the scheduler listens: scheduler_options' host or interface, else the workers'
-    interface (as dask-jobqueue shares it), else every interface."""
+    interface (as dask-jobqueue shares it), else '': the daemon listens on the address that
+    routes to the compute nodes, chosen where it runs (deploy/address.py), never on every
+    interface unless host '0.0.0.0' is asked for."""
     options = cfg.values["scheduler_options"] or {}
     if options.get("host"):
         return options["host"]
@@ -359,7 +361,7 @@ def scheduler_host(cfg: ResolvedConfig) -> str:
             return interface_address(interface)
         except SystemExit as e:               # its message names the interfaces this host has
             raise ConfigError(f"scheduler interface: {e}") from None
-    return "0.0.0.0"
+    return ""
 
 
 def shared_cluster_file(cfg: ResolvedConfig, name: str) -> str | None:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 
 try:
@@ -35,7 +36,7 @@ from ..protocol.clusterfile import read_cluster_file
 from ..worker.__main__ import (build_parser, cpu_count, lifetime_info, registration_info, system_memory,
                                use_local_directory)
 from ..worker.flags import memory_limit_bytes, parse_resources, threads_per_worker
-from ..worker.route import listen_host
+from ..worker.route import listen_host, source_address
 from ..worker.worker import EXIT_LIFETIME
 
 logger = logging.getLogger("hpc_cluster.engines.dask_worker")
@@ -139,7 +140,11 @@ async def run(args, address: str, info: dict, security, executing_fd: int | None
     try:
         await worker
     except (asyncio.TimeoutError, OSError) as exc:
-        print(f"hpc-cluster worker: could not reach the distributed scheduler at {address}: {exc}", file=sys.stderr)
+        # The same line as our worker's (worker/run.py), what `hpc-cluster why` shows as the fix.
+        from ..worker.run import cannot_reach
+        tried = {address: [None, str(exc) or type(exc).__name__]}     # distributed counts no tries
+        said = cannot_reach(tried, args.death_timeout, socket.gethostname(), source_address(address))
+        print(f"hpc-cluster worker: {said}", file=sys.stderr)
         return EXIT_REFUSED
     ready()
     await worker.finished()

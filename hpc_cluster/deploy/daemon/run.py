@@ -74,6 +74,10 @@ async def run(plan: Plan) -> int:
     if in_job and sc.interface:
         from ...worker.__main__ import interface_address    # this node's address on it, not the login node's
         sc = dataclasses.replace(sc, host=interface_address(sc.interface))
+    if not sc.host:                            # none set: the address routing to the compute nodes, here
+        from ..address import scheduler_address_here
+        choice = await asyncio.to_thread(scheduler_address_here, adapter, plan.ssh, plan.job.queue)
+        sc = dataclasses.replace(sc, host=choice.host)
     # The journal (issue 16): kept next to the cluster file; one a daemon of this cluster left
     # when it died is resumed from (its tasks, results held by workers, errors, deaths, jobs).
     journal = recovered = None
