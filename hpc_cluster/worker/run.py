@@ -69,7 +69,7 @@ def run_worker(scheduler: str, secret: bytes, death_timeout: float = 60.0,
                         raise ConnectionError(cannot_reach(tried, death_timeout, socket.gethostname(),
                                                            source_address(scheduler))) from None
                     raise
-                logger.warning("scheduler %s not reachable (%s); retrying", scheduler, exc)
+                logger.warning("scheduler %s not reachable (%s); retrying", scheduler, why or exc)
                 if getattr(worker, "listener", None) is not None:
                     worker.listener.stop()
                 await asyncio.sleep(backoff.next())
