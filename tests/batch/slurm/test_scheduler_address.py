@@ -27,24 +27,15 @@ from helpers.slurm import squeue_ids
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 
-@pytest.fixture
-def own_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(tmp_path / "etc"))
-    for k in ("HPC_CLUSTER_CONFIG", "HPC_CLUSTER_SITE"):
-        monkeypatch.delenv(k, raising=False)
-    return tmp_path
-
-
 def listening(pid: int) -> set[str]:
     """The addresses the process and its children listen on (TCP)."""
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     return {c.laddr.ip for p in procs for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
 
 
-def test_without_interface_the_scheduler_listens_on_the_nodes_address_only(slurm_cluster, own_home):
+def test_without_interface_the_scheduler_listens_on_the_nodes_address_only(slurm_cluster, isolated_home):
     cluster = SLURMCluster(cores=1, memory="300MB", walltime="00:05:00", name="addr-here",
-                           log_directory=str(own_home / "logs"))
+                           log_directory=str(isolated_home / "logs"))
     with deployed(cluster, lambda: squeue_ids(check=False), jobs=1) as run:
         info = read_cluster_file(cluster.cluster_file)
         assert info["address"].startswith("tcp://127.0.0.1:"), info["address"]   # an IP, not a host name
@@ -59,13 +50,13 @@ def test_without_interface_the_scheduler_listens_on_the_nodes_address_only(slurm
 
 @pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
 def test_a_worker_that_cannot_reach_the_scheduler_is_a_startup_death_naming_what_it_tried(
-        slurm_cluster, own_home, nanny):
-    elsewhere = own_home / "elsewhere.json"
+        slurm_cluster, isolated_home, nanny):
+    elsewhere = isolated_home / "elsewhere.json"
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))                  # bound, never listening: connections are refused
         dead = f"tcp://127.0.0.1:{held.getsockname()[1]}"
         cluster = SLURMCluster(cores=1, memory="300MB", walltime="00:05:00", name=f"addr-gone-{int(nanny)}",
-                               log_directory=str(own_home / "logs"), nanny=nanny, death_timeout=5,
+                               log_directory=str(isolated_home / "logs"), nanny=nanny, death_timeout=5,
                                startup_failures=1, worker_extra_args=["--cluster-file", str(elsewhere)])
         with deployed(cluster, lambda: squeue_ids(check=False), jobs=0) as run:
             info = read_cluster_file(cluster.cluster_file)
