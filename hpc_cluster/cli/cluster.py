@@ -69,7 +69,8 @@ def cmd_up(args, out, err) -> int:
     cfg = resolve(site=args.site, config=args.config,
                   **({"scheduler_in_job": True} if args.scheduler_in_job else {}),
                   **({"engine": args.engine} if args.engine else {}),
-                  **({"interface": args.interface} if args.interface else {}))
+                  **({"interface": args.interface} if args.interface else {}),
+                  **({"nodes": args.nodes} if args.nodes is not None else {}))
     v = cfg.values
     if v["batch"] in (None, "local"):
         raise CommandError(f"site {cfg.site or '(defaults)'} has batch: {v['batch']}; `up` needs a "
@@ -79,17 +80,18 @@ def cmd_up(args, out, err) -> int:
     _require_job_size(cfg)
     for note in cfg.notes:
         print(f"note: {note}", file=err)
-    processes = v["processes"]
+    processes = v["processes"] * (v.get("nodes") or 1)          # workers per job: processes on each node
     n_jobs = math.ceil(args.workers / processes)
     pools = cfg.pools()
     pool_jobs = _pool_jobs(args.pool or [], pools)
     print(f"starting cluster {name!r} ({v['batch']}, site {cfg.site or 'defaults'}): {n_jobs} job(s) "
-          f"x {processes} worker(s), {v['cores']} cores, {mem(v['memory'])}, walltime "
+          f"x {processes} worker(s)" + (f" on {v['nodes']} nodes" if (v.get("nodes") or 1) > 1 else "")
+          + f", {v['cores']} cores, {mem(v['memory'])}{' per node' if (v.get('nodes') or 1) > 1 else ''}, walltime "
           f"{dur(v['walltime'])}", file=out, flush=True)
     want = args.workers
     for pool_name, pool in list(pools.items())[1:]:
         jobs = pool_jobs.get(pool_name, pool.start_jobs)
-        want += jobs * (pool.values["processes"] or 1)
+        want += jobs * (pool.values["processes"] or 1) * (pool.values.get("nodes") or 1)
         print(f"  pool {pool_name}: {jobs} job(s) x {pool.values['processes']} worker(s), {pool.values['cores']} "
               f"cores, {mem(pool.values['memory'])}, walltime {dur(pool.values['walltime'])}"
               + (f", max {pool.max_jobs} job(s)" if pool.max_jobs is not None else ""), file=out, flush=True)
@@ -445,6 +447,7 @@ def add_cluster_commands(sub) -> None:
   hpc-cluster up -n 4 --scheduler-in-job   the scheduler too runs as a batch job (no login-node process)
   hpc-cluster up -n 4 --engine distributed  dask.distributed runs the tasks (connect with its Client)
   hpc-cluster up -n 4 --interface ib0      scheduler and workers on the InfiniBand network
+  hpc-cluster up -n 12 --nodes 3           SLURM: jobs of 3 nodes, `processes` workers on each
 """, cmd_up)
     p.add_argument("-n", "--workers", type=int, default=1, metavar="N",
                    help="workers to start (rounded up to whole jobs of `processes` each; default 1)")
@@ -462,6 +465,9 @@ def add_cluster_commands(sub) -> None:
     p.add_argument("--interface", metavar="NAME",
                    help="the network interface (ib0, eth1) the scheduler and workers listen on, as the "
                         "site's interface: (default: the address that routes to the compute nodes)")
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="nodes per job (SLURM; the site's nodes:): each job starts `processes` workers on each "
+                        "of its N nodes, so -n counts in jobs of N x processes workers (docs/slurm.md)")
     p.add_argument("--scheduler-in-job", action="store_true",
                    help="run the scheduler itself as a batch job, not on this machine (the site's "
                         "scheduler_in_job: true); for sites that forbid long processes on login nodes")

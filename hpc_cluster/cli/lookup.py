@@ -155,7 +155,7 @@ def _processes(name: str, pool: str | None = None) -> int:
     try:
         plan = Plan.load(plan_file(name))
         job = plan.pools[pool].job if pool else plan.job
-        return int(job.processes) or 1
+        return job.workers_per_job            # processes on each of its nodes
     except (OSError, ValueError, KeyError, TypeError):
         return 1
 

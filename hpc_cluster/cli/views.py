@@ -111,7 +111,10 @@ def pool_line(name: str, pool: dict, rows: list[dict]) -> str:
     """'pool bigmem: 1 core(s), 64GB, walltime 1h00m, queue bigmem, max 2 jobs; target 1, 1 in the queue, 1 worker(s)'."""
     live = [r for r in rows if r.get("state") in LIVE]
     spec = [f"{pool.get('cores')} core(s)", mem(pool.get("memory")), f"walltime {dur(pool.get('walltime'))}"]
-    if (pool.get("processes") or 1) > 1:
+    if (pool.get("nodes") or 1) > 1:           # cores and memory are per node then
+        spec[:2] = [f"{pool['nodes']} nodes per job", f"{pool.get('processes') or 1} worker(s), "
+                    f"{pool.get('cores')} core(s) and {mem(pool.get('memory'))} on each"]
+    elif (pool.get("processes") or 1) > 1:
         spec.insert(1, f"{pool['processes']} workers per job")
     if pool.get("queue"):
         spec.append(f"queue {pool['queue']}")

@@ -57,6 +57,11 @@ def adapter_class_of(batch: str | None) -> type | None:
     return adapter_classes().get(str(batch).lower())
 
 
+def multi_node(batch: str | None) -> bool:
+    """Whether `batch`'s jobs may span several nodes (the adapter's `multi_node`: SLURM's nodes=)."""
+    return bool(getattr(adapter_class_of(batch), "multi_node", False))
+
+
 def walltime_reading(batch: str | None):
     """How `batch` reads a walltime string: its adapter's `walltime_reading` (units.WalltimeReading),
     or None (ours: a bare number is seconds) for 'local', unset, or an adapter declaring none."""

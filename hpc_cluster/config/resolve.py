@@ -17,7 +17,7 @@ import yaml
 from ..plugins import LOCAL
 from ..units import UnitError, format_memory, format_walltime, parse_walltime
 from .files import CONFIG_FILENAME, ConfigFile, Entry, _flow, find_config_files, load_config_files  # noqa: F401
-from .adapter_options import native_keywords, resolve_hook, walltime_reading
+from .adapter_options import multi_node, native_keywords, resolve_hook, walltime_reading
 from .jobqueue import DEPRECATED, deprecation_message, elsewhere, jobqueue_layer, scheduler_option_notes
 from .pools import Pool, resolve_pools
 from .schema import ConfigError, Option, canonical_key, did_you_mean, option_by_name, options, parse_value
@@ -314,6 +314,9 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
     elif processes is not None and cores is not None and processes > cores:
         problems.append(f"processes={processes} with cores={cores} leaves a worker without a core: ask for "
                         f"cores={processes} or more, or processes={cores} or fewer")
+    nodes = merged.get("nodes")
+    if nodes is not None and (nodes.value or 1) > 1 and batch and not multi_node(batch):
+        problems.append(nodes_elsewhere(nodes.value, nodes.source, batch))
     for option, entry in merged.items():
         # Another batch system's own setting (adapters declare theirs; adapter_options.py).
         owners = elsewhere(option, batch) if entry.value is not None else ()
@@ -333,6 +336,14 @@ def finish(merged: dict[str, Entry], batch: str | None, environ: Mapping[str, st
                 merged[option] = Entry(value, value, source)
     if problems:
         raise ConfigError(problems)
+
+
+def nodes_elsewhere(nodes: int, source: str, batch: str) -> str:
+    """The refusal of nodes= > 1 on a batch system whose jobs cannot span nodes (adapters' `multi_node`)."""
+    return (f"nodes={nodes} ({source}): one job over several nodes is supported with SLURM (SLURMCluster(nodes=...), "
+            f"docs/slurm.md); with {str(batch).upper()} ask for one job per node instead: remove nodes= and ask for "
+            f"{nodes} times the jobs (scale(jobs=N), or n_workers / `hpc-cluster up --workers` counted in jobs of "
+            "`processes` workers)")
 
 
 # ---------------------------------------------------------------------------- starter file

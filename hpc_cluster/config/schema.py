@@ -324,6 +324,9 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "(required, as in dask-jobqueue)", example="16GB"),
     Option("processes", "int > 0", _int(1), None, "worker processes per job; unset: about sqrt(cores), "
            "as dask-jobqueue splits them (cores <= 4: one per core)", example=1),
+    Option("nodes", "int > 0", _int(1), 1, "nodes per job (SLURM): the job asks for so many nodes and starts "
+           "`processes` workers on each (cores and memory are per node), so a job holds nodes x processes "
+           "workers; docs/slurm.md"),
     Option("walltime", "duration", _walltime, "00:30:00", "time limit per job, read as the batch system "
            "reads it (SLURM: '60' is 60 minutes; PBS: '60' is 60 seconds)"),
     Option("queue", "str", _str, None, "SLURM partition or PBS queue", example="normal"),

@@ -262,7 +262,7 @@ class JobQueueCluster(ClusterDisplayMixin):
         self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
         self._keeper.start()
         if self._n_workers:
-            control(self.cluster_file, Op.SCALE, jobs=math.ceil(self._n_workers / self.processes))
+            control(self.cluster_file, Op.SCALE, jobs=math.ceil(self._n_workers / self._processes(None)))
 
     def _read_addresses(self) -> dict:
         """The scheduler's address, secret and security from the cluster file; read again after
@@ -318,9 +318,9 @@ class JobQueueCluster(ClusterDisplayMixin):
         return name
 
     def _processes(self, pool: str | None) -> int:
-        if pool in (None, DEFAULT_POOL):
-            return self.processes
-        return self.pools[self._pool(pool)].values["processes"] or 1
+        """Workers per job of `pool`: `processes` on each of its `nodes`."""
+        v = self.config.values if pool in (None, DEFAULT_POOL) else self.pools[self._pool(pool)].values
+        return (v["processes"] or 1) * (v.get("nodes") or 1)
 
     def _spec(self, pool: str | None = None) -> JobSpec:
         pool = self._pool(pool)
@@ -344,11 +344,8 @@ class JobQueueCluster(ClusterDisplayMixin):
         return self.config.values["job_name"]
 
     def _jobs_for(self, n: int | None, jobs: int, memory: Any, cores: int | None, pool: str | None = None) -> int:
-        if pool in (None, DEFAULT_POOL):
-            v, processes = self.config.values, self.processes
-        else:
-            v = self.pools[pool].values
-            processes = v["processes"] or 1
+        v = self.config.values if pool in (None, DEFAULT_POOL) else self.pools[pool].values
+        processes, nodes = self._processes(pool), v.get("nodes") or 1
         if n is not None:
             jobs = math.ceil(n / processes)
         if memory is not None:
@@ -357,9 +354,9 @@ class JobQueueCluster(ClusterDisplayMixin):
                     else parse_memory(memory, "memory")
             except UnitError as e:
                 raise ValueError(str(e)) from None
-            jobs = max(jobs, math.ceil(wanted / v["memory"]))
+            jobs = max(jobs, math.ceil(wanted / (v["memory"] * nodes)))     # memory and cores are per node
         if cores is not None:
-            jobs = max(jobs, math.ceil(cores / v["cores"]))
+            jobs = max(jobs, math.ceil(cores / (v["cores"] * nodes)))
         if jobs < 0:
             raise ValueError(f"scale(): {jobs} jobs; give numbers >= 0")
         return int(jobs)

@@ -333,7 +333,7 @@ def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool:
                    working_directory=v["working_directory"], template=v["template"],
                    resource_spec=v["resource_spec"], shebang=v["shebang"], job_cpu=v["job_cpu"],
                    job_mem=v["job_mem"], job_array=v["job_array"], worker_name=name,
-                   batch_options=batch_options(v))
+                   batch_options=batch_options(v), nodes=v.get("nodes") or 1)
 
 
 
@@ -420,7 +420,8 @@ def pool_table(cfg: ResolvedConfig) -> dict[str, dict]:
         # What the workers register with: the --memory-limit as written (1.40GiB for 1.5 GB).
         out[name] = {"memory": parse_bytes(memory_limit_flag(v)),
                      "walltime": float(v["walltime"]) if v["walltime"] else None,
-                     "nthreads": max(1, (v["cores"] or 1) // processes), "processes": processes,
+                     "nthreads": max(1, (v["cores"] or 1) // processes),
+                     "processes": processes * (v.get("nodes") or 1),       # workers per job
                      "resources": parse_resources(settings.get("resources") or ""),
                      "max_jobs": pool.max_jobs, "escalation_only": pool.escalation_only}
     return out

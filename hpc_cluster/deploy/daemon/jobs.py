@@ -236,7 +236,7 @@ class JobManager:
 
     def threads_per_job(self) -> int:
         processes = max(1, self.spec.processes)
-        return max(1, self.spec.cores // processes) * processes
+        return max(1, self.spec.cores // processes) * self.spec.workers_per_job
 
     def demand_jobs(self) -> int:
         """Jobs this pool needs for the work only it can run (the scheduler's pool_demand():

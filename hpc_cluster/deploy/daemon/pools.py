@@ -114,7 +114,7 @@ class PoolManager:
                 "escalation_only": self.escalation_only.get(name, False),
                 "demand_jobs": m.demand_jobs() if demand else None,
                 "cores": spec.cores, "memory": spec.memory, "processes": spec.processes,
-                "walltime": spec.walltime, "queue": spec.queue,
+                "nodes": spec.nodes, "walltime": spec.walltime, "queue": spec.queue,
                 "jobs": [r["job_id"] for r in t["jobs"]]}
         return out
 
