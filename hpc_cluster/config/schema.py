@@ -355,7 +355,9 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("worker_command", "str", _worker_command, None, "dask-jobqueue's worker module: only "
            "'distributed.cli.dask_worker' (the standard worker, which here is ours) is accepted",
            example="distributed.cli.dask_worker"),
-    Option("interface", "str", _str, None, "network interface to listen on, e.g. ib0", example="ib0"),
+    Option("interface", "str", _str, None, "network interface the scheduler and workers listen on, e.g. ib0; unset: "
+           "the scheduler listens on its address that routes to the compute nodes (docs/admin-guide.md)",
+           example="ib0"),
     Option("security", "bool", _bool, False, "encrypt every connection with TLS under a certificate made for "
            "the cluster (dask's security=True); a keyword security=Security(...) gives your own"),
     Option("death_timeout", "seconds", _seconds(False), 60,
