@@ -16,7 +16,7 @@ SLURM_CONF = "/etc/slurm-multinode/slurm.conf"
 STATE = Path("/var/lib/hpc-multinode")                # one directory per node: STATE/hpcnK/tmp is its /tmp
 SHARED = STATE / "shared"                             # seen by every node (node-local: /tmp)
 LOGIN_ADDRESS = "10.77.0.1"
-NODES = [f"hpcn{k}" for k in range(1, 5)]
+NODES = [f"hpcn{k}" for k in range(1, 7)]
 
 
 def cluster_sh(*args: str, timeout: float = 180) -> str:

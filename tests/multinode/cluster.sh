@@ -24,7 +24,7 @@
 # the host does not forward (the bridge is not attached to any real interface).
 set -euo pipefail
 
-NODES=${HPC_MULTINODE_NODES:-4}
+NODES=${HPC_MULTINODE_NODES:-6}
 NODE_CPUS=8
 NODE_MEMORY_MB=3000
 SUBNET=10.77.0
