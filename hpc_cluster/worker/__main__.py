@@ -219,6 +219,15 @@ def main(argv=None) -> int:
         argv = drop_flags(argv, "--local-directory") + ["--local-directory", args.local_directory]
     cpus = cpu_count()
     nthreads = threads_per_worker(args.nthreads, args.nworkers, cpus)
+    if args.nworkers > 1 and not args.nanny and args.engine == "hpc-cluster":
+        # Light workers: one process imports, N forked workers share it (worker/forked.py).
+        from .forked import run_forked
+        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        ports = port_shares(args.worker_port, args.nworkers) if args.worker_port is not None else None
+        code = run_forked(argv, args.nworkers, args.name, nthreads, ports, main, owner_pid=args.owner_pid)
+        remove_pid_file(pid_file)
+        return code
     if args.nworkers > 1:
         return run_several(argv, args.nworkers, args.name, nthreads, args.worker_port)
     if args.interface:

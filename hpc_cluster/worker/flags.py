@@ -260,7 +260,8 @@ FLAGS: tuple[Flag, ...] = (
     # dask-worker's flags that we honour
     Flag("--nthreads", SUPPORTED, "threads per worker process; 0: the node's cores divided by --nworkers",
          _int_at_least(0, "a number of threads, e.g. --nthreads 4"), metavar="N"),
-    Flag("--nworkers", SUPPORTED, "worker processes in this job, each under its own nanny and named NAME-0, NAME-1...",
+    Flag("--nworkers", SUPPORTED, "worker processes in this job, each under its own nanny and named NAME-0, NAME-1...; "
+         "with --no-nanny, light workers: one process imports once and forks them (~8 MB and a few ms each)",
          _int_at_least(1, "a number of worker processes, e.g. --nworkers 4 (processes= of the cluster)"),
          aliases=("--nprocs",), metavar="N"),
     Flag("--name", SUPPORTED, "the worker's name (NAME-0, NAME-1... with --nworkers)"),

@@ -7,6 +7,7 @@ freed memory goes back to the OS. The results themselves are worker/store.py's S
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -244,6 +245,7 @@ TRIM_THRESHOLD = 65536
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+@functools.lru_cache(maxsize=1)      # find_library runs `ldconfig -p`: once per process, not per call
 def _libc():
     import ctypes
     import ctypes.util
