@@ -54,7 +54,7 @@ def shared_dir() -> Path:
 
 
 @pytest.fixture
-def own_config(shared_dir, monkeypatch):
+def shared_config(shared_dir, monkeypatch):
     """Cluster files (read by the workers) and config in the shared directory, no site config."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(shared_dir / "xdg"))
     monkeypatch.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(shared_dir / "etc"))

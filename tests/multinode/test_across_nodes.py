@@ -28,7 +28,7 @@ def write_local(name):
 
 
 @pytest.fixture(scope="module")
-def spread(tmp_path_factory):
+def across(tmp_path_factory):
     base = MN.SHARED / "tests" / "across"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
@@ -41,13 +41,13 @@ def spread(tmp_path_factory):
                 yield cluster, client
 
 
-def test_the_scheduler_advertises_the_address_that_routes_to_the_nodes(spread):
-    cluster, client = spread
+def test_the_scheduler_advertises_the_address_that_routes_to_the_nodes(across):
+    cluster, client = across
     assert client.scheduler_info()["address"].split("://")[1].split(":")[0] == MN.LOGIN_ADDRESS
 
 
-def test_workers_on_every_node_register_by_address(spread):
-    cluster, client = spread
+def test_workers_on_every_node_register_by_address(across):
+    cluster, client = across
     hosts = client.run(where_am_i)
     assert len(set(hosts.values())) >= 3, hosts           # CR_LLN spreads the 4 jobs
     assert set(hosts.values()) <= set(MN.NODES), hosts
@@ -57,8 +57,8 @@ def test_workers_on_every_node_register_by_address(spread):
     assert sum(client.gather(client.map(lambda x: x + 1, range(200)))) == sum(range(1, 201))
 
 
-def test_each_node_has_its_own_tmp(spread):
-    cluster, client = spread
+def test_each_node_has_its_own_tmp(across):
+    cluster, client = across
     name = f"mn-local-{os.getpid()}"
     written = client.run(write_local, name)
     for host, path in written.values():

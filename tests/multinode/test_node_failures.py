@@ -36,11 +36,11 @@ VERDICT = 240          # a node killed for good is DOWN after SlurmdTimeout (60 
 PARTITION = 30
 
 
-def inc(x):
+def plus_one(x):
     return x + 1
 
 
-def slow(x):
+def slow_times_ten(x):
     time.sleep(4)
     return x * 10
 
@@ -64,10 +64,10 @@ def staged(name: str, base, victim: str | None, exclude: list[str], fail) -> dic
             out["hosts"] = hosts
             out["victims"] = {a for a, h in hosts.items() if victim is None or h == victim}
             assert out["victims"], f"{name}: no worker on {victim}: {hosts}"
-            held = c.map(inc, range(300))
+            held = c.map(plus_one, range(300))
             c.gather(held)
             out["held_on_victims"] = sum(1 for ws in c.who_has(held).values() if set(ws) & out["victims"])
-            running = c.map(slow, range(2 * WORKERS))          # some run on the victims as they fail
+            running = c.map(slow_times_ten, range(2 * WORKERS))          # some run on the victims as they fail
             wait_until(lambda: any(c.processing().get(a) for a in out["victims"]), 60, "a task on a victim",
                        interval=0.2)
             t0 = time.monotonic()
