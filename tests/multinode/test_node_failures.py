@@ -36,7 +36,7 @@ VERDICT = 240          # a node killed for good is DOWN after SlurmdTimeout (60 
 PARTITION = 30
 
 
-def plus_one(x):
+def add_one_held(x):
     return x + 1
 
 
@@ -64,7 +64,7 @@ def staged(name: str, base, victim: str | None, exclude: list[str], fail) -> dic
             out["hosts"] = hosts
             out["victims"] = {a for a, h in hosts.items() if victim is None or h == victim}
             assert out["victims"], f"{name}: no worker on {victim}: {hosts}"
-            held = c.map(plus_one, range(300))
+            held = c.map(add_one_held, range(300))
             c.gather(held)
             out["held_on_victims"] = sum(1 for ws in c.who_has(held).values() if set(ws) & out["victims"])
             running = c.map(slow_times_ten, range(2 * WORKERS))          # some run on the victims as they fail
