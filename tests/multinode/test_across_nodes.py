@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from hpc_cluster import Client
 from hpc_cluster.deploy.cluster import SLURMCluster
 from helpers import multinode as MN
+from helpers.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,3 +72,34 @@ def test_each_node_has_its_own_tmp(across):
                   and (MN.STATE / n / "tmp" / name).read_text() == host]
         assert not others, others
     assert not os.path.exists(os.path.join("/tmp", name))        # the login node's /tmp is its own
+
+
+def test_interface_still_selects_one_explicitly(shared_config):
+    """The login node's bridge interface for the scheduler, the nodes' eth0 for the workers."""
+    with SLURMCluster(cores=1, memory="300MB", walltime="00:05:00", name="mn-interface", interface="eth0",
+                      scheduler_options={"interface": "hpcmnl0"}, log_directory=str(shared_config / "logs")) as cluster:
+        cluster.scale(2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=180)
+            assert client.scheduler_info()["address"].startswith(f"tcp://{MN.LOGIN_ADDRESS}:")
+            assert all(a.startswith("tcp://10.77.0.1") for a in client.scheduler_info()["workers"])
+
+
+def test_a_scheduler_address_the_nodes_cannot_reach_fails_the_job_at_start(shared_config):
+    """127.0.0.1 on the login node is, on a compute node, the compute node itself: the worker
+    tries, fails within its death_timeout, and says what it tried; `why` shows it."""
+    with SLURMCluster(cores=1, memory="300MB", walltime="00:05:00", name="mn-unreachable", death_timeout=5,
+                      startup_failures=1, scheduler_options={"host": "127.0.0.1"},
+                      log_directory=str(shared_config / "logs")) as cluster:
+        with Client(cluster) as client:
+            cluster.scale(1)
+            death = wait_until(lambda: next((d for d in client.deaths() if d["cause"] == "startup"
+                                             and d.get("final_at")), None), 180, "a startup death", interval=1)
+            port = client.scheduler_info()["address"].rsplit(":", 1)[1]
+            assert death["blame"] is False
+            assert f"tried tcp://127.0.0.1:{port} (" in death["advice"], death["advice"]
+            assert "cannot reach the scheduler from hpcn" in death["advice"], death["advice"]
+            why = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "why", cluster.id],
+                                 capture_output=True, text=True, timeout=120)
+            assert why.returncode == 0, why.stderr
+            assert "startup" in why.stdout and f"tried tcp://127.0.0.1:{port} (" in why.stdout, why.stdout
