@@ -33,7 +33,7 @@ from .state.machine import SchedulerState
 from .state.placement import workload
 from .state.validate import InvalidState
 from .stream import TaskStream
-from .workers import heartbeat_interval, worker_table
+from .workers import heartbeat_interval, paced_interval, worker_table
 from .worker_plugins import WorkerPluginRegistry
 
 logger = logging.getLogger("hpc_cluster.scheduler")
@@ -345,9 +345,10 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
 
     def _pace_heartbeats(self) -> None:
         """Tell every worker the heartbeat interval for the cluster's size when it changes
-        (heartbeat_interval): 500 workers beating every 0.5 s were 1,000 messages a second."""
-        interval = heartbeat_interval(len(self.state.workers))
-        if interval != self.beat_interval:
+        (heartbeat_interval): 500 workers beating every 0.5 s were 1,000 messages a second. Only
+        moves of more than a quarter are told (paced_interval): not every worker at every join."""
+        interval = paced_interval(self.beat_interval, len(self.state.workers))
+        if interval is not None:
             self.beat_interval = interval
             for stream in self.streams.values():
                 stream.send({"op": Op.HEARTBEAT_INTERVAL, "interval": interval})
