@@ -190,7 +190,8 @@ class EvidenceCollector:
         v = diagnose(ev)
         now = self.clock()
         record = self.state.add_death({
-            "worker": None, "name": f"job {job_id}", "time": now, "cause": v.cause, "blame": False,
+            "worker": None, "name": f"job {job_id}", "host": (accounting or {}).get("node"),
+            "time": now, "cause": v.cause, "blame": False,
             "text": v.text, "evidence": v.evidence, "advice": v.advice, "job_id": job_id,
             "log_tail": log_tail[-40:], "final_at": now, "pool": pool or "default"})
         self.evidence[record["id"]] = ev

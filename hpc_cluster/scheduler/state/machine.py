@@ -176,6 +176,9 @@ class SchedulerState(ClientsMixin, RetryMixin, BlameMixin, DrainMixin, ReplicaMi
                   "executing": sorted(ts.key for ts in ws.executing),
                   "processing": sorted(ts.key for ts in ws.processing),
                   "job_id": ws.info.get("job_id"), "walltime": ws.info.get("job_walltime"),
+                  # The node it ran on, as it said when it registered: known even when the
+                  # batch system's accounting is not (a nanny's verdict, a site without sacct).
+                  "host": ws.info.get("host"),
                   # Where it died and how big it was: a memory verdict moves the task by these (pools.py).
                   "pool": worker_pool(ws), "memory_limit": ws.memory_limit or None,
                   "peak_memory": death.get("peak_memory"),

@@ -244,27 +244,31 @@ def scale_down(nanny: bool, log_dir: Path) -> dict:
 def preempted(log_dir: Path) -> list[dict]:
     """Workers in 'low' (20 GB each) lose their job to a 20 GB job in 'high'. Run one after
     the other (nanny, then none): two 20 GB jobs in 'low' could not both fit the node."""
-    out = []
-    for nanny in (True, False):
-        preemptor = None
+    return [preempt_busy_worker(nanny, log_dir) for nanny in (True, False)]
 
-        def submit_preemptor(run, w):
-            nonlocal preemptor
-            res = subprocess.run(["sbatch", "--parsable", "-p", "high", "--mem=20000M", "-n", "1",
-                                  "-J", "sc-preemptor", "-o", "/dev/null", "--wrap", "sleep 8"],
-                                 capture_output=True, text=True, check=True, timeout=60)
-            preemptor = res.stdout.strip().split(";")[0]
-            run.outcome["preemptor"] = preemptor
 
-        def cancel_preemptor(run, w):
-            if preemptor:
-                subprocess.run(["scancel", preemptor], timeout=60)
-            return f"preemptor {preemptor} cancelled"
-        submit_preemptor.cleanup = cancel_preemptor
-        o = _kill_busy_worker("preempted", nanny, log_dir, submit_preemptor, jobs=1, queue="low",
-                              memory="20000MB")
-        out.append(o)
-    return out
+def preempt_busy_worker(nanny: bool, log_dir: Path, memory_mb: int = 20_000, on_its_node: bool = False) -> dict:
+    """A busy worker in 'low' (`memory_mb`) loses its job to a job as big in 'high'. On a cluster
+    of several nodes (`on_its_node`) the preemptor is sent to the worker's node: elsewhere it
+    would just start, preempting nothing."""
+    preemptor = None
+
+    def submit_preemptor(run, w):
+        nonlocal preemptor
+        where = ["-w", w["host"]] if on_its_node else []
+        res = subprocess.run(["sbatch", "--parsable", "-p", "high", f"--mem={memory_mb}M", "-n", "1", *where,
+                              "-J", "sc-preemptor", "-o", "/dev/null", "--wrap", "sleep 8"],
+                             capture_output=True, text=True, check=True, timeout=60)
+        preemptor = res.stdout.strip().split(";")[0]
+        run.outcome["preemptor"] = preemptor
+
+    def cancel_preemptor(run, w):
+        if preemptor:
+            subprocess.run(["scancel", preemptor], timeout=60)
+        return f"preemptor {preemptor} cancelled"
+    submit_preemptor.cleanup = cancel_preemptor
+    return _kill_busy_worker("preempted", nanny, log_dir, submit_preemptor, jobs=1, queue="low",
+                             memory=f"{memory_mb}MB")
 
 
 def startup(nanny: bool, log_dir: Path) -> dict:
