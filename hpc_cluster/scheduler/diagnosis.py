@@ -89,6 +89,8 @@ class Evidence:
     # Seconds after its removal that a silent worker registered again (reattached): the
     # silence was a partition or a pause, and it is over.
     reattached_after: float | None = None
+    # The batch system's accounting failed to answer (slurmdbd down): its error.
+    accounting_error: str | None = None
 
 
 @dataclass
@@ -193,6 +195,12 @@ def _memory_enforcer(ev: Evidence) -> str:
 # order says which evidence is stronger: our intent, then the batch system's own verdict
 # on the job, then kernel/nanny facts about the process, then log lines, then timing.
 RULES = [
+    # A job whose worker had joined is pending again: the batch system requeued it (scontrol
+    # requeue, preemption with PreemptMode=REQUEUE); it sent the worker SIGTERM, which looks
+    # like a clean leave, so this comes first. We never requeue a job ourselves.
+    (lambda ev: ev.registered and _acct_state(ev) == "pending",
+     lambda ev: (Cause.PREEMPTED, f"{_job(ev)} was requeued by the batch system (scontrol requeue, or "
+                                  f"preemption with requeue) {_running(ev)}: it is pending and will start again")),
     (lambda ev: ev.intent is not None,
      lambda ev: (Cause.RETIRED, f"asked to leave ({ev.intent})")),
     # A job that never started its worker is a deployment fault, unless the batch system
@@ -250,6 +258,13 @@ RULES = [
     (lambda ev: _nanny(ev).get("signal") is not None,
      lambda ev: (Cause.UNKNOWN, f"the worker was killed by {signal_name(_nanny(ev)['signal'])} from outside "
                             f"(not by its nanny, no OOM recorded in its cgroup) {_running(ev)}")),
+    # No report from a nanny, and the job's own process ended by a signal (FAILED 0:9): killed
+    # from outside, the nanny itself if the worker had one (the job's main process).
+    (lambda ev: not ev.nanny and _acct_state(ev) == "failed" and _acct(ev).get("signal"),
+     lambda ev: (Cause.UNKNOWN, f"{_job(ev)}'s main process (the nanny, or the worker without one) was killed "
+                            f"by {signal_name(_acct(ev)['signal'])} from outside: the batch system records "
+                            f"{_acct(ev).get('raw_state')} {_acct(ev).get('exit_code') or 0}:{_acct(ev)['signal']}, "
+                            f"not its memory limit {_running(ev)}")),
     (lambda ev: ev.connection == Cause.HEARTBEAT_LOST,
      lambda ev: (Cause.HEARTBEAT_LOST, f"the worker stopped answering heartbeats {_running(ev)}" + _silence(ev))),
     (lambda ev: ev.connection == "closed",
@@ -487,6 +502,9 @@ def facts_of(ev: Evidence) -> list[str]:
     if ev.reattached_after is not None:
         out.append(f"reconnection: the worker registered again {ev.reattached_after:.0f} s after it was "
                    "removed, with its results (reattached)")
+    if ev.accounting_error and not ev.accounting:
+        out.append(f"accounting: not available ({ev.accounting_error}); this verdict rests on the other "
+                   "evidence and is corrected if the accounting, once back, says otherwise")
     a = ev.accounting
     if a:
         code = f" {a.get('exit_code')}:{a.get('signal') or 0}" if a.get("exit_code") is not None else ""

@@ -63,6 +63,10 @@ def memory_evidence(state: SchedulerState, ws) -> dict:
 
 
 _QUIET_ROUNDS = QUIET_NODE_WAIT // BACKOFF[-1]
+# The batch system's accounting does not answer (slurmdbd down): a death its nanny reported is
+# made final on the nanny's evidence this long after it (the user's TaskMemoryError waited
+# ~90 s for sacct before), and corrected if the accounting, once back, says otherwise.
+ACCOUNTING_DOWN_GRACE = 6.0
 
 
 def _quiet_node(rec: dict | None, ev) -> bool:
@@ -91,6 +95,9 @@ class EvidenceCollector:
         self._final_rounds: dict[int, int] = {}              # death id -> final records seen so far
         self._gave_up: set[int] = set()                      # deaths we stopped asking about
         self._silent: dict[str, int] = {}                    # address -> death of a worker removed as silent
+        self._asked_since: dict[int, float] = {}             # death id -> when we began asking (loop time)
+        self._provisional: set[int] = set()                  # final on the nanny's word, accounting down
+        self._accounting_down: str | None = None             # the error of the last failed query
         self._task: asyncio.Task | None = None
         # Who hears of every verdict as it is made or refined (the distributed engine's bridge:
         # its tasks are not in our state): fn(death record).
@@ -128,7 +135,8 @@ class EvidenceCollector:
             self._silent[addr] = record["id"]          # it may come back (reattached)
         if asking:
             self._waiting[record["id"]] = 0
-            self._due[record["id"]] = asyncio.get_running_loop().time() + BACKOFF[0]
+            self._asked_since[record["id"]] = asyncio.get_running_loop().time()
+            self._due[record["id"]] = self._asked_since[record["id"]] + BACKOFF[0]
             self._wake.set()
             self._ensure_loop()
         logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
@@ -204,11 +212,12 @@ class EvidenceCollector:
         v = diagnose(ev)
         record = self.state.deaths[death_id]
         changed = (v.cause, v.blame, v.text) != (record["cause"], record["blame"], record["text"])
-        final = not self._expecting(death_id)
+        final = not self._expecting(death_id) or death_id in self._provisional
         if ev.accounting:
             self.state.refine_death_memory(death_id, batch_limit=ev.accounting.get("requested_memory"))
         self.state.refine_death(death_id, v.cause, v.blame, v.text, evidence=v.evidence, advice=v.advice,
-                                peak_memory=peak_memory(ev), final_at=self.clock() if final else None)
+                                peak_memory=peak_memory(ev),
+                                final_at=(record.get("final_at") or self.clock()) if final else None)
         if final and self._silent.get(record.get("worker")) == death_id:
             del self._silent[record["worker"]]
         if changed:
@@ -258,19 +267,31 @@ class EvidenceCollector:
             now = loop.time()
             due = [d for d in self._waiting if self._due[d] <= now + COALESCE]
             jobs = {self.evidence[d].job_id for d in due}
+            failed = None
             try:
                 records = await self.source.accounting(sorted(jobs))
             except Exception as exc:  # the batch system may be slow or down: try again later
-                logger.warning("accounting query failed: %s", exc)
-                records = {}
+                failed, records = str(exc) or type(exc).__name__, {}
+                # Once per outage, not once per query (a stopped slurmdbd failed every second).
+                (logger.debug if self._accounting_down else logger.warning)(
+                    "the batch system's accounting does not answer (%s): deaths their nannies reported "
+                    "are judged on that after %.0f s, and corrected when it answers again", failed,
+                    ACCOUNTING_DOWN_GRACE)
+            if failed is None and self._accounting_down:
+                logger.warning("the batch system's accounting answers again")
+            self._accounting_down = failed
             for death_id in due:
                 ev = self.evidence[death_id]
                 rec = records.get(ev.job_id)
                 self._waiting[death_id] += 1
                 tries = self._waiting[death_id]
                 final = rec is not None and bool(rec.get("final"))
+                ev.accounting_error = failed if rec is None else None
                 if rec is not None:
                     ev.accounting = rec
+                elif failed and ev.nanny is not None and death_id not in self._provisional \
+                        and now - self._asked_since.get(death_id, now) >= ACCOUNTING_DOWN_GRACE:
+                    self._provisional.add(death_id)       # judged now on the nanny's evidence
                 if final:
                     self._final_rounds[death_id] = self._final_rounds.get(death_id, 0) + 1
                     try:
@@ -282,13 +303,15 @@ class EvidenceCollector:
                 # or when we gave up.
                 done = (final and (_complete(rec) or self._final_rounds[death_id] >= FINAL_ROUNDS)) \
                     or (rec is not None and not final and ev.nanny is not None) \
-                    or tries >= len(BACKOFF) + (_QUIET_ROUNDS if _quiet_node(rec, ev) else 0)
+                    or tries >= len(BACKOFF) + (_QUIET_ROUNDS if _quiet_node(rec, ev)
+                                                or (failed and death_id in self._provisional) else 0)
                 if done:
                     del self._waiting[death_id], self._due[death_id]
+                    self._asked_since.pop(death_id, None)
                     self._final_rounds.pop(death_id, None)
                     if rec is None or not (rec.get("final") or ev.nanny is not None):
                         self._gave_up.add(death_id)
                 else:
                     self._due[death_id] = loop.time() + BACKOFF[min(tries, len(BACKOFF) - 1)]
-                if rec is not None or done:
+                if rec is not None or done or death_id in self._provisional:
                     self._refine(death_id)

@@ -538,3 +538,61 @@ def test_a_quiet_node_declared_down_after_our_first_90_s_is_still_node_failure(m
     source = _Growing([running] * 16 + [failed])
     record = _collect_from(source, monkeypatch)         # 6 tries of its own, then the quiet node's
     assert source.calls == 17 and record["cause"] == "node-failure", record["text"]
+
+
+class _DownThenBack(_Batch):
+    """slurmdbd stopped: sacct fails `down` times, then answers."""
+
+    def __init__(self, down, record):
+        self.down, self.record, self.calls = down, record, 0
+
+    async def accounting(self, job_ids):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise RuntimeError("sacct failed (exit 1): sacct: error: Problem talking to the database: Connection refused")
+        return {"5": self.record}
+
+
+def test_with_accounting_down_a_reported_death_is_final_on_the_nannys_word_then_corrected(monkeypatch):
+    monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 12)
+    monkeypatch.setattr(evidence, "ACCOUNTING_DOWN_GRACE", 0.03)
+    oom = acct("out-of-memory", "OUT_OF_MEMORY", job_id="5", requested_memory=2**30, time_limit=600)
+    source = _DownThenBack(8, oom)
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    col.source = source
+    seen = []
+    col.verdicts.append(lambda r: seen.append((source.calls, r["cause"], r["final_at"] is not None, list(r["evidence"]))))
+    state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"job_id": "5", "nanny_id": "n1"})
+
+    async def run():
+        record = col.worker_removed("tcp://w:1", "closed", None)
+        col.exit_report({"nanny_id": "n1", "signal": 9, "exit_code": None, "pid": 7})
+        await asyncio.wait_for(col._task, 5)
+        return record
+
+    record = asyncio.run(run())
+    early = [s for s in seen if s[2] and s[0] <= 8]
+    assert early, seen                                   # final while sacct still failed
+    assert early[0][1] == "unknown" and any("accounting: not available (sacct failed" in e for e in early[0][3])
+    assert record["cause"] == "memory-batch" and record["final_at"] is not None     # corrected once back
+    assert not any("not available" in e for e in record["evidence"])
+
+
+def test_a_killed_nanny_is_read_from_the_jobs_accounting_not_called_a_network_fault():
+    # Found on the real SLURM: the nanny SIGKILLed, its job FAILED 0:9, and the verdict said
+    # "connection-lost ... check the network" even once that record was in.
+    v = diagnose(Evidence(connection="closed", executing=RUNNING,
+                          accounting=acct("failed", "FAILED", exit_code=0, signal=9)))
+    assert (v.cause, v.blame) == ("unknown", False)
+    assert "main process (the nanny, or the worker without one) was killed by SIGKILL from outside" in v.text
+    assert "FAILED 0:9" in v.text and "network" not in v.advice
+
+
+def test_a_requeued_job_is_the_batch_system_taking_it_back_not_a_retirement():
+    # scontrol requeue: SIGTERM to the job (the worker leaves cleanly), the job pending again.
+    for connection, intent in (("goodbye", None), ("closed", "scale-down")):
+        v = diagnose(Evidence(connection=connection, intent=intent, executing=RUNNING,
+                              accounting={**acct("pending", "REQUEUED"), "final": False}))
+        assert (v.cause, v.blame) == ("preempted", False), v.text
+        assert "requeued by the batch system" in v.text and "will start again" in v.text
