@@ -23,6 +23,10 @@ HONOURED = ("retries", "priority", "resources", "memory", "pool", "duration", "w
 # Task keys of dask's "disk" shuffle: partd files in a worker's local temporary directory,
 # which a worker on another node cannot see. Run on a cluster they lose rows silently.
 DISK_SHUFFLE_PREFIXES = ("zpartd", "diskshuffle", "partd")
+# The node every P2P exchange of dask's (shuffle, merge, rechunk) waits on: distributed's
+# extension of its own workers, which ours are not. Run here, its tasks fail mid-way with
+# "P2P ... failed during transfer phase", which says nothing of why.
+P2P_BARRIER = "P2PBarrierTask"
 
 
 class UnsupportedGraph(ValueError):
@@ -198,9 +202,18 @@ def check_graph(graph: dict) -> None:
         raise UnsupportedGraph(
             f"this graph shuffles through files on a local disk (dask's 'disk' shuffle method: tasks "
             f"{', '.join(repr(d) for d in disk)}), which loses data on workers that share no "
-            "filesystem. Build it while the Client is dask's default scheduler (Client(...) makes it "
-            "so), or with dask.config.set({'dataframe.shuffle.method': 'tasks'}); for a dataframe "
-            "also shuffle(..., method='tasks')")
+            "filesystem. Build it with shuffle_method='tasks' (set_index, merge, groupby, shuffle; "
+            "shuffle='tasks' for a bag's groupby), or leave the method out while the Client is dask's "
+            "default scheduler (Client(...) makes it so; dask.config.set({'dataframe.shuffle.method': "
+            "'tasks'}) otherwise)")
+    p2p = sorted({key_split(k) for k, node in graph.items() if type(node).__name__ == P2P_BARRIER})
+    if p2p:
+        raise UnsupportedGraph(
+            f"this graph uses dask's 'p2p' shuffle (tasks {', '.join(repr(p) for p in p2p)}), which runs only "
+            "on distributed's workers, an extension of theirs that ours do not have. Build it with "
+            "shuffle_method='tasks' (set_index, merge, groupby, shuffle; array.rechunk.method 'tasks' for "
+            "a rechunk), or leave the method out while the Client is dask's default scheduler; or run "
+            "the cluster with engine='distributed' and distributed's Client (docs/choosing-an-engine.md)")
 
 
 def task_annotations(key, per_key: dict, overall: dict) -> dict:

@@ -131,6 +131,17 @@ def test_a_graph_built_for_a_disk_shuffle_is_refused_not_run(client):
             collection.compute()
 
 
+def test_a_graph_built_for_a_p2p_shuffle_is_refused_not_run(client):
+    # Run, its tasks failed mid-way with "P2P ... failed during transfer phase".
+    df = dd.from_pandas(pd.DataFrame({"k": np.arange(1000) % 7, "v": np.arange(1000)}), npartitions=5)
+    with dask.config.set({"array.rechunk.method": "p2p"}):
+        rechunked = da.ones((100, 100), chunks=(10, 100)).rechunk((100, 10))
+    for collection in (df.shuffle("k", shuffle_method="p2p"), df.merge(df, on="k", shuffle_method="p2p"),
+                       rechunked):
+        with pytest.raises(UnsupportedGraph, match="dask's 'p2p' shuffle.*shuffle_method='tasks'"):
+            collection.compute()
+
+
 @pytest.mark.parametrize("run", range(10))
 def test_futures_and_scattered_data_inside_graphs_always_resolve(client, run):
     fut = client.submit(lambda x: x * 10, run, pure=False)
