@@ -4,7 +4,7 @@ memory-nanny, crash, walltime, cancelled, preempted, startup), with and without 
 one-node table has both, run side by side in threads. Each scenario must end as it does on one
 node (cause, blame, the key evidence, every other result right, no job left), and besides:
 
-- the deaths happened on several nodes (CR_LLN spreads the jobs), and
+- the deaths happened on at least 3 nodes (CR_LLN spreads the jobs), and
 - each death's accounting line names the node its worker ran on (the host the worker
   registered from, or for a job that never started its worker, the node sacct gave it).
 
@@ -12,6 +12,7 @@ Cluster files and job logs live in the shared directory (pytest's tmp_path is un
 node-local here: a worker on hpcn2 could not read its cluster file there).
 
     python -m pytest -p no:cacheprovider tests/multinode/test_deaths_across_nodes.py -v
+    HPC_SCENARIO_REPORT=/tmp/deaths.json ... also writes every outcome as JSON
 """
 
 from __future__ import annotations
@@ -156,12 +157,10 @@ def test_startup(outcomes, nanny):
 
 def test_the_deaths_happened_on_several_nodes(outcomes):
     nodes = {}
-    for key, o in outcomes.items():
-        if "death" in o:
-            nodes.setdefault(accounting_node(o["death"]), []).append(key)
-    assert len(set(nodes) - {None}) >= 2, nodes
-
-
-def test_wall_times(outcomes):
-    """Not a check: what each scenario took, in the -v output's captured log on failure."""
-    print({f"{k[0]}-{'nanny' if k[1] else 'bare'}": o.get("wall") for k, o in outcomes.items()})
+    for (name, nanny), o in outcomes.items():
+        for d in [o.get("death")] + o.get("startup_deaths", []):
+            if d:
+                nodes.setdefault(accounting_node(d), set()).add(f"{name}-{'nanny' if nanny else 'bare'}")
+    # ~20 jobs over 4+ idle nodes (CR_LLN: least loaded first) land on all of them; 3 leaves room
+    # for nodes other modules' jobs still fill.
+    assert len(set(nodes) - {None}) >= 3, nodes
