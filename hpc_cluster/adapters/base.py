@@ -100,6 +100,7 @@ class StepRecord:
     signal: int | None = None
     max_rss: int | None = None              # bytes
     elapsed: int | None = None
+    nodes: list[str] = field(default_factory=list)   # the nodes it ran on (expanded), where known
 
 
 @dataclass
@@ -114,13 +115,18 @@ class AccountingRecord:
     cancelled_by: str | None = None         # uid (or user name) when the system says
     elapsed: int | None = None              # seconds
     time_limit: int | None = None           # seconds
-    requested_memory: int | None = None     # bytes
+    requested_memory: int | None = None     # bytes (per node: what each node's workers had)
     max_rss: int | None = None              # bytes, the largest over the job's steps
     node: str | None = None
     start: str | None = None
     end: str | None = None
     steps: list[StepRecord] = field(default_factory=list)
     raw: str = ""
+    # A job over several nodes: its nodes (expanded; `node` is the batch system's own form), and
+    # those the batch system took from it while it ran (SLURM resizes a --no-kill job when one
+    # of its nodes fails, and goes on with the others).
+    nodes: list[str] = field(default_factory=list)
+    released_nodes: list[str] = field(default_factory=list)
 
     @property
     def final(self) -> bool:

@@ -163,6 +163,34 @@ def expand_array_id(job_id: str) -> list[str]:
     return out
 
 
+def expand_hostlist(text: str | None) -> list[str]:
+    """SLURM's compressed host list -> names: 'hpcn[1-2,4]' -> ['hpcn1', 'hpcn2', 'hpcn4'];
+    'n[01-02],gpu7' keeps the zero padding; 'None assigned', '' -> []."""
+    text = _none_if_unset(text or "")
+    if not text:
+        return []
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):              # commas split hosts only outside brackets
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    out = []
+    for part in parts:
+        m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
+        if not m:
+            out.append(part)
+            continue
+        head, ranges, tail = m.groups()
+        for r in ranges.split(","):
+            first, _, last = r.partition("-")
+            width = len(first)
+            for n in range(int(first), int(last or first) + 1):
+                out += [f"{head}{n:0{width}d}{rest}" for rest in (expand_hostlist(tail) if tail else [""])]
+    return out
+
+
 def _none_if_unset(text: str) -> str | None:
     text = (text or "").strip()
     return None if text in ("", "None", "None assigned", "Unknown", "(null)", "N/A") else text
@@ -242,9 +270,19 @@ def parse_sacct(text: str) -> list[AccountingRecord]:
     it for jobs of other clusters) still gets a record, built from the step. Array elements
     keep their own ids (`2013_4`, steps `2013_4.batch`): each element is a job of its own to
     the job manager and the diagnosis; a pending array's range line gives each element one.
+
+    A job over several nodes (nodes=): each step names its node (NodeList), and ReqMem is the
+    whole job's since SLURM 21.08 (300M for --mem=100M on 3 nodes; older ones wrote '100Mn'),
+    so requested_memory is divided back to a node's. When a node of a --no-kill job fails,
+    SLURM resizes the job: sacct then shows the job twice under one id, the first line (and
+    every step line, even those still running elsewhere) RESIZING on all its nodes, then the
+    job going on, RUNNING and later its end, on the nodes left (multinode/ fixtures). The
+    record is the later line's, the missing nodes its `released_nodes`.
     """
     records: dict[str, AccountingRecord] = {}
     lines: dict[str, list[str]] = {}
+    first_nodes: dict[str, list[str]] = {}              # a job's nodes on its first line (before a resize)
+    resized: set[str] = set()
     rows = []
     for row in _table(text, SACCT_FIELDS):
         full_id = row["JobID"].strip()
@@ -259,7 +297,8 @@ def parse_sacct(text: str) -> list[AccountingRecord]:
         if dot:
             step = StepRecord(step_id=step_id, state=state, raw_state=raw, exit_code=exit_code,
                               signal=signal, max_rss=parse_slurm_memory(row.get("MaxRSS", "")),
-                              elapsed=parse_slurm_duration(row.get("Elapsed", "")))
+                              elapsed=parse_slurm_duration(row.get("Elapsed", "")),
+                              nodes=expand_hostlist(row.get("NodeList", "")))
             if job_id not in records:
                 records[job_id] = AccountingRecord(job_id=job_id, state="unknown", raw_state="")
             records[job_id].steps.append(step)
@@ -270,13 +309,22 @@ def parse_sacct(text: str) -> list[AccountingRecord]:
         record.exit_code, record.signal = exit_code, signal
         record.elapsed = parse_slurm_duration(row.get("Elapsed", ""))
         record.time_limit = parse_slurm_duration(row.get("Timelimit", ""))
-        record.requested_memory = parse_slurm_memory(row.get("ReqMem", ""), cpus)
         record.node = _none_if_unset(row.get("NodeList", ""))
+        record.nodes = expand_hostlist(record.node)
+        first = first_nodes.setdefault(job_id, record.nodes)
+        if raw.startswith("RESIZING"):
+            resized.add(job_id)
+        req = row.get("ReqMem", "").strip()
+        record.requested_memory = parse_slurm_memory(req, cpus)
+        if record.requested_memory and len(first) > 1 and not req.endswith(("n", "c")):
+            record.requested_memory //= len(first)
         record.start = _none_if_unset(row.get("Start", ""))
         record.end = _none_if_unset(row.get("End", ""))
         records[job_id] = record
         lines.setdefault(job_id, []).insert(0, line)
     for job_id, record in records.items():
+        if job_id in resized and not record.raw_state.startswith("RESIZING"):
+            record.released_nodes = [n for n in first_nodes[job_id] if n not in record.nodes]
         rss = [s.max_rss for s in record.steps if s.max_rss is not None]
         record.max_rss = max(rss) if rss else None
         record.raw = "\n".join(lines.get(job_id, []))

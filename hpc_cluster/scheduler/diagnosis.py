@@ -89,6 +89,9 @@ class Evidence:
     # Seconds after its removal that a silent worker registered again (reattached): the
     # silence was a partition or a pause, and it is over.
     reattached_after: float | None = None
+    # The host the worker ran on (its registration): a job over several nodes is judged on
+    # that node's part of its accounting (node_view.py).
+    host: str | None = None
     # The batch system's accounting failed to answer (slurmdbd down): its error.
     accounting_error: str | None = None
 

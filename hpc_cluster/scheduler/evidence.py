@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 from ..protocol.messages import Cause
 from .diagnosis import Evidence, diagnose, needs_accounting, peak_memory
+from .node_view import on_node
 from .state.machine import SchedulerState
 
 logger = logging.getLogger("hpc_cluster.evidence")
@@ -112,7 +113,7 @@ class EvidenceCollector:
         ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
                       nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
                       job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None,
-                      memory=memory_evidence(self.state, ws))
+                      memory=memory_evidence(self.state, ws), host=ws.info.get("host"))
         if ev.nanny:
             ev.log_tail = list(ev.nanny.get("log_tail") or [])
         verdict = diagnose(ev)
@@ -282,7 +283,7 @@ class EvidenceCollector:
             self._accounting_down = failed
             for death_id in due:
                 ev = self.evidence[death_id]
-                rec = records.get(ev.job_id)
+                rec = on_node(records.get(ev.job_id), ev.host)      # its own node's part of the job
                 self._waiting[death_id] += 1
                 tries = self._waiting[death_id]
                 final = rec is not None and bool(rec.get("final"))
