@@ -298,7 +298,8 @@ class HTCondorAdapter(BatchAdapter):
                  f"export HPC_CLUSTER_JOB_WALLTIME={spec.walltime}",
                  "export HPC_CLUSTER_JOB_ID=$(ClusterId).$(ProcId)",   # condor_submit fills these in
                  f"export HPC_CLUSTER_WORKER_INDEX={spec.worker_index}"]
-        lines += ["set -e", *spec.prologue, "set +e"]
+        if spec.prologue:
+            lines += ["set -e", *spec.prologue, "set +e"]
         if spec.epilogue:
             lines += [spec.worker_command, "HPC_CLUSTER_WORKER_STATUS=$?", *spec.epilogue,
                       "exit $HPC_CLUSTER_WORKER_STATUS"]
