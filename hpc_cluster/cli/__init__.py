@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   hpc-cluster status                its jobs, workers and recent worker deaths
   hpc-cluster why                   why workers died: cause, evidence, log tail
   hpc-cluster down                  retire the workers, cancel the jobs, stop the daemon
+  sbatch -N 3 --wrap "hpc-cluster run script.py"   the script with workers on every node of the job
 
 `hpc-cluster COMMAND --help` shows each command's options and examples.
 """
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_commands(sub)
     from .cluster import add_cluster_commands
     add_cluster_commands(sub)
+    from .run import add_run_command
+    add_run_command(sub)
     return p
 
 
@@ -42,6 +45,9 @@ def main(argv=None) -> int:
     if args.command == "config":
         from .config import run_config
         return run_config(args)
+    if args.command == "run":
+        from .run import run_command
+        return run_command(args)
     if getattr(args, "handler", None):
         from .cluster import run_cluster_command
         return run_cluster_command(args)
