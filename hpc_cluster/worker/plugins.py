@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from ..protocol import context, serialize
+from ..protocol.clusterfile import private_directory
 from ..protocol.frames import Opaque
 from ..protocol.messages import Op
 from .running import OK, error_answer, run_function
@@ -241,7 +242,7 @@ class WorkerPlugins:
     def directory(self) -> str:
         if self._directory is None:
             path = worker_directory(self.base, os.getpid())
-            os.makedirs(path, exist_ok=True)
+            private_directory(path, fix=True)      # on a node's /tmp, shared by every user's jobs
             if path not in sys.path:
                 sys.path.insert(0, path)            # uploaded modules import from here
             self._directory = path

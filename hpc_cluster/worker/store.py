@@ -38,6 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..protocol import serialize
+from ..protocol.clusterfile import private_directory
 from ..protocol.frames import Opaque
 from .sizeof import sizeof
 
@@ -335,7 +336,10 @@ class SpillStore:
             return None
         with self._lock:
             if not self._made_directory:
-                os.makedirs(self.directory, exist_ok=True)
+                # The owner's alone: a node's /tmp is shared by every user whose jobs run there,
+                # and these files are the user's results (one left by a worker on a node that
+                # died stays there until something cleans /tmp).
+                private_directory(self.directory, fix=True)
                 self._made_directory = True
             path = os.path.join(self.directory, str(next(self._names)))
         try:

@@ -132,6 +132,19 @@ def test_an_unpicklable_result_stays_in_memory_and_does_not_block_spilling(store
     assert list(store.slow) == ["k0"]         # the next oldest went instead
 
 
+def test_spilled_results_are_readable_by_their_owner_alone(tmp_path):
+    # A node's /tmp is shared by every user's jobs; a directory left 0755 (an older version's,
+    # or a dead worker's with the same pid) is made private too.
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    for directory in (tmp_path / "spill", old):
+        s = SpillStore(str(directory), target=15 * MiB)
+        s.put("a", chunk(1))
+        s.put("b", chunk(2))
+        assert s.slow and oct(os.stat(directory).st_mode & 0o777) == "0o700"
+        s.close()
+
+
 def test_a_disk_that_refuses_keeps_results_in_memory(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")                    # the spill directory cannot be made under a file

@@ -214,6 +214,7 @@ def test_a_file_in_the_local_directory_is_read_back_by_a_later_task_on_that_work
         assert path.startswith("/tmp/"), path                 # node-local: on the node's own /tmp
         on_node = MN.STATE / host / "tmp" / os.path.relpath(path, "/tmp")
         assert on_node.read_text() == f"from {w}"
+        assert private(on_node.parent)                        # /tmp is every user's on a node
         others = [n for n in MN.NODES if n != host and (MN.STATE / n / "tmp" / os.path.relpath(path, "/tmp")).exists()]
         assert not others, others
         assert not os.path.exists(path)                       # nor in the login node's /tmp
@@ -226,6 +227,10 @@ BLOCK = 1_500_000                 # float64s: 12 MB a result, 10 of them 120 MB 
 
 def block(i: int) -> np.ndarray:
     return np.random.default_rng(1000 + i).random(BLOCK)
+
+
+def private(directory) -> bool:
+    return os.stat(directory).st_mode & 0o077 == 0
 
 
 def spill_files(node: str, pid: int) -> list:
@@ -264,7 +269,8 @@ def test_spilled_results_on_a_dead_node_are_recomputed_and_the_node_is_blamed(da
         wait_until(lambda: futures[-1].status == "finished", 60, f"block {i}")
     assert {a for addrs in client.who_has(futures).values() for a in addrs} == {w}
     # Spilled where the worker runs: the node's own /tmp (the host's view of it), not here.
-    wait_until(lambda: spill_files(node, pid), 60, f"spill files of worker {w} in {node}'s /tmp")
+    files = wait_until(lambda: spill_files(node, pid), 60, f"spill files of worker {w} in {node}'s /tmp")
+    assert private(files[0].parent)                           # other users' jobs share the node's /tmp
     assert not os.path.exists(f"/tmp/hpc-cluster-spill-{node}-{pid}")
     known = {d["id"] for d in client.deaths()}
     with MN.node_down(node):
