@@ -16,7 +16,8 @@ whole walltime: it would wait forever for a worker with enough time left.
 from __future__ import annotations
 
 from ...protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
-from .placement import FIT_FACTOR, FIT_SLACK, ran_at_least
+from ..diagnosis import fmt_seconds
+from .placement import FIT_FACTOR, FIT_SLACK, ran_at_least, seconds_for
 
 
 def _final(attempt: dict) -> bool:
@@ -94,8 +95,10 @@ class BlameMixin:
         walltime, by = max(_span(ws) for ws in self.workers.values())
         said = ("it already ran" if ran_at_least(ts) >= expected else
                 "you said it takes" if ts.duration is not None else "tasks like it took")
-        what, fix = (("worker's whole lifetime (--lifetime)", "Raise --lifetime in worker_extra_args")
-                     if by == "lifetime" else ("job's whole walltime", "Raise walltime= (or the site's walltime)"))
+        ask = fmt_seconds(seconds_for(expected))
+        what, fix = (("worker's whole lifetime (--lifetime)", f"Raise --lifetime in worker_extra_args to {ask} or more")
+                     if by == "lifetime" else
+                     ("job's whole walltime", f"Raise walltime= (or the site's walltime) to '{ask}' or more"))
         return {"kind": ErrorKind.TOO_LONG, "walltime": walltime, "expected": expected,
                 "text": f"task {ts.key!r} cannot fit in any job: {said} {expected:.0f} s, and a {what} "
                         f"is {walltime:.0f} s (a task is started only with {FIT_FACTOR:.1f} x its "

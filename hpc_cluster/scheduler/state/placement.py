@@ -26,6 +26,18 @@ import re
 FIT_FACTOR = 1.1
 FIT_SLACK = 1.0
 
+# A job's first minutes go to starting its worker (the queue's prologue, module loads, Python's
+# imports, registering), and batch systems count walltime in whole minutes (SLURM rounds up):
+# advice that left no room for these named a walltime still too short for the task (issue 34).
+STARTUP_ALLOWANCE = 120
+
+
+def seconds_for(expected: float) -> int:
+    """The walltime a job needs to start a task expected to take this long: a whole number of
+    minutes covering the task with its margin and the worker's start."""
+    need = expected * FIT_FACTOR + FIT_SLACK + STARTUP_ALLOWANCE
+    return 60 * math.ceil(round(need / 60, 6))
+
 _TOKEN = re.compile(r"-[0-9a-f]{8,}$")
 _TUPLE_KEY = re.compile(r"""^\(['"]([^'"]+)['"],""")      # a dask key such as "('sum-3a9c...', 0, 1)"
 

@@ -25,7 +25,7 @@ import math
 from ...units import format_memory
 from ...protocol.messages import MEMORY_CAUSES, Cause, ErrorKind
 from ..diagnosis import ask_for, fmt_seconds
-from .placement import FIT_FACTOR, FIT_SLACK, expected_duration, has_time, worker_pool
+from .placement import FIT_FACTOR, FIT_SLACK, expected_duration, has_time, seconds_for, worker_pool
 
 INF = float("inf")
 ESCALATE = {"memory": True, "walltime": True, "margin": 1.5}
@@ -74,9 +74,6 @@ def misfit(ts, name: str, pool: dict, expected: float | None, memory: int | None
     return None
 
 
-def _seconds_for(expected: float) -> int:
-    """The walltime a job needs to start a task expected to take this long."""
-    return math.ceil(round(expected * FIT_FACTOR + FIT_SLACK, 6))
 
 
 def decimal_size(n) -> str:
@@ -260,7 +257,7 @@ class PoolsMixin:
                             f"pools={{{_new_name(pools, 'extra')!r}: {{'resources': {res!r}}}}}"}
         longest = max(usable, key=lambda n: (_walltime_of(pools[n]), n))
         walltime = pools[longest]["walltime"]
-        ask = fmt_seconds(_seconds_for(expected))
+        ask = fmt_seconds(seconds_for(expected))
         return {"kind": ErrorKind.TOO_LONG, "walltime": walltime, "expected": expected, "largest_pool": longest,
                 "text": f"task {key!r} cannot fit in any pool's jobs: it is expected to run {expected:.0f} s, and "
                         f"the longest walltime of the pools it may use is {walltime:.0f} s (pool {longest!r}; a "
@@ -368,7 +365,7 @@ class PoolsMixin:
                        f"{{'memory': {ask!r}}}}}" if ask else ""))
         else:
             largest = max(self.pools, key=lambda n: (_walltime_of(self.pools[n]), n))
-            ask = fmt_seconds(_seconds_for(needed)) if needed else None
+            ask = fmt_seconds(seconds_for(needed)) if needed else None
             text = (f"the longest walltime, pool {largest!r}'s, is {fmt_seconds(self.pools[largest]['walltime'])}"
                     + (f", and the task needs about {fmt_seconds(needed)}: add a pool with walltime >= {ask}: "
                        f"pools={{{_new_name(self.pools, 'long')!r}: {{'walltime': {ask!r}}}}}" if ask else ""))

@@ -105,7 +105,7 @@ def test_a_task_longer_than_every_pool_fails_as_too_long_with_the_pool_to_add():
     exc = error_from_record("long", erred(s.take_outbox())["long"], load=None)
     assert isinstance(exc, TaskTooLongError) and exc.walltime == 3600
     assert "7200 s" in str(exc) and "(pool 'default';" in str(exc)
-    assert "pools={'long': {'walltime': '02:12:01'}}" in str(exc), str(exc)
+    assert "pools={'long': {'walltime': '02:15:00'}}" in str(exc), str(exc)
 
 
 def test_pool_demand_counts_threads_for_work_only_that_pool_can_run_capped_by_max_jobs():
@@ -253,7 +253,7 @@ def test_with_no_longer_pool_walltime_deaths_count_and_the_error_says_what_to_ad
     s.remove_worker("d1", now=59, death={"cause": "walltime", "blame": False, "text": "time limit"})
     exc = error_from_record("t", s.tasks["t"].error, load=None)
     assert isinstance(exc, TaskWalltimeError) and exc.largest_pool == "default"
-    assert "add a pool with walltime >= 00:02:09" in str(exc), str(exc)
+    assert "add a pool with walltime >= 00:05:00" in str(exc), str(exc)
 
 
 # -- evidence, the wire and the user's view --------------------------------------------------------
@@ -368,3 +368,13 @@ def test_a_cgroup_kill_above_the_sampled_peak_says_it_ended_at_the_limit():
     run_and_die(s, "d1", "hog", "memory-batch", peak_memory=int(0.5 * GiB))
     ts = s.tasks["hog"]
     assert ts.escalation == "attempt 2 on mid (8 GB) after memory-batch at its 4.0 GiB limit (0.5 GiB sampled)"
+
+
+def test_the_walltime_advised_for_a_long_task_lets_a_fresh_worker_start_it():
+    # Issue 34: the advice named a walltime still too short (no room for the worker's start,
+    # and not a whole number of minutes, which SLURM rounds anyway).
+    from hpc_cluster.scheduler.state.placement import FIT_FACTOR, FIT_SLACK, STARTUP_ALLOWANCE, seconds_for
+    for expected in (1, 58, 116, 3599, 7200):
+        advised = seconds_for(expected)
+        assert advised % 60 == 0
+        assert advised - STARTUP_ALLOWANCE >= expected * FIT_FACTOR + FIT_SLACK    # started by a worker up late
