@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +372,40 @@ def shared_cluster_file(cfg: ResolvedConfig, name: str) -> str | None:
     return os.path.join(shared, f".hpc-cluster-{name}.json") if shared else None
 
 
+def writable_directory(cfg: ResolvedConfig, key: str) -> Path:
+    """The directory setting `key` (log_directory, shared_temp_directory) made and proven
+    writable here, before any job: a job whose -o/-e file SLURM cannot open fails at its start
+    (3 such jobs halted a cluster, with advice to read logs that could not exist). A bad one is
+    a ConfigError (`up` exits 2) naming the directory and what to change. Root may write
+    anywhere but on a read-only filesystem, so the proof is a file made and removed."""
+    given = cfg.values[key]
+    path = Path(given).expanduser()
+    source = cfg.sources.get(key, "")
+    source = {"keyword": "a keyword"}.get(source, source.partition(":")[2] or source)
+    where = f"{key} {given!r}" + (f" ({path})" if str(path) != given else "") + (f", from {source}," if source else "")
+    fix = (f"set {key} to a directory you can write (e.g. ~/hpc-cluster-logs)" if key == "log_directory"
+           else f"set {key} to a directory you can write that the compute nodes share")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{where} is a file, not a directory: {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # Name the part in the way: mkdir's error names the path it was making.
+        ancestor = next((p for p in path.parents if p.exists()), None)
+        blocker = f"{ancestor} is a file" if ancestor is not None and not ancestor.is_dir() else \
+            f"{exc.filename or path}"
+        raise ConfigError(f"{where} cannot be created ({exc.strerror}: {blocker}): {fix}, "
+                          "or create it first") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hpc-cluster-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{where} is not writable ({exc.strerror}): the batch system could not write the "
+                          f"jobs' output there and every job would fail at its start; {fix}, or make it "
+                          "writable") from None
+    return path
+
+
 def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
                    create: bool = True) -> tuple[ResolvedConfig, str, dict | None]:
     """(config, cluster file path, login node) as the jobs will see them.
@@ -384,9 +419,9 @@ def for_submission(cfg: ResolvedConfig, name: str, cluster_file: Path,
     v = cfg.values
     if not v["ssh"]:
         if create:
-            for d in (v["log_directory"], v["shared_temp_directory"]):
-                if d:
-                    Path(d).expanduser().mkdir(parents=True, exist_ok=True)
+            for key in ("log_directory", "shared_temp_directory"):
+                if v[key]:
+                    writable_directory(cfg, key)
         return cfg, shared_cluster_file(cfg, name) or str(cluster_file), None
     if not v["python"]:
         warnings.warn(f"site {cfg.site or '(defaults)'} submits over SSH and sets no `python`: jobs will "
