@@ -212,7 +212,8 @@ def cmd_status(args, out, err) -> int:
 def cmd_scale(args, out, err) -> int:
     if args.n < 0:
         raise CommandError(f"scale {args.n}: give a number >= 0", USAGE)
-    name, path, info = find_cluster(args.name)
+    jobs = " --jobs" if getattr(args, "jobs", False) else ""
+    name, path, info = find_cluster(args.name, f"scale{jobs} {args.n} {{name}}")
     pools = _pool_limits(name)
     if args.pool and pools is not None and args.pool not in pools:
         raise CommandError(f"--pool {args.pool}: cluster {name!r} has no such pool; its pools: {', '.join(pools)}",
@@ -286,7 +287,7 @@ _JOB_ID_RE = re.compile(r"^\d+([._\[].*)?$")      # 123, 123_4 (array), 123.serv
 
 
 def cmd_logs(args, out, err) -> int:
-    name, path, info = find_cluster(args.name)
+    name, path, info = find_cluster(args.name, f"logs {args.target + ' ' if args.target else ''}{{name}}")
     target = args.target
     if target == "daemon":
         log = info.get("daemon_log")
@@ -367,7 +368,7 @@ def cmd_why(args, out, err) -> int:
     # `why NAME` alone: the one positional is the cluster when a cluster has that name.
     if name is None and target is not None and _NAME_RE.match(target) and cluster_file_for(target).exists():
         target, name = None, target
-    name, path, info = find_cluster(name)
+    name, path, info = find_cluster(name, f"why {target + ' ' if target else ''}{{name}}")
     with Client(cluster_file=str(path), timeout=30) as client:
         deaths = client.deaths()
     if target is not None:

@@ -102,15 +102,16 @@ def _liveness(name: str) -> tuple[str, dict | None]:
     return ("starting" if young else "stale"), info
 
 
-def find_cluster(name: str | None) -> tuple[str, Path, dict]:
-    """The named cluster, or the only one running; CommandError (exit 3) if there is none."""
+def find_cluster(name: str | None, example: str = "status {name}") -> tuple[str, Path, dict]:
+    """The named cluster, or the only one running; CommandError (exit 3) if there is none.
+    `example`: the command the user typed, with {name}, for the advice when several run."""
     if name is None:
         names = [n for n in cluster_names() if _liveness(n)[0] in LIVE]
         if not names:
             raise _not_found(None)
         if len(names) > 1:
             raise CommandError(f"several clusters are running ({', '.join(names)}); name one, "
-                               f"e.g. `hpc-cluster status {names[0]}`", USAGE)
+                               f"e.g. `hpc-cluster {example.format(name=names[0])}`", USAGE)
         name = names[0]
     check_name(name)
     state, info = _liveness(name)

@@ -157,6 +157,18 @@ def test_not_found_lists_the_running_clusters(capsys):
     assert code == 3 and "running clusters: alpha, beta" in err
     code, _, err = run_cli(capsys, "status")
     assert code == 2 and "several clusters are running (alpha, beta)" in err
+    assert "e.g. `hpc-cluster status alpha`" in err
+
+
+@pytest.mark.parametrize("argv, example", [(["scale", "4"], "scale 4 alpha"), (["scale", "--jobs", "2"], "scale --jobs 2 alpha"),
+                                           (["logs", "123"], "logs 123 alpha"), (["why"], "why alpha"),
+                                           (["why", "f-1"], "why f-1 alpha")])
+def test_with_several_clusters_the_advice_repeats_the_command_typed(capsys, argv, example):
+    # Issue 34 papercut: `scale 4` with two clusters running suggested `hpc-cluster status alpha`.
+    fake_cluster("alpha", os.getpid())
+    fake_cluster("beta", os.getpid())
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and f"e.g. `hpc-cluster {example}`" in err, err
 
 
 def test_list_removes_stale_cluster_files_and_says_so(capsys):
