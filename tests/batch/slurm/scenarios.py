@@ -111,16 +111,19 @@ def wrong_results(futures, expected) -> list:
 
 # ---------------------------------------------------------------------------- scenarios
 
-def walltime(nanny: bool, log_dir: Path) -> dict:
+def walltime(nanny: bool, log_dir: Path, long_at: int = 38) -> dict:
     """1-minute jobs on 2 workers running 2-second tasks. Workers drain ahead of the walltime
     (walltime_margin: 12 s for a 1-minute job) and leave as `retired`; one 50-second task,
     started ~40 s into a job, is still running when SLURM's time limit ends that job: a
-    `walltime` death, not charged, and the task reruns on a fresh job."""
+    `walltime` death, not charged, and the task reruns on a fresh job. SLURM checks time
+    limits every 30 s, so it ends a 1-minute job 60-90 s in: the 50 s task is certain to be
+    running then only if it starts 40 s in or later (`long_at`), and before the drain at 48 s.
+    (Not much longer: a rerun must fit a fresh job, what it ran before plus 10 %.)"""
     with on_slurm("walltime", nanny, log_dir, jobs=2, walltime="00:01:00") as run:
         n = 60
         futs = run.client.map(slow_square, range(n))
-        wait_for(lambda: any((j.get("uptime") or 0) >= 38 for j in run.jobs().values()), 120,
-                 "a job 38 s into its minute")
+        wait_for(lambda: any((j.get("uptime") or 0) >= long_at for j in run.jobs().values()), 120,
+                 f"a job {long_at} s into its minute")
         long = run.client.submit(sleep_then, 42, 50, key="long-50s", priority=10)
         run.outcome["long"] = capture(long)
         bad = wrong_results(futs, [x * x for x in range(n)])
