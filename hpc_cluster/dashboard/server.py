@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hmac
+import html
 import json
 import logging
 import socket
@@ -76,7 +77,7 @@ class _Handler(RequestHandler):
 class PageHandler(_Handler):
     def get(self) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(self.dashboard.file("index.html"))
+        self.finish(self.dashboard.page())
 
 
 class StaticHandler(_Handler):
@@ -121,8 +122,10 @@ class Dashboard:
     with a warning (as dask's dashboard does), so a second cluster on a host still gets one.
     `jobs`: the job manager's table (a callable), for the jobs page; None on a LocalCluster."""
 
-    def __init__(self, scheduler, secret: bytes, host: str = "127.0.0.1", port: int = 0, jobs=None):
+    def __init__(self, scheduler, secret: bytes, host: str = "127.0.0.1", port: int = 0, jobs=None,
+                 name: str | None = None):
         self.scheduler, self.host, self.port = scheduler, host, port
+        self.name = name                             # the cluster's, in the page's title and header
         self.token = dashboard_token(secret)
         self._secret = secret
         self.views = Views(scheduler, jobs)
@@ -133,6 +136,15 @@ class Dashboard:
 
     def accepts(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
+
+    def page(self) -> bytes:
+        """index.html naming its cluster: with several clusters' dashboards open, which is which."""
+        page = self.file("index.html")
+        if not self.name:
+            return page
+        shown = html.escape(self.name).encode()
+        return (page.replace(b"<title>hpc-cluster dashboard</title>", b"<title>" + shown + b" - hpc-cluster</title>")
+                .replace(b"<h1>hpc-cluster</h1>", b'<h1>hpc-cluster <span class="cluster-name">' + shown + b"</span></h1>"))
 
     def file(self, name: str) -> bytes:
         if name not in self._files:                  # read once: they are small and never change

@@ -135,7 +135,7 @@ async def run(plan: Plan) -> int:
         meta.update(engine.meta())
         if security is not None:
             meta["engine_tls"] = security.to_dict()
-    dashboard = start_dashboard(sched, secret, sc, jm)
+    dashboard = start_dashboard(sched, secret, sc, jm, plan.name)
     if dashboard is not None:
         meta["dashboard"] = dashboard.link     # the link with its token: `hpc-cluster status` prints it
     sched.expecting_workers = lambda: bool(jm.active())
@@ -225,7 +225,7 @@ async def _remove_files(plan: Plan, runner) -> None:
         shutil.rmtree(plan.tls_directory, ignore_errors=True)
 
 
-def start_dashboard(sched, secret: bytes, sc: SchedulerPlan, jm) -> Dashboard | None:
+def start_dashboard(sched, secret: bytes, sc: SchedulerPlan, jm, name: str) -> Dashboard | None:
     """The dashboard (issue 17) on this process's loop, beside the scheduler, where the
     scheduler listens unless dashboard_address names a host; it reads the job manager's table
     (no batch command per request: the table is what the last poll saw). A dashboard that
@@ -233,7 +233,8 @@ def start_dashboard(sched, secret: bytes, sc: SchedulerPlan, jm) -> Dashboard | 
     if not sc.dashboard:
         return None
     host, port = sc.dashboard
-    dashboard = Dashboard(sched, secret, host=host or sc.host, port=int(port), jobs=lambda: jm.table(demand=False))
+    dashboard = Dashboard(sched, secret, host=host or sc.host, port=int(port), jobs=lambda: jm.table(demand=False),
+                          name=name)
     try:
         dashboard.start()
     except OSError as exc:
