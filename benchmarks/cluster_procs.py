@@ -119,13 +119,13 @@ class _Processes:
 class DaskProcesses(_Processes):
     """dask's scheduler and workers as processes (the scheduler file names the address)."""
 
-    def __init__(self, stack: contextlib.ExitStack, env_extra: dict | None = None):
+    def __init__(self, stack: contextlib.ExitStack, env_extra: dict | None = None, host: str = "127.0.0.1"):
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-dask-"))
         self.scheduler_file = os.path.join(tmp, "scheduler.json")
         self.env = dict(os.environ, DASK_DISTRIBUTED__ADMIN__TICK__LIMIT="1h", **(env_extra or {}))
         self.workers: list[subprocess.Popen] = []
         self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host, "--port", "0",
              "--no-dashboard", "--scheduler-file", self.scheduler_file],
             env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stack.callback(self.close)

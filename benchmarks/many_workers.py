@@ -146,55 +146,92 @@ def run_count(system: str, n: int, args) -> dict:
             logging.getLogger("distributed").setLevel(logging.ERROR)
             procs = cluster_procs.DaskProcesses(stack)
             address, ping_env = procs.scheduler_file, dict(os.environ)
-        sched = psutil.Process(procs.scheduler.pid)
         t0 = time.perf_counter()
         procs.start_workers(n, threads=1, nanny=False, idle=args.idle_workers)
         if args.idle_workers:
             out["idle_workers"] = procs.idle_group.why or "one idle CPU cgroup (cpu.idle) + SCHED_IDLE"
-        client = procs.client(stack, timeout=args.timeout)
-        try:
-            client.wait_for_workers(n, timeout=args.timeout)
-        except Exception as exc:
-            out["outcome"] = f"not all registered within {args.timeout:.0f} s: {type(exc).__name__}"
-            out["registered"] = len(client.scheduler_info()["workers"])
-            return out
-        out["register_s"] = round(time.perf_counter() - t0, 1)
-        rss = [p.memory_info().rss for p in map(psutil.Process, (w.pid for w in procs.workers[:20]))]
-        out["worker_rss_mb"] = round(statistics.mean(rss) / 1e6, 1)
-        _wait(system, client, client.map(noop, range(-n, 0)), args.timeout)       # warm: functions, connections
-        time.sleep(2)
-        c0 = _cpu(sched)
-        time.sleep(args.idle)
-        out["idle_cpu_per_s"] = round((_cpu(sched) - c0) / args.idle, 3)
-        pinger = Pinger(system, address, ping_env)
-        spy = Profile(procs.scheduler.pid, args.profile, f"{system}-{n}") if args.profile else None
-        windows = {}
-        for name, func, count in (("sleep", sleep_01, args.sleep_rounds * n), ("noop", noop, args.noop_tasks)):
-            off = 10**7 * (1 + len(windows))
-            c0, w0, t0 = _cpu(sched), time.time(), time.perf_counter()
-            futures = client.map(func, range(off, off + count))
-            done = _wait(system, client, futures, args.timeout)
-            secs = time.perf_counter() - t0
-            windows[name] = (w0, time.time())
-            res = {"tasks": count, "seconds": round(secs, 2), "tasks_per_s": round(done / secs),
-                   "scheduler_cpu_us_per_task": round((_cpu(sched) - c0) / max(done, 1) * 1e6)}
-            if name == "sleep":
-                res["ideal_tasks_per_s"] = round(n / 0.1)
-            if done < count:
-                res["outcome"] = f"{done} of {count} done after {args.timeout:.0f} s"
-            out[name] = res
-            del futures
-            time.sleep(1)
-        samples = pinger.stop()
-        if spy is not None:
-            out["profile"] = spy.stop()
-        for name, (w0, w1) in windows.items():
-            out[name]["latency"] = latency(samples, w0, w1)
-        out["outcome"] = "completed" if all("outcome" not in out[k] for k in windows) else "timed out"
-        if system == "ours":              # workers lost on the way (e.g. silent past the heartbeat TTL)
-            causes = [d.get("cause") for d in client.deaths()]
-            out["deaths"] = {c: causes.count(c) for c in set(causes)}
-        client.close()
+        return measure(system, n, procs, stack, address, ping_env, t0, args, out,
+                       worker_pids=lambda: [w.pid for w in procs.workers])
+
+
+def worker_memory(pids: list[int]) -> dict:
+    """Mean RSS, PSS and USS of up to 20 workers, in MB: RSS counts the pages a worker shares with
+    others (forked ones share most) each time, PSS its share of them, USS only its own."""
+    rows = []
+    for pid in pids[:20]:
+        with contextlib.suppress(psutil.Error):
+            rows.append(psutil.Process(pid).memory_full_info())
+    if not rows:
+        return {}
+    return {f"worker_{k}_mb": round(statistics.mean(getattr(r, k) for r in rows) / 1e6, 1) for k in ("rss", "pss", "uss")}
+
+
+def heartbeats_per_s(client, seconds: float, every: float = 0.25) -> float:
+    """Heartbeats the scheduler received per second, idle: changes of each worker's last-seen time
+    (ours: last_seen, dask: last-seen), looked at every `every` s (both pace theirs at >= 0.5 s)."""
+    seen: dict = {}
+    changes = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for addr, w in client.scheduler_info()["workers"].items():
+            t = w.get("last_seen", w.get("last-seen"))
+            changes += addr in seen and t != seen[addr]
+            seen[addr] = t
+        time.sleep(every)
+    return changes / seconds
+
+
+def measure(system: str, n: int, procs, stack, address: str, ping_env: dict, t0: float, args, out: dict,
+            worker_pids, pinger: Pinger | None = None) -> dict:
+    """Everything after the workers were started at `t0`: registration, idle cost, the two maps
+    and the second client's answers (what many_workers.py and many_nodes.py share). A `pinger`
+    started before the workers also times the answers while they register."""
+    registering = time.time() - (time.perf_counter() - t0)
+    sched = psutil.Process(procs.scheduler.pid)
+    client = procs.client(stack, timeout=args.timeout)
+    try:
+        client.wait_for_workers(n, timeout=args.timeout)
+    except Exception as exc:
+        out["outcome"] = f"not all registered within {args.timeout:.0f} s: {type(exc).__name__}"
+        out["registered"] = len(client.scheduler_info()["workers"])
+        return out
+    out["register_s"] = round(time.perf_counter() - t0, 1)
+    windows = {"register": (registering, time.time())} if pinger else {}
+    out.update(worker_memory(worker_pids()))
+    _wait(system, client, client.map(noop, range(-n, 0)), args.timeout)       # warm: functions, connections
+    time.sleep(2)
+    c0 = _cpu(sched)
+    time.sleep(args.idle)
+    out["idle_cpu_per_s"] = round((_cpu(sched) - c0) / args.idle, 3)
+    out["heartbeats_per_s"] = round(heartbeats_per_s(client, args.idle))     # after: its asking costs CPU
+    pinger = pinger or Pinger(system, address, ping_env)
+    spy = Profile(procs.scheduler.pid, args.profile, f"{system}-{n}") if args.profile else None
+    for name, func, count in (("sleep", sleep_01, args.sleep_rounds * n), ("noop", noop, args.noop_tasks)):
+        off = 10**7 * (1 + len(windows))
+        c0, w0, t0 = _cpu(sched), time.time(), time.perf_counter()
+        futures = client.map(func, range(off, off + count))
+        done = _wait(system, client, futures, args.timeout)
+        secs = time.perf_counter() - t0
+        windows[name] = (w0, time.time())
+        res = {"tasks": count, "seconds": round(secs, 2), "tasks_per_s": round(done / secs),
+               "scheduler_cpu_us_per_task": round((_cpu(sched) - c0) / max(done, 1) * 1e6)}
+        if name == "sleep":
+            res["ideal_tasks_per_s"] = round(n / 0.1)
+        if done < count:
+            res["outcome"] = f"{done} of {count} done after {args.timeout:.0f} s"
+        out[name] = res
+        del futures
+        time.sleep(1)
+    samples = pinger.stop()
+    if spy is not None:
+        out["profile"] = spy.stop()
+    for name, (w0, w1) in windows.items():
+        out.setdefault(name, {})["latency"] = latency(samples, w0, w1)
+    out["outcome"] = "completed" if all("outcome" not in out[k] for k in windows) else "timed out"
+    if system == "ours":              # workers lost on the way (e.g. silent past the heartbeat TTL)
+        causes = [d.get("cause") for d in client.deaths()]
+        out["deaths"] = {c: causes.count(c) for c in set(causes)}
+    client.close()
     return out
 
 
@@ -299,6 +336,39 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def run_counts(args, run_count, fits, memory_key: str) -> dict:
+    """Each system at each of args.counts, skipping a count whose workers would not fit (by the
+    per-worker memory `memory_key` measured at the previous count); the report with every result."""
+    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "python": platform.python_version(), "load_before": list(os.getloadavg()),
+                          "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1)},
+              "config": vars(args), "results": []}
+    per_worker: dict[str, float] = {}
+    for n in (int(c) for c in args.counts.split(",")):
+        for system in args.systems.split(","):
+            ok, why = fits(system, n, per_worker)
+            if not ok:
+                res = {"system": system, "workers": n, "outcome": f"skipped: does not fit ({why})"}
+            else:
+                t = time.perf_counter()
+                try:
+                    res = run_count(system, n, args)
+                except Exception as exc:
+                    res = {"system": system, "workers": n, "outcome": f"failed: {type(exc).__name__}: {exc}"[:300]}
+                res["wall_s"] = round(time.perf_counter() - t, 1)
+                if res.get(memory_key):
+                    per_worker[system] = res[memory_key] * 1e6
+            report["results"].append(res)
+            print(json.dumps(res), file=sys.stderr, flush=True)
+    report["machine"]["load_after"] = list(os.getloadavg())
+    from importlib.metadata import version
+    report["versions"] = {p: version(p) for p in ("hpc-cluster", "distributed", "dask")}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--ping":
         return ping_main(sys.argv[2], sys.argv[3], float(sys.argv[4]))
@@ -323,34 +393,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sleep_rounds, args.noop_tasks, args.idle = 2, 2_000, 2.0
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(), "load_before": list(os.getloadavg()),
-                          "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1)},
-              "config": vars(args), "results": []}
-    per_worker: dict[str, float] = {}
-    for n in (int(c) for c in args.counts.split(",")):
-        for system in args.systems.split(","):
-            ok, why = fits(system, n, per_worker)
-            if not ok:
-                res = {"system": system, "workers": n, "outcome": f"skipped: does not fit ({why})"}
-            else:
-                t = time.perf_counter()
-                try:
-                    res = run_count(system, n, args)
-                except Exception as exc:
-                    res = {"system": system, "workers": n, "outcome": f"failed: {type(exc).__name__}: {exc}"[:300]}
-                res["wall_s"] = round(time.perf_counter() - t, 1)
-                if res.get("worker_rss_mb"):            # RSS counts shared pages each time: an upper bound
-                    per_worker[system] = res["worker_rss_mb"] * 1e6
-            report["results"].append(res)
-            print(json.dumps(res), file=sys.stderr, flush=True)
-    report["machine"]["load_after"] = list(os.getloadavg())
-    from importlib.metadata import version
-    report["versions"] = {p: version(p) for p in ("hpc-cluster", "distributed", "dask")}
+    report = run_counts(args, run_count, fits, "worker_rss_mb")   # RSS counts shared pages each time: an upper bound
     print(format_markdown(report) if args.markdown else format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
     return 0
 
 
