@@ -237,6 +237,10 @@ class BatchAdapter:
     # One job over several nodes (JobSpec.nodes > 1): the adapter asks for them and its template
     # starts a worker set on each. Without it, nodes= > 1 is refused (config/resolve.py, render).
     multi_node = False
+    # Pending reasons after which a job will not start without someone acting (a hold, a
+    # dependency that can never be met, a request over a limit): `hpc-cluster up` stops waiting
+    # on them and says what to do (issue 34). The batch system's own words, as squeue shows them.
+    never_starts: frozenset = frozenset()
 
     def __init__(self, runner: Runner | None = None):
         if runner is None:

@@ -478,6 +478,12 @@ def check_job_mem(key, v):
 
 class SLURMAdapter(BatchAdapter):
     name = "slurm"
+    # squeue's REASON for jobs that wait on a person, not on the queue (SLURM's
+    # job_reason.h / squeue(1) "JOB REASON CODES").
+    never_starts = frozenset({"JobHeldUser", "JobHeldAdmin", "DependencyNeverSatisfied", "BadConstraints",
+                              "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+                              "PartitionTimeLimit", "PartitionNodeLimit", "QOSMaxWallDurationPerJobLimit",
+                              "AssocMaxWallDurationPerJobLimit"})
     template_name = "slurm.sh.j2"
     submit_command = "sbatch"
     cancel_command = "scancel"

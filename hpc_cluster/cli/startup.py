@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..adapters import adapter_class
 from ..deploy.launch import control
 from ..protocol.messages import Op
 from .lookup import CommandError
@@ -55,6 +56,17 @@ def watch_startup(name, path, info, proc, want: int, timeout: float, out) -> Non
                     out.write("\r\033[K")
                 say(f"{connected} worker(s) connected in {time.monotonic() - start:.1f} s")
                 return
+            stuck = _never_starting(live, info.get("batch"))
+            if live and len(stuck) == len(live) and connected < want:
+                if tty:
+                    out.write("\n")
+                held = ", ".join(f"job {r['job_id']} ({r.get('reason')})" for r in stuck)
+                raise CommandError(
+                    f"{connected} of {want} worker(s) connected, and the cluster's jobs will not start "
+                    f"until someone acts: {held}. Release a held job (scontrol release JOB), or fix "
+                    f"what its reason names (account, QOS, time or node limits), then "
+                    f"`hpc-cluster scale {want} {name}`; the cluster is still up (`hpc-cluster down {name}` "
+                    f"ends it)")
             if table.get("halted"):
                 if tty:
                     out.write("\n")
@@ -74,6 +86,16 @@ def watch_startup(name, path, info, proc, want: int, timeout: float, out) -> Non
                 f"  hpc-cluster logs daemon {name}\n"
                 f"or wait longer with --timeout, or stop it with `hpc-cluster down {name}`")
         time.sleep(0.5 if time.monotonic() - start < 10 else 1.0)
+
+
+def _never_starting(live: list[dict], batch: str | None) -> list[dict]:
+    """The pending jobs whose reason says they will not start by waiting (a hold, a
+    dependency never met, a limit they exceed): `up` would wait its whole timeout on them."""
+    try:
+        never = adapter_class(batch).never_starts if batch else frozenset()
+    except Exception:  # noqa: BLE001  (an adapter that cannot load: nothing known to be stuck)
+        return []
+    return [r for r in live if r["state"] == "pending" and str(r.get("reason") or "").strip("()") in never]
 
 
 def _last_startup_log(path: Path) -> str:

@@ -89,7 +89,7 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
 
         def one_left():
             out = cli("status", "t-cli").stdout
-            done = [j for j in job_ids if re.search(rf"^{j}\s+(completed|cancelled)", out, re.M)]
+            done = [j for j in job_ids if re.search(rf"^{j}\s+(completed|cancelled|retired)", out, re.M)]
             return len(done) == 1 and "1 worker(s) connected" in out and done[0]
         gone = wait_until(one_left, 120, "scale 1 to end one job")
         why = cli("why", gone, "t-cli")
@@ -203,6 +203,30 @@ def test_cli_up_reports_a_broken_environment_and_stops(slurm_cluster, own_home, 
         if job_ids:
             subprocess.run(["scancel", *job_ids], capture_output=True)
     assert not cluster_file.exists()
+    assert not (job_ids & squeue_ids())
+
+
+def test_cli_up_stops_waiting_on_held_jobs_and_says_how_to_release_them(slurm_cluster, own_home, tmp_path):
+    """Issue 34 papercut: `up` waited its whole timeout (600 s) on a held job that would never
+    start. A job pending with a reason that waits on a person (JobHeldUser here: --hold) ends
+    the wait at once, exit 1, naming the job, its reason and what to do."""
+    site = tmp_path / "held.yaml"
+    site.write_text(f"default: t\nsites:\n  t:\n    batch: slurm\n    cores: 1\n    memory: 1GB\n"
+                    f"    walltime: '00:10:00'\n    log_directory: {tmp_path / 'logs'}\n"
+                    f"    job_extra_directives: ['--hold']\n")
+    job_ids: set[str] = set()
+    try:
+        up = cli("up", "--config", str(site), "-n", "1", "--name", "t-held", "--timeout", "240", timeout=300)
+        job_ids = set(re.findall(r"^job (\d+):", up.stdout, re.M))
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "will not start until someone acts" in up.stderr and "(JobHeldUser)" in up.stderr, up.stderr
+        assert "scontrol release" in up.stderr and "hpc-cluster down t-held" in up.stderr
+        assert "within 240 s" not in up.stderr                   # it did not wait out its timeout
+    finally:
+        down = cli("down", "t-held", timeout=240)
+        assert down.returncode == 0, down.stdout + down.stderr
+        if job_ids:
+            subprocess.run(["scancel", *job_ids], capture_output=True)
     assert not (job_ids & squeue_ids())
 
 
