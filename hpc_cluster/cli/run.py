@@ -34,7 +34,8 @@ def add_run_command(sub) -> None:
                    help="the Python script (a .py file, run with this Python) or command, and its arguments")
 
 
-def run_command(args, err=sys.stderr) -> int:
+def run_command(args, err=None) -> int:
+    err = err or sys.stderr                 # looked up now: a test's capture replaces it
     from ..deploy.runner import RunnerError, RunSettings, run
     from ..units import UnitError, parse_memory
     try:

@@ -167,9 +167,10 @@ def _scheduler_host(adapter) -> str:
 
 
 def run(script: list[str], settings: RunSettings, environ=None, wait_workers: float = 120.0,
-        out=sys.stderr) -> int:
+        out=None) -> int:
     """Run `script` (its path and arguments) against a cluster spread over this allocation; the
     script's exit status."""
+    out = out or sys.stderr
     environ = dict(os.environ if environ is None else environ)
     alloc = allocation(environ)
     if not script:
