@@ -64,6 +64,13 @@ node_name() { echo "hpcn$1"; }
 node_addr() { echo "$SUBNET.1$1"; }
 node_index() { local n=${1#hpcn}; [[ $n =~ ^[0-9]+$ ]] || die "no such node: $1 (hpcn1..hpcn$NODES)"; echo "$n"; }
 
+first_job_id() {
+    local last
+    last=$(env -u SLURM_CONF sacct -M "$CLUSTER_NAME" -X -n -P -o JobIDRaw -S 2020-01-01 2>/dev/null \
+        | grep -E '^[0-9]+$' | sort -n | tail -1)
+    echo $(( ${last:-0} >= 500000 ? last + 1 : 500000 ))
+}
+
 write_configs() {
     mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/shared" "$LOGS" "$RUN"
     chown slurm:slurm "$STATE/ctld" "$LOGS"
@@ -99,8 +106,10 @@ JobAcctGatherFrequency=task=1
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStorageEnforce=associations,limits
-# Job ids apart from the one-node cluster's (they share slurmdbd and the host's cgroups).
-FirstJobId=500000
+# Job ids apart from the one-node cluster's (they share slurmdbd and the host's cgroups), and
+# after every id this cluster had before a down (slurmdbd keeps their records: an id used
+# twice would merge two jobs in sacct).
+FirstJobId=$(first_job_id)
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 # CR_LLN: jobs go to the least loaded node, so a test's workers spread over the nodes.
