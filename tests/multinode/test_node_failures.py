@@ -45,7 +45,7 @@ def slow_times_ten(x):
     return x * 10
 
 
-def hostname():
+def host_of_worker():
     return socket.gethostname()
 
 
@@ -60,7 +60,7 @@ def staged(name: str, base, victim: str | None, exclude: list[str], fail) -> dic
         cluster.scale(WORKERS)
         with Client(cluster) as c:
             c.wait_for_workers(WORKERS, timeout=240)
-            hosts = c.run(hostname)
+            hosts = c.run(host_of_worker)
             out["hosts"] = hosts
             out["victims"] = {a for a, h in hosts.items() if victim is None or h == victim}
             assert out["victims"], f"{name}: no worker on {victim}: {hosts}"

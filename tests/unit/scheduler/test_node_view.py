@@ -24,7 +24,7 @@ from hpc_cluster.scheduler.state import SchedulerState
 FIXTURES = Path(__file__).resolve().parents[1] / "adapters" / "fixtures" / "slurm" / "multinode"
 
 
-def record(name: str) -> dict:
+def fixture_record(name: str) -> dict:
     """A fixture's one job as the job manager hands it to the scheduler (deploy/daemon/jobs.py)."""
     (rec,) = parse_sacct((FIXTURES / name).read_text())
     return {**dataclasses.asdict(rec), "final": rec.final}
@@ -39,29 +39,29 @@ def test_expand_hostlist(text, names):
 
 
 def test_parse_sacct_names_each_steps_node_and_the_node_taken_out():
-    running = record("sacct_running_3_nodes.txt")
+    running = fixture_record("sacct_running_3_nodes.txt")
     assert running["nodes"] == ["hpcn1", "hpcn2", "hpcn3"] and running["released_nodes"] == []
     assert [(s["step_id"], s["nodes"]) for s in running["steps"]] == [
         ("batch", ["hpcn1"]), ("0", ["hpcn1"]), ("1", ["hpcn2"]), ("2", ["hpcn3"])]
     assert running["requested_memory"] == 100 * 2**20          # ReqMem 300M is 3 nodes' --mem=100M
-    resized = record("sacct_node_removed.txt")
+    resized = fixture_record("sacct_node_removed.txt")
     assert (resized["state"], resized["raw_state"], resized["node"]) == ("running", "RUNNING", "hpcn[1,3]")
     assert resized["nodes"] == ["hpcn1", "hpcn3"] and resized["released_nodes"] == ["hpcn2"]
     assert resized["requested_memory"] == 100 * 2**20 and not resized["final"]
-    ended = record("sacct_node_removed_then_node_fail.txt")
+    ended = fixture_record("sacct_node_removed_then_node_fail.txt")
     assert ended["state"] == "node-fail" and ended["final"] and ended["released_nodes"] == ["hpcn2"]
 
 
 def test_a_one_node_job_and_an_unknown_host_are_seen_whole():
     one = {"job_id": "7", "state": "running", "nodes": ["hpcn1"], "steps": [], "final": False}
     assert on_node(one, "hpcn1") is one and on_node(None, "hpcn1") is None
-    three = record("sacct_running_3_nodes.txt")
+    three = fixture_record("sacct_running_3_nodes.txt")
     assert on_node(three, "elsewhere") is three and on_node(three, None) is three
     assert node_name("hpcn2.cluster.org", ["hpcn1", "hpcn2"]) == "hpcn2"
 
 
 def test_the_failed_nodes_workers_die_of_node_failure_the_others_live_on():
-    resized = record("sacct_node_removed.txt")
+    resized = fixture_record("sacct_node_removed.txt")
     lost = on_node(resized, "hpcn2")
     assert lost["final"] and lost["state"] == "node-fail" and lost["node"] == "hpcn2"
     assert [s["step_id"] for s in lost["steps"]] == ["1"]
@@ -80,7 +80,7 @@ def test_the_failed_nodes_workers_die_of_node_failure_the_others_live_on():
 
 
 def test_a_step_that_ended_on_its_node_while_the_job_runs_is_that_nodes_verdict():
-    rec = record("sacct_running_3_nodes.txt")
+    rec = fixture_record("sacct_running_3_nodes.txt")
     rec["steps"][2] = dict(rec["steps"][2], state="out-of-memory", raw_state="OUT_OF_MEMORY", exit_code=0, signal=125)
     mine = on_node(rec, "hpcn2")
     assert mine["final"] and mine["state"] == "out-of-memory" and mine["node"] == "hpcn2"
@@ -95,7 +95,7 @@ def test_a_step_that_ended_on_its_node_while_the_job_runs_is_that_nodes_verdict(
 
 
 def test_a_job_that_ended_whole_is_every_nodes_verdict():
-    cancelled = record("sacct_cancelled_3_nodes.txt")
+    cancelled = fixture_record("sacct_cancelled_3_nodes.txt")
     for host in ("hpcn1", "hpcn2", "hpcn4"):
         view = on_node(cancelled, host)
         assert view["final"] and view["state"] == "cancelled" and view["cancelled_by"] == "0"
@@ -103,7 +103,7 @@ def test_a_job_that_ended_whole_is_every_nodes_verdict():
     assert [s["step_id"] for s in on_node(cancelled, "hpcn1")["steps"]] == ["batch", "1"]
 
 
-class _Batch:
+class _FixedAccounting:
     def __init__(self, records):
         self.records = records
 
@@ -120,7 +120,7 @@ def test_the_collector_judges_each_worker_on_its_own_node(monkeypatch):
     monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 3)
     state = SchedulerState()
     col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
-    col.source = _Batch({"500000": record("sacct_node_removed.txt")})
+    col.source = _FixedAccounting({"500000": fixture_record("sacct_node_removed.txt")})
     for i, host in ((0, "hpcn2"), (1, "hpcn3")):
         state.add_worker(f"tcp://w:{i}", 1, 990.0, name=f"w-0-n{i + 1}", info={"job_id": "500000", "host": host})
 
