@@ -45,18 +45,31 @@ def fmt_clock(t) -> str:
     return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M:%S", lt)
 
 
+def pending_state(row: dict) -> str:
+    """'pending', 'pending (Resources)', 'pending (requeued, BeginTime)'."""
+    why = ["requeued"] if row.get("requeued") else []
+    if row.get("reason") and row["reason"] != "None":
+        why.append(row["reason"])
+    return "pending" + (f" ({', '.join(why)})" if why else "")
+
+
+def shown_state(row: dict) -> str | None:
+    """A job row's state as shown: `retired` for a job that ended because we retired it (the
+    daemon's `retired`: its batch end state, a leftover OOM mark, would contradict its deaths)."""
+    return "retired" if row.get("retired") and row.get("state") not in LIVE else row.get("state")
+
+
 def job_event(row: dict) -> str:
     """One line for a job's state: 'job 123: pending (Resources)', 'job 123: running on vm'."""
-    state, jid = row.get("state"), row.get("job_id")
+    state, jid = shown_state(row), row.get("job_id")
     if state == "pending":
-        reason = row.get("reason")
-        return f"job {jid}: pending" + (f" ({reason})" if reason and reason != "None" else "")
+        return f"job {jid}: {pending_state(row)}"
     if state == "running":
         node = row.get("node")
         return f"job {jid}: running" + (f" on {node}" if node else "") + \
             (" (retiring)" if row.get("retiring") else "")
     raw = row.get("raw_state")
-    extra = f" ({raw})" if raw and raw.lower() != str(state) else ""
+    extra = f" ({raw})" if raw and raw.lower() != str(state) and state != "retired" else ""
     return f"job {jid}: {state}{extra}"
 
 
@@ -90,10 +103,10 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     head = ("JOB", "STATE", "WORKERS", "NODE", "UPTIME", "TIME LEFT", "MEMORY")
     lines = [head]
     for r in live + done:
-        state = r.get("state") or "?"
-        if state == "pending" and r.get("reason") and r["reason"] != "None":
-            state += f" ({r['reason']})"
-        elif state not in LIVE and r.get("raw_state"):
+        state = shown_state(r) or "?"
+        if state == "pending":
+            state = pending_state(r)
+        elif state not in LIVE and state != "retired" and r.get("raw_state"):
             state += f" ({r['raw_state']})"
         if r.get("retiring") and r.get("state") in LIVE:
             state += ", retiring"

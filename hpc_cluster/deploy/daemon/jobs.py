@@ -47,10 +47,27 @@ class Job:
     retiring: bool = False                 # we asked it to go (scale down, close)
     index: int = 0                         # its number in this cluster: its workers are NAME-<index>
     worker_names: tuple = ()               # adopted from a journal: the names its workers had
+    ran: bool = False                      # the batch system said it runs (since its last requeue)
+    requeued: int = 0                      # times seen pending again after it ran (scontrol requeue)
 
     @property
     def final(self) -> bool:
         return self.state in FINAL_STATES
+
+
+# Ends that happen to a job whatever we asked of it: shown as the batch system says, also for a
+# job we were retiring (its death records say the same: walltime, node-failure, preempted).
+_ENDS_NOT_OURS = frozenset({"timeout", "node-fail", "preempted", "boot-fail", "deadline"})
+
+
+def ended_retired(job: Job, last_death: str | None) -> bool:
+    """Did the job end because we retired it (scale-down, `down`; or its last worker's death
+    says `retired`)? `status` and `down` then show it `retired`, not the batch system's end
+    state: SLURM marks a whole job OUT_OF_MEMORY when one of its steps was OOM-killed, so a job
+    whose worker had died of memory earlier (its nanny started another) ended, retired hours
+    later, as `out-of-memory`, contradicting its death records. (Its `state` stays the batch
+    system's, for scripts: the table's rows say `retired` beside it.)"""
+    return job.final and job.state not in _ENDS_NOT_OURS and (job.retiring or last_death == "retired")
 
 
 @dataclass
@@ -135,19 +152,26 @@ class JobManager:
                 out.setdefault(str(jid), []).append(addr)
         return out
 
+    def last_deaths(self) -> dict[str, str]:
+        """job id -> the cause of its last worker's death (the scheduler's records)."""
+        return {str(d["job_id"]): d.get("cause") for d in self.scheduler.state.deaths if d.get("job_id")}
+
     def table(self) -> dict:
         workers = self.workers_of()
         now = self.clock()
+        deaths = self.last_deaths()
         rows = []
         for j in sorted(self.jobs.values(), key=lambda j: j.submitted):
             addrs = workers.get(j.job_id, [])
             wstates = [self.scheduler.state.workers[a] for a in addrs]
+            # A pending job (a requeued one too) has no node, uptime or time left.
+            runs = j.started is not None and not j.ended and j.state != "pending"
             rows.append({
-                "job_id": j.job_id, "state": j.state, "raw_state": j.raw_state, "node": j.node,
-                "reason": j.reason, "workers": addrs, "worker_names": [w.name for w in wstates],
-                "submitted": j.submitted, "started": j.started, "ended": j.ended,
-                "uptime": (now - j.started) if j.started and not j.ended else None,
-                "time_left": (j.started + self.spec.walltime - now) if j.started and not j.ended else None,
+                "job_id": j.job_id, "state": j.state, "raw_state": j.raw_state,
+                "retired": ended_retired(j, deaths.get(j.job_id)), "node": j.node, "reason": j.reason, "workers": addrs, "worker_names": [w.name for w in wstates],
+                "submitted": j.submitted, "started": j.started, "ended": j.ended, "requeued": j.requeued,
+                "uptime": (now - j.started) if runs else None,
+                "time_left": (j.started + self.spec.walltime - now) if runs else None,
                 "memory": self.spec.memory, "retiring": j.retiring, "index": j.index, "pool": self.pool,
                 # what its workers use now (their last reports), results spilled to disk, paused
                 "memory_used": (sum(w.memory.get("rss", 0) for w in wstates)
@@ -428,7 +452,16 @@ class JobManager:
             if st is None or st.state == "unknown":
                 continue
             job.state, job.raw_state, job.reason = st.state, st.raw_state, st.reason
-            job.node = st.node or job.node
+            if st.state == "pending":
+                if job.ran:
+                    # Pending again after it ran: requeued (scontrol requeue, preemption with
+                    # requeue), the same id. Its node and start were the last run's.
+                    job.requeued += 1
+                    job.ran, job.started = False, None
+                job.node = st.node
+            else:
+                job.node = st.node or job.node
+                job.ran = job.ran or st.state == "running"
             if st.state == "running" and job.started is None:
                 job.started = now - (st.elapsed or 0)
             if job.final and job.ended is None:

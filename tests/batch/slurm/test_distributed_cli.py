@@ -123,7 +123,7 @@ def test_cli_up_connect_status_logs_scale_why_down(slurm_cluster, own_home, tmp_
 
     def one_left():
         out = cli("status", "t-dcli").stdout
-        done = [j for j in job_ids if re.search(rf"^{j}\s+(completed|cancelled)", out, re.M)]
+        done = [j for j in job_ids if re.search(rf"^{j}\s+(completed|cancelled|retired)", out, re.M)]
         return len(done) == 1 and "1 worker(s) connected" in out and done[0]
     gone = wait_until(one_left, 120, "scale 1 to end one job")
     with Client(scheduler_file=str(scheduler_file), timeout=30, set_as_default=False) as client:
