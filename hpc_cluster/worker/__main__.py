@@ -18,6 +18,7 @@ from ..protocol.frames import Limits
 from ..protocol.clusterfile import SECRET_ENV, read_cluster_file, take_secret_from_env
 from ..protocol.tls import Security
 from .memory import tune_malloc
+from .output import flush_quietly, guard_std_streams
 from .route import listen_host
 from .store import MemoryFractions
 from .flags import (DEFAULTS, ENGINE_WORKERS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
@@ -232,6 +233,7 @@ def main(argv=None) -> int:
         return run_several(argv, args.nworkers, args.name, nthreads, args.worker_port)
     if args.interface:
         args.host = interface_address(args.interface)
+    guard_std_streams()                    # a task's print into a full log directory says so
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     security = Security(args.tls_ca_file, args.tls_cert, args.tls_key) if args.tls_ca_file else None
@@ -287,8 +289,7 @@ def main(argv=None) -> int:
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     remove_pid_file(pid_file)              # os._exit skips atexit
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_quietly()
     os._exit(code)
 
 

@@ -173,8 +173,22 @@ class Nanny:
                 return
             text = line.decode(errors="replace")
             self.log_tail.append(text.rstrip("\n"))
-            sys.stderr.write(text)                  # still reaches the job's log file
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(text)              # still reaches the job's log file
+                sys.stderr.flush()
+            except OSError as exc:
+                # A full (or gone) log filesystem must not end the nanny: its worker's death
+                # would then go unreported ("exited with code 120" instead of the SIGSEGV).
+                # The lines stay in the log tail the exit report carries.
+                self._log_unwritable(exc)
+
+    def _log_unwritable(self, exc: OSError) -> None:
+        if not getattr(self, "_log_lost", False):
+            self._log_lost = True
+            note = (f"nanny: the worker's log could not be written ({exc.strerror or exc}): its log "
+                    f"directory is full or gone; its last lines are kept for the scheduler")
+            self.log_tail.append(note)
+            logger.error("%s", note)      # to the scheduler-side handlers, if stderr takes nothing
 
     async def run_once(self) -> dict:
         """Start the worker, watch it until it exits, return the exit report."""
