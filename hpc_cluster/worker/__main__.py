@@ -321,4 +321,9 @@ def _ports(spec: str | None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # The nanny returns here: a log that cannot take its last lines must not turn its exit
+    # code into 120 (Python's own flush at exit failing).
+    flush_quietly()
+    sys.stdout = sys.stderr = None
+    sys.exit(exit_code)

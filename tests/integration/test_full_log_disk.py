@@ -68,3 +68,13 @@ def test_a_task_that_prints_into_a_full_log_says_it_is_the_log_directory(worker_
     assert isinstance(exc, OSError) and exc.errno == 28, repr(exc)
     assert "writing the worker's stdout (/dev/full), its job's log in log_directory" in str(exc), str(exc)
     assert "Free space there, or set log_directory to another filesystem" in str(exc)
+
+
+def test_a_nanny_whose_log_is_full_exits_with_its_own_code_not_120():
+    # A nanny that gives up on an unreachable scheduler exits 3; with its log on a full disk
+    # Python's own flush at exit failed and made that 120 (issue 34: "exited with code 120").
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "hpc_cluster.worker", "--scheduler", "tcp://127.0.0.1:9",
+                               "--nanny", "--death-timeout", "2"], stdout=full, stderr=full,
+                              stdin=subprocess.DEVNULL, env=dict(os.environ, HPC_CLUSTER_SECRET="00" * 32), timeout=120)
+    assert proc.returncode == 3
