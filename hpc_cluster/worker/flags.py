@@ -301,8 +301,8 @@ FLAGS: tuple[Flag, ...] = (
          "checked against it)", metavar="PATH"),
     Flag("--tls-cert", SUPPORTED, "TLS: this worker's certificate", metavar="PATH"),
     Flag("--tls-key", SUPPORTED, "TLS: the certificate's private key", metavar="PATH"),
-    Flag("--host", SUPPORTED, "the address to listen on and give to the scheduler and peers (0.0.0.0: all "
-         "interfaces, given by host name)", metavar="ADDRESS"),
+    Flag("--host", SUPPORTED, "the address to listen on and give to the scheduler and peers; default (and "
+         "0.0.0.0): this node's address that routes to the scheduler, as dask-worker's", metavar="ADDRESS"),
     Flag("--worker-port", SUPPORTED, "the port to listen on, or a range FIRST:LAST shared out among the "
          "--nworkers workers (each tries the ports of its share in turn); default: any free port",
          check_ports, metavar="PORT[:LAST]"),
@@ -369,7 +369,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "death_timeout": 60.0, "reconnect_window": None, "local_directory": None, "lifetime": None,
             "lifetime_stagger": None,
             "lifetime_restart": False, "dashboard": False, "interface": None, "protocol": None,
-            "host": "127.0.0.1", "worker_port": None, "pid_file": None, "worker_class": None,
+            "host": None, "worker_port": None, "pid_file": None, "worker_class": None,
             "dashboard_address": None, "dashboard_prefix": None, "nanny_port": None, "scheduler": None,
             "cluster_file": None, "heartbeat_interval": 0.5, "memory_terminate_fraction": 0.95,
             "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,

@@ -103,3 +103,24 @@ def test_a_scheduler_address_the_nodes_cannot_reach_fails_the_job_at_start(share
                                  capture_output=True, text=True, timeout=120)
             assert why.returncode == 0, why.stderr
             assert "startup" in why.stdout and f"tried tcp://127.0.0.1:{port} (" in why.stdout, why.stdout
+
+
+def test_a_worker_started_by_hand_on_a_node_listens_where_the_scheduler_reaches_it(across):
+    """No --host: the node's address that routes to the scheduler (as dask-worker picks), not
+    127.0.0.1, which on another node is that node itself."""
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
+    cluster, client = across
+    info = read_cluster_file(cluster.cluster_file)
+    before = set(client.scheduler_info()["workers"])
+    proc = subprocess.Popen(["nsenter", "--net=/var/run/netns/hpcn6", sys.executable, "-m", "hpc_cluster.worker",
+                             "--scheduler", info["address"], "--no-nanny", "--name", "by-hand"],
+                            env=dict(os.environ, HPC_CLUSTER_SECRET=info["secret"].hex()),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        new = wait_until(lambda: set(client.scheduler_info()["workers"]) - before, 60, "the worker started by hand")
+        assert [a.split("://")[1].split(":")[0] for a in new] == ["10.77.0.16"], new
+        # It serves tasks (the scheduler reaches it there); nsenter --net: the login node's host name.
+        assert client.submit(where_am_i, workers=list(new), pure=False).result(timeout=60) == socket.gethostname()
+    finally:
+        proc.terminate()
+        proc.wait(30)
