@@ -252,6 +252,23 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
     return out
 
 
+# squeue's form with the job's comment last: the lookup of a cluster's jobs by the tag sbatch
+# --comment gave them (deploy/daemon/untracked.py).
+SQUEUE_TAGGED_FORMAT = SQUEUE_FORMAT + "|%k"
+
+
+def parse_squeue_tagged(text: str, prefix: str) -> dict[str, tuple[JobStatus, str]]:
+    """`squeue -h --me -o '%i|%T|%N|%r|%M|%l|%k'` -> {id: (JobStatus, comment)} for the jobs
+    whose comment starts with `prefix`; others' (no comment: '(null)') are skipped. The comment
+    is the last field, so a '|' in a pending reason still parses."""
+    out = {}
+    for line in text.splitlines():
+        head, sep, comment = line.rpartition("|")
+        if sep and comment.strip().startswith(prefix):
+            out.update((jid, (st, comment.strip())) for jid, st in parse_squeue(head).items())
+    return out
+
+
 def parse_squeue_states(text: str) -> dict[str, JobStatus]:
     """`squeue --only-job-state -h -o '%i|%T'` -> {id: JobStatus} with states only."""
     out = {}
@@ -563,12 +580,23 @@ class SLURMAdapter(BatchAdapter):
     def _run(self, argv: list[str], input: str | None = None):
         return self.runner.run(argv, input=input, timeout=COMMAND_TIMEOUT, check=False)
 
-    def submit(self, script: str) -> str:
-        result = self._run(["sbatch", "--parsable"], input=script)
+    def submit(self, script: str, tag: str | None = None) -> str:
+        """The job's id. `tag`: its comment (sbatch --comment; it wins over a --comment in the
+        script), by which `tagged_jobs` finds it when sbatch's answer is lost."""
+        result = self._run(["sbatch", "--parsable", *([f"--comment={tag}"] if tag else [])], input=script)
         if result.returncode != 0:
             raise BatchError(f"sbatch refused the job (exit {result.returncode}): "
                              f"{(result.stderr or result.stdout).strip()}")
         return parse_sbatch(result.stdout)
+
+    def tagged_jobs(self, prefix: str) -> dict[str, tuple[JobStatus, str]]:
+        """Our jobs in the queue (pending, running, completing) whose comment starts with
+        `prefix`, with their comments: {id: (JobStatus, comment)}. One squeue of the user's
+        jobs (--me: SLURM 20.11 and later)."""
+        result = self._run(["squeue", "-h", "--me", "-o", SQUEUE_TAGGED_FORMAT])
+        if result.returncode != 0:
+            raise BatchError(f"squeue failed (exit {result.returncode}): {result.stderr.strip()}")
+        return parse_squeue_tagged(result.stdout, prefix)
 
     supports_arrays = True
     array_index_variable = "SLURM_ARRAY_TASK_ID"

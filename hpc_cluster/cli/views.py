@@ -56,7 +56,7 @@ def pending_state(row: dict) -> str:
 def shown_state(row: dict) -> str | None:
     """A job row's state as shown: `retired` for a job that ended because we retired it (the
     daemon's `retired`: its batch end state, a leftover OOM mark, would contradict its deaths)."""
-    return "retired" if row.get("retired") and row.get("state") not in LIVE else row.get("state")
+    return Cause.RETIRED.value if row.get("ended_retired") and row.get("state") not in LIVE else row.get("state")
 
 
 def job_event(row: dict) -> str:
@@ -69,7 +69,7 @@ def job_event(row: dict) -> str:
         return f"job {jid}: running" + (f" on {node}" if node else "") + \
             (" (retiring)" if row.get("retiring") else "")
     raw = row.get("raw_state")
-    extra = f" ({raw})" if raw and raw.lower() != str(state) and state != "retired" else ""
+    extra = f" ({raw})" if raw and raw.lower() != str(state) and state != Cause.RETIRED else ""
     return f"job {jid}: {state}{extra}"
 
 
@@ -106,7 +106,7 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
         state = shown_state(r) or "?"
         if state == "pending":
             state = pending_state(r)
-        elif state not in LIVE and state != "retired" and r.get("raw_state"):
+        elif state not in LIVE and state != Cause.RETIRED and r.get("raw_state"):
             state += f" ({r['raw_state']})"
         if r.get("retiring") and r.get("state") in LIVE:
             state += ", retiring"

@@ -11,3 +11,10 @@ def squeue_ids(squeue: str = "squeue", check: bool = True) -> set[str]:
     squeue lists no job (the SLURM scenarios' cleanup records an outcome either way)."""
     out = subprocess.run([squeue, "-h", "-o", "%i"], capture_output=True, text=True, check=check, timeout=60)
     return set(out.stdout.split())
+
+
+def squeue_named(name: str) -> set[str]:
+    """The ids of the jobs named `name` that squeue lists now (pending, running, completing)."""
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True,
+                         timeout=60)
+    return set(out.stdout.split())

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 
 from ...adapters.base import FINAL_STATES, BatchAdapter, BatchError, JobSpec
 from ...config.pools import DEFAULT_POOL
+from ...protocol.messages import Cause
 from ...retry import Backoff
 from ...scheduler.state.placement import workload
 from .arrays import submit_array, use_array
 from .policy import DEMAND_WAIT_COUNT, AdaptPolicy, JobPolicy, adaptive_jobs
 from .polling import Pacer, PollSettings, poll_forever
+from .untracked import Untracked, accepts
 from ..remote import job_logs
 
 UNHEARD = "SUBMITTED"          # a job's raw_state until the batch system's first word on it
@@ -66,8 +68,8 @@ def ended_retired(job: Job, last_death: str | None) -> bool:
     state: SLURM marks a whole job OUT_OF_MEMORY when one of its steps was OOM-killed, so a job
     whose worker had died of memory earlier (its nanny started another) ended, retired hours
     later, as `out-of-memory`, contradicting its death records. (Its `state` stays the batch
-    system's, for scripts: the table's rows say `retired` beside it.)"""
-    return job.final and job.state not in _ENDS_NOT_OURS and (job.retiring or last_death == "retired")
+    system's, for scripts: the table's rows say `ended_retired` beside it.)"""
+    return job.final and job.state not in _ENDS_NOT_OURS and (job.retiring or last_death == Cause.RETIRED)
 
 
 @dataclass
@@ -89,17 +91,15 @@ async def read_statuses(adapter: BatchAdapter, ids: list[str], within: float | N
 
 
 def _takes_within(method) -> bool:
-    try:
-        return "within" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
+    return accepts(method, "within")
 
 
 class JobManager:
     def __init__(self, scheduler, adapter: BatchAdapter, spec: JobSpec, poll: PollSettings | None = None,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
                  submit_directory: str | None = None, lifetime: float | None = None,
-                 pool: str = DEFAULT_POOL, max_jobs: int | None = None, pools=None):
+                 pool: str = DEFAULT_POOL, max_jobs: int | None = None, pools=None,
+                 untracked: Untracked | None = None):
         self.scheduler, self.adapter, self.spec = scheduler, adapter, spec
         # One pool's jobs. `pools` (deploy/daemon/pools.py) is the cluster's set of them when there are
         # several: it hands out job indices, counts the queue and merges halts across pools.
@@ -129,6 +129,9 @@ class JobManager:
         self._adapter_task: asyncio.Task | None = None
         self._next_index = 0                  # the next job's number (worker names NAME-<index>)
         self.renewals = 0
+        # Submissions whose answer was lost, and the lookup of the cluster's tagged jobs (untracked.py);
+        # with pools, the cluster's one.
+        self.untracked = untracked or Untracked(adapter, None, clock)
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -168,7 +171,8 @@ class JobManager:
             runs = j.started is not None and not j.ended and j.state != "pending"
             rows.append({
                 "job_id": j.job_id, "state": j.state, "raw_state": j.raw_state,
-                "retired": ended_retired(j, deaths.get(j.job_id)), "node": j.node, "reason": j.reason, "workers": addrs, "worker_names": [w.name for w in wstates],
+                "ended_retired": ended_retired(j, deaths.get(j.job_id)), "node": j.node, "reason": j.reason,
+                "workers": addrs, "worker_names": [w.name for w in wstates],
                 "submitted": j.submitted, "started": j.started, "ended": j.ended, "requeued": j.requeued,
                 "uptime": (now - j.started) if runs else None,
                 "time_left": (j.started + self.spec.walltime - now) if runs else None,
@@ -300,6 +304,11 @@ class JobManager:
             desired = self.update_target()
             current = [j for j in self.active() if not self.expiring(j)]
             if len(current) < desired and not self.halted and not self.closing:
+                # A submission whose answer was lost may be in the queue: look before submitting again.
+                if not await self.untracked.settle(self.pools.managers if self.pools else {self.pool: self}):
+                    return
+                current = [j for j in self.active() if not self.expiring(j)]
+            if len(current) < desired and not self.halted and not self.closing:
                 renewing = sum(1 for j in self.active() if self.expiring(j))
                 before = len(self.jobs)
                 await self._submit(desired - len(current))
@@ -327,20 +336,23 @@ class JobManager:
             index = self.pools.next_index() if self.pools else self._next_index
             script = self.adapter.render(self.spec.replace(worker_index=index))
             try:
-                job_id = await asyncio.to_thread(self.adapter.submit, script)
+                job_id = await asyncio.to_thread(self.adapter.submit, script, **self.untracked.submit_kwargs(index))
             except BatchError as exc:
-                self.submit_failed(exc)
+                if self.untracked.doubt(index, self.pool, self.submit_failed(exc)):
+                    self._next_index = index + 1      # it may run its workers under this index
                 return
             self._next_index = index + 1
             self.jobs[job_id] = Job(job_id, self.clock(), index=index)
             logger.info("submitted job %s of pool %s (workers' index %d)", job_id, self.pool, index)
             self.poke()
 
-    def submit_failed(self, exc: BatchError) -> None:
-        self.errors.append(SubmitError(self.clock(), str(exc)))
+    def submit_failed(self, exc: BatchError) -> SubmitError:
+        error = SubmitError(self.clock(), str(exc))
+        self.errors.append(error)
         logger.error("job submission failed: %s", exc)
         if len(self.errors) >= 3 and all(self.clock() - e.time < 60 for e in self.errors[-3:]):
             self._halt(f"3 submissions failed in a row; last: {exc}")
+        return error
 
     async def _shrink(self, n: int, candidates: list[Job]) -> None:
         """Cancel pending jobs first (nothing lost), then retire the least busy running ones."""

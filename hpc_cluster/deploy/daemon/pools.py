@@ -19,6 +19,7 @@ from ...config.pools import DEFAULT_POOL
 from ..plan import PoolPlan
 from .jobs import UNHEARD, JobManager, read_statuses
 from .polling import Pacer, PollSettings, budget_adapter, poll_forever
+from .untracked import Untracked
 
 logger = logging.getLogger("hpc_cluster.jobs")
 
@@ -36,8 +37,10 @@ def announce(state, pools: dict[str, PoolPlan], escalate: dict | None) -> bool:
 class PoolManager:
     def __init__(self, scheduler, adapter: BatchAdapter, pools: dict[str, PoolPlan], poll: PollSettings | None = None,
                  max_jobs_in_queue: int | None = None, startup_failures: int = 3, clock=time.time,
-                 submit_directory: str | None = None):
-        """`pools`: name -> the plan's PoolPlan (its job spec, max_jobs, job_lifetime; deploy/plan.py)."""
+                 submit_directory: str | None = None, cluster: str | None = None):
+        """`pools`: name -> the plan's PoolPlan (its job spec, max_jobs, job_lifetime; deploy/plan.py).
+        `cluster`: its id, which tags its jobs so that one whose submission's answer was lost is
+        found in the queue (untracked.py)."""
         if DEFAULT_POOL not in pools:
             raise ValueError("the pools must include 'default', the cluster's own job spec")
         self.scheduler, self.adapter, self.clock = scheduler, adapter, clock
@@ -49,11 +52,12 @@ class PoolManager:
         self.wakeup = asyncio.Event()
         self.poll_error: str | None = None
         self.escalation_only = {name: bool(p.escalation_only) for name, p in pools.items()}
+        self.untracked = Untracked(adapter, cluster, clock)
         self.managers: dict[str, JobManager] = {
             name: JobManager(scheduler, adapter, p.job, poll=poll,
                              max_jobs_in_queue=max_jobs_in_queue, startup_failures=startup_failures, clock=clock,
                              submit_directory=submit_directory, lifetime=p.job_lifetime, pool=name,
-                             max_jobs=p.max_jobs, pools=self)
+                             max_jobs=p.max_jobs, pools=self, untracked=self.untracked)
             for name, p in pools.items()}
         self._index = 0
         self._poller: asyncio.Task | None = None
@@ -173,6 +177,8 @@ class PoolManager:
         job_id = str(info.get("job_id") or "")
         job = self.owner(job_id).jobs.get(job_id) if job_id else None
         if kind == "joined":
+            if job is None and job_id:
+                job = self._adopt_joined(job_id, info)
             if job is not None and not job.final:
                 job.registered = True
                 if job.state == "pending":
@@ -183,6 +189,14 @@ class PoolManager:
             return
         if job is not None or kind == "exit-report":
             self.poke(event=True)
+
+    def _adopt_joined(self, job_id: str, info: dict):
+        """A worker registered from a job no pool knows (a submission whose answer was lost and
+        that the lookups missed): the job is ours, counted, shown and cancelled by `down`."""
+        manager = self.managers.get(str(info.get("pool") or DEFAULT_POOL)) or self.default
+        logger.warning("a worker registered from job %s, which this cluster did not track (a submission whose "
+                       "answer was lost?): adopted into pool %s", job_id, manager.pool)
+        return manager.adopt(job_id, {"state": "pending", "registered": True})
 
     async def poll_once(self) -> bool:
         """One status call for the unfinished jobs of every pool; False when it failed."""
@@ -230,6 +244,14 @@ class PoolManager:
     async def close(self) -> None:
         if self._poller:
             self._poller.cancel()
+        for m in self.managers.values():
+            m.closing = True                   # no submission from here on, so the lookup sees them all
+        try:
+            # Every job tagged with this cluster's id is cancelled, tracked or not (untracked.py).
+            await self.untracked.find(self.managers)
+        except BatchError as exc:
+            logger.warning("could not look up the cluster's jobs before cancelling them (%s): jobs whose "
+                           "submission's answer was lost may stay in the queue", exc)
         await asyncio.gather(*(m.close() for m in self.managers.values()))
 
     # -- evidence for the scheduler's diagnosis (scheduler/evidence.py: EvidenceSource) -----------

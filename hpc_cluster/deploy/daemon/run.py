@@ -119,7 +119,8 @@ async def run(plan: Plan) -> int:
                      max_jobs_in_queue=plan.max_jobs_in_queue, startup_failures=plan.startup_failures,
                      # Without a log_directory the batch system writes job logs where it was
                      # asked to submit: our cwd, or the login node's over SSH.
-                     submit_directory=plan.submit_directory)
+                     submit_directory=plan.submit_directory,
+                     cluster=plan.name)        # tags its jobs: lost submissions are found by it
     announce(sched.state, pools, plan.escalate)   # placement and escalation by pool (issue 15)
     sched.deaths.source = jm               # accounting and job logs for the diagnosis (every pool's jobs)
     engine = None

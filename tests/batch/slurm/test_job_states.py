@@ -54,7 +54,7 @@ def test_a_retired_job_shows_retired_not_an_earlier_workers_oom(slurm_cluster, i
         row = wait_until(lambda: (lambda r: r if r["state"] not in ("pending", "running") else None)(
             run.jobs()[job_id]), 120, "the retired job to end", interval=1)
         assert row["raw_state"] == "OUT_OF_MEMORY", row        # what SLURM says of the whole job
-        assert row["retired"], row
+        assert row["ended_retired"], row
         assert run.client.deaths()[-1]["cause"] == "retired"
         line = status_line(cluster.id, job_id)
         assert "retired" in line and "out-of-memory" not in line and "OUT_OF_MEMORY" not in line, line

@@ -19,6 +19,7 @@ import pytest
 
 from hpc_cluster.config import ConfigError
 from hpc_cluster.deploy.cluster import SLURMCluster
+from helpers.slurm import squeue_named
 from slurm_jobs import cli  # noqa: E402  (tests/batch/slurm on sys.path: conftest.py)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -38,11 +39,6 @@ def read_only_directory(path: Path):
         subprocess.run(["umount", str(path)], check=True)
 
 
-def jobs_named(name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
 def site_with_logs(tmp_path: Path, name: str, logs: Path) -> Path:
     site = tmp_path / "site.yaml"
     site.write_text(f"default: t\nsites:\n  t:\n    batch: slurm\n    cores: 1\n    memory: 300MB\n"
@@ -57,7 +53,7 @@ def up_refused(tmp_path: Path, name: str, logs: Path):
     try:
         return cli("up", "--config", str(site), "-n", "1", "--name", name, "--timeout", "60")
     finally:
-        submitted = jobs_named(name)
+        submitted = squeue_named(name)
         cli("down", name, timeout=120)
         if submitted:
             subprocess.run(["scancel", *submitted])
@@ -93,7 +89,7 @@ def test_the_cluster_class_refuses_bad_log_directories_before_any_job(slurm_clus
                 SLURMCluster(cores=1, memory="300MB", walltime="00:05:00", n_workers=1, job_name="t-logdir-class",
                              log_directory=str(logs))
             assert f"log_directory '{logs}', from a keyword, {what}" in str(refused.value), refused.value
-    assert jobs_named("t-logdir-class") == []
+    assert squeue_named("t-logdir-class") == set()
 
 
 def test_a_good_log_directory_is_made_and_left_clean(tmp_path):

@@ -14,7 +14,7 @@ from hpc_cluster.scheduler.state import SchedulerState
 from helpers.fakes import FakeAdapter
 
 
-def manager(clock) -> JobManager:
+def lone_manager(clock) -> JobManager:
     sched = types.SimpleNamespace(state=SchedulerState(), walltime_margin=60, fail_if_stranded=lambda: None,
                                   deaths=types.SimpleNamespace(job_never_started=lambda *a: None))
     return JobManager(sched, FakeAdapter(), JobSpec("w", walltime=600), clock=clock)
@@ -33,7 +33,7 @@ def test_a_job_we_retired_shows_retired_whatever_its_leftover_end_state():
     # What happened to it whatever we asked stays the batch system's word.
     assert not ended_retired(Job("8", 0.0, state="timeout", retiring=True), "retired")
     assert not ended_retired(Job("9", 0.0, state="running", retiring=True), None)
-    row = {"job_id": "7", "state": "out-of-memory", "raw_state": "OUT_OF_MEMORY", "retired": True}
+    row = {"job_id": "7", "state": "out-of-memory", "raw_state": "OUT_OF_MEMORY", "ended_retired": True}
     assert job_event(row) == "job 7: retired"
     assert "retired" in jobs_table([row]) and "OUT_OF_MEMORY" not in jobs_table([row])
     assert "out-of-memory" not in jobs_table([row])
@@ -41,18 +41,18 @@ def test_a_job_we_retired_shows_retired_whatever_its_leftover_end_state():
 
 def test_the_table_shows_a_retired_jobs_death_not_its_batch_end():
     now = [1000.0]
-    jm = manager(lambda: now[0])
+    jm = lone_manager(lambda: now[0])
     jm.jobs["7"] = Job("7", 900.0, registered=True, retiring=True)
     jm.apply_statuses(["7"], status("7", "out-of-memory", "OUT_OF_MEMORY"))
     row = jm.table()["jobs"][0]
     # The batch system's word stays for scripts (cluster.jobs, status --json); `retired` beside it.
-    assert (row["state"], row["raw_state"], row["retired"]) == ("out-of-memory", "OUT_OF_MEMORY", True)
+    assert (row["state"], row["raw_state"], row["ended_retired"]) == ("out-of-memory", "OUT_OF_MEMORY", True)
     assert job_event(row) == "job 7: retired"
 
 
 def test_a_requeued_job_pending_again_has_no_node_uptime_or_time_left():
     now = [1000.0]
-    jm = manager(lambda: now[0])
+    jm = lone_manager(lambda: now[0])
     jm.jobs["5"] = Job("5", 900.0)
     jm.apply_statuses(["5"], status("5", "running", "RUNNING", node="vm", elapsed=30))
     now[0] = 1060.0
@@ -76,7 +76,7 @@ def test_a_requeued_job_pending_again_has_no_node_uptime_or_time_left():
 
 
 def test_a_fresh_job_pending_is_not_requeued():
-    jm = manager(lambda: 1000.0)
+    jm = lone_manager(lambda: 1000.0)
     jm.jobs["6"] = Job("6", 990.0)
     jm.apply_statuses(["6"], status("6", "pending", "PENDING", reason="Priority"))
     row = jm.table()["jobs"][0]
