@@ -202,12 +202,19 @@ def test_job_spec_carries_every_job_keyword(config, tmp_path):
 def test_scale_counts_as_dask_jobqueue_does():
     # scale(n) workers -> whole jobs of `processes`; jobs=, memory=, cores= as in dask-jobqueue
     # (the largest wins); scale() alone is zero jobs.
-    fake = SimpleNamespace(processes=4, config=SimpleNamespace(values={"memory": 16 * 10**9, "cores": 4}))
-    jobs = lambda *a, **kw: SLURMCluster._jobs_for(fake, kw.get("n"), kw.get("jobs", 0),  # noqa: E731
-                                                    kw.get("memory"), kw.get("cores"))
+    def fake(nodes):
+        f = SimpleNamespace(config=SimpleNamespace(values={"memory": 16 * 10**9, "cores": 4, "processes": 4,
+                                                           "nodes": nodes}))
+        f._processes = lambda pool: SLURMCluster._processes(f, pool)
+        return f
+
+    def jobs(nodes=1, **kw):
+        return SLURMCluster._jobs_for(fake(nodes), kw.get("n"), kw.get("jobs", 0), kw.get("memory"), kw.get("cores"))
     assert jobs(n=8) == 2 and jobs(n=9) == 3 and jobs(jobs=5) == 5 and jobs() == 0
     assert jobs(memory="40GB") == 3 and jobs(memory="0GB") == 0 and jobs(cores=9) == 3
     assert jobs(n=4, memory="40GB") == 3 and jobs(jobs=1, cores=2) == 1
+    # nodes=2: a job is 8 workers, 32 GB and 8 cores (memory and cores are per node).
+    assert jobs(nodes=2, n=8) == 1 and jobs(nodes=2, n=9) == 2 and jobs(nodes=2, memory="40GB") == 2
 
 
 # -- real workers ---------------------------------------------------------------------
