@@ -29,7 +29,7 @@ ENV_PREFIX = "HPC_CLUSTER_"
 # a setting; an unknown one is refused, because a typo would otherwise do nothing.
 ENV_META = {"CONFIG", "SITE", "SYSTEM_CONFIG_DIR"}
 ENV_RUNTIME = {"SECRET", "JOB_ID", "JOB_START", "JOB_WALLTIME", "WORKER_STATUS", "WORKER_INDEX",
-               "INLINE_TASKS",    # read by each worker (worker/inline.py), not a cluster's setting
+               "INLINE_TASKS", "INLINE_BELOW",   # read by each worker (worker/inline.py), not a cluster's setting
                "DEBUG_STATE"}     # read by the scheduler (scheduler/server.py), not a cluster's setting
 
 # ---------------------------------------------------------------------------- env and keywords

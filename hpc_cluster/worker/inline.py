@@ -20,7 +20,10 @@ on the loop that took over INLINE_BAN ends its function's runs there for good; a
 INLINE_BELOW sends it back to threads until INLINE_AFTER quick runs again.
 
 HPC_CLUSTER_INLINE_TASKS=0 in a worker's environment keeps every task on its threads (code
-that needs a thread of its own, or to measure what this saves).
+that needs a thread of its own, or to measure what this saves). HPC_CLUSTER_INLINE_BELOW=S
+makes a run under S seconds tiny instead of INLINE_BELOW's 0.2 ms: the tests of the loop's
+rules raise it so that their functions qualify on any machine (a run is timed on the wall
+clock, so a slower core or a preempted thread can keep a 50 us function above 0.2 ms).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ..protocol.messages import Op
 
 TASK_STARTED = Op.TASK_STARTED.value    # a plain str: a literal's cost per task (protocol/messages.py)
 
-INLINE_BELOW = 0.0002     # s: a run quicker than this is "tiny" (a thread hand-off costs ~40-80 us)
+INLINE_BELOW_DEFAULT = 0.0002    # s: a run quicker than this is "tiny" (a thread hand-off costs ~40-80 us)
 INLINE_AFTER = 8          # consecutive tiny runs of a function before it runs on the loop
 INLINE_TURN = 0.002       # s of runs on the loop per turn, then its messages are read
 INLINE_BAN = 0.05         # s: a run on the loop this long means the function may block it
@@ -44,6 +47,18 @@ _MOST_FUNCTIONS = 4096    # functions tracked; forgotten all at once past it (th
 
 def inline_allowed(environ=os.environ) -> bool:
     return environ.get("HPC_CLUSTER_INLINE_TASKS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def inline_below(environ=os.environ) -> float:
+    """The "tiny" threshold in seconds: HPC_CLUSTER_INLINE_BELOW if it is a positive number."""
+    try:
+        seconds = float(environ.get("HPC_CLUSTER_INLINE_BELOW", ""))
+    except ValueError:
+        return INLINE_BELOW_DEFAULT
+    return seconds if seconds > 0 else INLINE_BELOW_DEFAULT
+
+
+INLINE_BELOW = inline_below()     # read once, when the worker imports this
 
 
 class InlineMixin:

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from hpc_cluster import Client, KilledWorker, LocalCluster, worker_client
-from hpc_cluster.worker.inline import INLINE_AFTER, INLINE_BAN, INLINE_BELOW, InlineMixin, inline_allowed
+from hpc_cluster.worker.inline import (INLINE_AFTER, INLINE_BAN, INLINE_BELOW, INLINE_BELOW_DEFAULT, InlineMixin,
+                                       inline_allowed, inline_below)
 from helpers.funcs import inc
 
 
@@ -55,10 +56,21 @@ def one_by_one(c, func, xs, *args):
     return [c.submit(func, x, *args, pure=False).result(timeout=30) for x in xs]
 
 
+# A run is timed on the wall clock: on a core 2.5x slower, or a thread preempted under load, a
+# function that takes 50 us here can take over INLINE_BELOW's 0.2 ms at every run and never
+# reach the loop. These workers call any run under a second tiny, so that what the tests prove
+# (what happens on the loop) does not hang on the machine's speed; the threshold's own effect
+# is tested with the default (test_a_slower_function_stays_on_threads) and on the pure mixin.
+GENEROUS = {"HPC_CLUSTER_INLINE_BELOW": "1.0"}
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster(n_workers=1, threads_per_worker=1) as c:
-        yield c
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in GENEROUS.items():
+            mp.setenv(name, value)
+        with LocalCluster(n_workers=1, threads_per_worker=1) as c:
+            yield c
 
 
 def test_a_tiny_function_runs_on_the_loop_after_its_quick_runs_on_threads(cluster):
@@ -68,10 +80,22 @@ def test_a_tiny_function_runs_on_the_loop_after_its_quick_runs_on_threads(cluste
     assert "MainThread" in names[INLINE_AFTER:], names
 
 
-def test_a_slower_function_stays_on_threads(cluster):
-    with Client(cluster) as c:
+def test_a_slower_function_stays_on_threads(monkeypatch):
+    monkeypatch.delenv("HPC_CLUSTER_INLINE_BELOW", raising=False)       # the default threshold
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as c:
         names = one_by_one(c, slow_where, range(INLINE_AFTER + 12))
     assert all(n.startswith("hpc-task") for n in names), names
+
+
+def test_the_environment_can_raise_the_tiny_threshold(cluster):
+    # 2 ms a run: never tiny by default (test_a_slower_function_stays_on_threads), tiny under a second.
+    with Client(cluster) as c:
+        names = one_by_one(c, slow_where, range(INLINE_AFTER + 4))
+    assert all(n.startswith("hpc-task") for n in names[:INLINE_AFTER]) and "MainThread" in names, names
+    assert INLINE_BELOW == INLINE_BELOW_DEFAULT == inline_below({}) == 0.0002   # this process: unset
+    assert inline_below({"HPC_CLUSTER_INLINE_BELOW": "0.5"}) == 0.5
+    for bad in ("", "fast", "0", "-1", "nan"):
+        assert inline_below({"HPC_CLUSTER_INLINE_BELOW": bad}) == INLINE_BELOW_DEFAULT, bad
 
 
 def test_a_task_on_the_loop_sees_no_running_loop_as_on_a_thread(cluster):
@@ -93,7 +117,9 @@ def test_a_task_on_the_loop_that_waits_on_its_cluster_starts_over_on_a_thread(cl
     assert len(retried) == 2 and retried[1].startswith("hpc-task"), attempts
 
 
-def test_a_crash_on_the_loop_is_charged_to_that_task_alone():
+def test_a_crash_on_the_loop_is_charged_to_that_task_alone(monkeypatch):
+    for name, value in GENEROUS.items():
+        monkeypatch.setenv(name, value)
     with LocalCluster(n_workers=1, threads_per_worker=1, allowed_failures=0) as cluster, Client(cluster) as c:
         names = one_by_one(c, where_or_crash, range(30), -1)
         assert "MainThread" in names, names
