@@ -481,16 +481,30 @@ def slurm_memory(nbytes: int) -> str:
     return "1K"
 
 
-_SBATCH_MEM = re.compile(r"^\d+[KMGTkmgt]?$")
+# sbatch reads --mem as a whole number with an optional K, M, G or T, binary (1G = 1024M), a
+# bare number being megabytes; it reads nothing after the unit's letter, so '2GB' is 2G (SLURM
+# 22.05 grants `--mem=2GB` as ReqMem 2G). dask-jobqueue users write '2GB', so a trailing B or
+# iB is taken and the plain form handed to sbatch. No fractions: sbatch refuses '1.5G'.
+_SBATCH_MEM = re.compile(r"^(\d+)\s*(?:([KMGT])(?:I?B)?)?$", re.IGNORECASE)
 
 
-def check_job_mem(key, v):
-    """sbatch's own --mem syntax, passed through as written (dask-jobqueue's job_mem)."""
+def check_job_mem(key, v) -> str:
+    """dask-jobqueue's job_mem as sbatch --mem takes it: '2GB' and '2GiB' -> '2G', 2048 -> '2048'."""
     text = str(v).strip() if isinstance(v, (str, int)) and not isinstance(v, bool) else ""
-    if not _SBATCH_MEM.match(text):
-        raise ValueError(f"{key}={v!r} is handed to sbatch as --mem={v}: write a number of megabytes "
-                         "or a number with K, M, G or T, e.g. '100G' (or drop it: memory= sets --mem)")
-    return text
+    m = _SBATCH_MEM.match(text)
+    if not m:
+        raise ValueError(f"{key}={v!r} is not a size sbatch --mem reads: write a whole number with K, M, G "
+                         "or T (binary, as SLURM reads them: '2G', '2GB' and '2GiB' are all 2 GiB; a bare "
+                         "number is megabytes), e.g. '100G', or '1536M' for 1.5G (or drop it: memory= sets --mem)")
+    return f"{int(m.group(1))}{(m.group(2) or '').upper()}"
+
+
+def job_mem_bytes(job_mem: str | None) -> int | None:
+    """The bytes a checked job_mem asks SLURM for ('2G' -> 2 GiB); None when unset or '0'
+    (--mem=0 is a whole node's memory: a size only the node knows)."""
+    if not job_mem:
+        return None
+    return parse_slurm_memory(job_mem if job_mem[-1].isalpha() else f"{job_mem}M") or None   # bare: MB
 
 
 class SLURMAdapter(BatchAdapter):
@@ -514,7 +528,8 @@ class SLURMAdapter(BatchAdapter):
     keywords = (
         AdapterOption("job_cpu", "int > 0", "--cpus-per-task, instead of cores", example=8,
                       instead="resource_spec", per_pool=True),
-        AdapterOption("job_mem", "str", "--mem as sbatch reads it, instead of memory", check=check_job_mem,
+        AdapterOption("job_mem", "str", "--mem as sbatch reads it ('100G'; '2GB' is 2G), instead of memory: the "
+                      "workers' memory too, unless memory_limit", check=check_job_mem,
                       example="100G", instead="resource_spec", per_pool=True),
     )
 

@@ -24,6 +24,7 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
+from ..adapters.slurm import job_mem_bytes
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
 from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
@@ -318,8 +319,11 @@ def unknown_pool(pool: str, pools) -> str:
 
 
 def memory_limit_flag(v: dict) -> str:
-    """The workers' --memory-limit: memory_limit, or the job's memory / processes, as dask-jobqueue writes it."""
-    return format_bytes(v["memory_limit"] or (v["memory"] or 0) // v["processes"]).replace(" ", "")
+    """The workers' --memory-limit: memory_limit, or the job's memory / processes, as dask-jobqueue
+    writes it. The job's memory is SLURM's job_mem when set: what sbatch asks for, and so what
+    the job's cgroup allows (memory= would tell the workers another size than they have)."""
+    job = job_mem_bytes(v.get("job_mem")) or v["memory"] or 0
+    return format_bytes(v["memory_limit"] or job // v["processes"]).replace(" ", "")
 
 
 def job_spec(cfg: ResolvedConfig, cluster_file: str, name: str = "worker", pool: str = DEFAULT_POOL) -> JobSpec:
