@@ -98,6 +98,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         self.walltime_margin = walltime_margin
         self._retiring: set[str] = set()
         self._drain_intent: dict[str, str] = {}          # worker -> why it drains
+        self._kept: set[str] = set()                      # draining workers said to stay for their results
         self.limits = limits or Limits()
         self.clock = clock
         self.started = time.time()                        # scheduler_info()["started"] (identity.py)
@@ -289,6 +290,11 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
                     if ws.draining and addr not in self._retiring and st.drain_step(addr):
                         self._retiring.add(addr)
                         self.retire_workers([addr], self._drain_intent.pop(addr, "walltime drain"))
+                    elif ws.draining and addr not in self._kept and (n := st.kept_without_peer(addr)):
+                        self._kept.add(addr)        # said once per worker
+                        logger.info("worker %s stays: it alone holds %d results still wanted and no worker is "
+                                    "left to take them; it leaves once they are released or a worker joins "
+                                    "to take them (a scale-down never drops results, state/drain.py)", addr, n)
                 self._flush()
             except Exception:
                 logger.exception("deadline check failed")
@@ -335,6 +341,7 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
             self._tell("removed", dict(ws.info))
         self.streams.pop(addr, None)
         self._retiring.discard(addr)
+        self._kept.discard(addr)
         self._drain_intent.pop(addr, None)
         self.deaths.worker_removed(addr, connection, self._intents.pop(addr, None))
         self.stream.worker_gone(addr, self.clock())
@@ -500,11 +507,12 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
 
     def drain(self, addresses, intent: str) -> None:
         """Retire workers gracefully: no new tasks, unstarted ones handed back, results no one
-        else holds copied to peers, then retired with `intent` (scale-down, adapt)."""
+        else holds copied to peers, then retired with `intent` (scale-down, adapt). One that
+        alone holds results still wanted stays until a peer has them or they are released."""
         for addr in addresses:
             if addr in self.state.workers:
                 self._drain_intent[addr] = intent
-                self.state.start_drain(addr)
+                self.state.start_drain(addr, keep=True)
         self._flush()
 
     def retire_workers(self, addresses, intent: str) -> None:

@@ -212,6 +212,7 @@ class WorkerState:
     last_seen: float = 0.0
     deadline: float | None = None                    # when its job's walltime ends
     draining: bool = False                           # leaving before the deadline: no new tasks
+    drain_keeps: bool = False                        # a scale-down drain: stays while it alone holds wanted results
     # What its heartbeats say of its memory: rss, peak_rss (since the last), managed (results
     # in memory), spilled / spilled_disk / spilled_count (results on disk), paused.
     memory: dict = field(default_factory=dict)
