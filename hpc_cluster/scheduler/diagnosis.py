@@ -218,8 +218,10 @@ RULES = [
      lambda ev: (Cause.PREEMPTED, f"{_job(ev)} was preempted by the batch system {_running(ev)}")),
     (lambda ev: _acct_state(ev) in ("node-fail", "boot-fail") or _log_says(ev, Cause.NODE_FAILURE),
      lambda ev: (Cause.NODE_FAILURE, f"{_job(ev)}'s node {_acct(ev).get('node') or ''} failed {_running(ev)}"
-                 + (", after the worker had fallen silent (it never came back)"
-                    if ev.connection == Cause.HEARTBEAT_LOST and ev.reattached_after is None else ""))),
+                 + ("" if ev.connection != Cause.HEARTBEAT_LOST else
+                    ", after the worker had fallen silent (it never came back)" if ev.reattached_after is None else
+                    f", after the worker had fallen silent; it came back {ev.reattached_after:.0f} s later, "
+                    "once the batch system had declared the node failed (its job is gone)"))),
     (lambda ev: _nanny(ev).get("killed_by_nanny"),
      lambda ev: (Cause.MEMORY_NANNY,
                  f"the nanny stopped the worker {_running(ev)}: memory reached "

@@ -99,6 +99,10 @@ class EvidenceCollector:
         self._asked_since: dict[int, float] = {}             # death id -> when we began asking (loop time)
         self._provisional: set[int] = set()                  # final on the nanny's word, accounting down
         self._accounting_down: str | None = None             # the error of the last failed query
+        # The address of a lost worker whose job then ended (accounting's final state): that
+        # process, should it come back, is a leftover (scheduler/links.py refuses it). By
+        # address, not job id: a requeued job runs again under its id with new workers.
+        self.ended_workers: dict[str, str] = {}
         self._task: asyncio.Task | None = None
         # Who hears of every verdict as it is made or refined (the distributed engine's bridge:
         # its tasks are not in our state): fn(death record).
@@ -179,17 +183,21 @@ class EvidenceCollector:
 
     def reattached(self, address: str) -> None:
         """A worker removed as silent registered again (the same process: its address): the
-        silence is over. Its death record says so and is final (its job runs on: the batch
-        system has nothing more to tell, and its nanny no report to send)."""
+        silence is over. Its death record says so, and is final once the batch system is asked
+        one last time, at once: a node that came back after SLURM declared it failed has a
+        NODE_FAIL job whose worker lives on a moment longer (the accounting's verdict wins);
+        otherwise the job runs on and its nanny has no report to send."""
         death_id = self._silent.pop(address, None)
         if death_id is None or self.state.deaths[death_id].get("final_at") is not None:
             return
         for nanny_id in [n for n, d in self._death_of_nanny.items() if d == death_id]:
             del self._death_of_nanny[nanny_id]
         self.evidence[death_id].reattached_after = self.clock() - self.state.deaths[death_id]["time"]
-        self._waiting.pop(death_id, None)
-        self._due.pop(death_id, None)
-        self._refine(death_id)
+        if death_id in self._waiting:
+            self._due[death_id] = asyncio.get_running_loop().time()
+            self._wake.set()
+        else:
+            self._refine(death_id)
 
     def job_never_started(self, job_id: str, accounting: dict | None, log_tail: list[str],
                           pool: str | None = None) -> dict:
@@ -290,6 +298,9 @@ class EvidenceCollector:
                 ev.accounting_error = failed if rec is None else None
                 if rec is not None:
                     ev.accounting = rec
+                    worker = self.state.deaths[death_id].get("worker")
+                    if final and worker and rec.get("state") not in ("running", "pending"):
+                        self.ended_workers[worker] = f"job {ev.job_id} {rec.get('raw_state') or rec.get('state')}"
                 elif failed and ev.nanny is not None and death_id not in self._provisional \
                         and now - self._asked_since.get(death_id, now) >= ACCOUNTING_DOWN_GRACE:
                     self._provisional.add(death_id)       # judged now on the nanny's evidence
@@ -303,7 +314,7 @@ class EvidenceCollector:
                 # job lives on after a nanny restart (its state will not explain this death);
                 # or when we gave up.
                 done = (final and (_complete(rec) or self._final_rounds[death_id] >= FINAL_ROUNDS)) \
-                    or (rec is not None and not final and ev.nanny is not None) \
+                    or (rec is not None and not final and (ev.nanny is not None or ev.reattached_after is not None)) \
                     or tries >= len(BACKOFF) + (_QUIET_ROUNDS if _quiet_node(rec, ev)
                                                 or (failed and death_id in self._provisional) else 0)
                 if done:

@@ -41,7 +41,7 @@ class WorkerLinksMixin:
         if not isinstance(nthreads, int) or not 1 <= nthreads <= 2**20:
             raise ProtocolError("nthreads must be a positive integer")
         held, running = check_held(first.get("held") or {}), check_keys(first.get("running") or [], "running")
-        refusal = self._registration_refusal(addr)
+        refusal = self._registration_refusal(addr) or self._ended_job_refusal(addr)
         if refusal:
             logger.warning("refused a worker registering as %s: %s", addr, refusal)
             await comm.write({"op": Op.REFUSED, "error": refusal})
@@ -105,6 +105,16 @@ class WorkerLinksMixin:
                 return (f"{addr} is the address of a worker that is connected and alive; each worker "
                         "needs its own address (a free --worker-port, or leave it out)")
         return None
+
+    def _ended_job_refusal(self, addr: str) -> str | None:
+        """A lost worker coming back from a job the batch system says ended (a node declared
+        failed whose link returns with its processes still running) is a leftover: it would
+        take tasks until the batch system's cleanup kills it, and die a second time."""
+        ended = self.deaths.ended_workers.get(addr)
+        if ended is None:
+            return None
+        return (f"{ended} as far as the batch system is concerned: this worker is what is left of it and "
+                "may not rejoin (a replacement job is submitted as needed)")
 
     def _worker_message(self, addr: str, msg: dict, now: float):
         op, st = msg["op"], self.state

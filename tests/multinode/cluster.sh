@@ -306,7 +306,21 @@ link_of() {
 }
 
 cmd_cut() { ip link set "$(link_of "$1")" down; log "$1: link down"; }
-cmd_mend() { ip link set "$(link_of "$1")" up; log "$1: link up"; }
+cmd_mend() {
+    ip link set "$(link_of "$1")" up
+    log "$1: link up"
+    # A node SLURM marked DOWN while cut off does not always come back alone once it answers
+    # again (seen here: DOWN+NOT_RESPONDING for minutes with slurmd reachable both ways); an
+    # admin resumes it, and so does this, once its slurmd answers.
+    if [[ $1 != login ]] && sinfo -h -N -n "$1" -o %T | grep -q '^down'; then
+        local deadline=$((SECONDS + 60))
+        until scontrol update nodename="$1" state=resume 2>/dev/null; do
+            ((SECONDS < deadline)) || { log "$1: still not answering; left down"; return 0; }
+            sleep 1
+        done
+        log "$1: resumed"
+    fi
+}
 
 cmd_down() {
     local k name c

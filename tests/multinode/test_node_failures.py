@@ -71,7 +71,9 @@ def staged(name: str, base, victim: str | None, exclude: list[str], fail) -> dic
             wait_until(lambda: any(c.processing().get(a) for a in out["victims"]), 60, "a task on a victim",
                        interval=0.2)
             t0 = time.monotonic()
+            out["client"] = c
             fail(out)
+            del out["client"]
             out["results_right"] = (c.gather(held) == [i + 1 for i in range(300)]
                                     and c.gather(running) == [i * 10 for i in range(2 * WORKERS)])
 
@@ -103,9 +105,14 @@ def partition_for(seconds):
 
 
 def partition_for_good(out):
+    """Cut off until the verdicts are in (for good, as far as anyone could tell), then mended
+    so that the node serves the next tests."""
     with MN.cut_off(out["victim"]):
         MN.wait_node_state(out["victim"], ("down",), VERDICT)
         out["node_state"] = MN.node_state(out["victim"])
+        wait_until(lambda: all(d.get("final_at") for d in out["client"].deaths() if d.get("worker") in out["victims"])
+                   and {d.get("worker") for d in out["client"].deaths()} >= out["victims"],
+                   VERDICT, "final verdicts while the node is cut off", interval=1)
     # Mended at the end so the node serves the next tests; SLURM returns it to service.
     MN.wait_node_state(out["victim"], ("idle", "mixed", "allocated"), VERDICT)
 

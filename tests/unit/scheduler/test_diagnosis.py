@@ -596,3 +596,49 @@ def test_a_requeued_job_is_the_batch_system_taking_it_back_not_a_retirement():
                               accounting={**acct("pending", "REQUEUED"), "final": False}))
         assert (v.cause, v.blame) == ("preempted", False), v.text
         assert "requeued by the batch system" in v.text and "will start again" in v.text
+
+
+def test_a_worker_back_after_slurm_declared_its_node_failed_is_a_node_failure(monkeypatch):
+    # Found on the multi-node cluster: a node cut off for good was marked DOWN (its job NODE_FAIL)
+    # between two of our 30 s questions; its link came back, the worker reattached, and its death
+    # was made final as "came back ... reattached" before the accounting was asked again.
+    monkeypatch.setattr(evidence, "BACKOFF", (0.01, 0.01, 30.0))
+    back = {"now": False}
+
+    class Source(_Batch):
+        def __init__(self):
+            self.calls = 0
+
+        async def accounting(self, job_ids):
+            self.calls += 1
+            if back["now"]:
+                return {"5": acct("node-fail", "NODE_FAIL", job_id="5", node="hpcn2", requested_memory=1,
+                                  time_limit=600)}
+            return {"5": {**acct("running", "RUNNING", job_id="5", node="hpcn2"), "final": False}}
+
+    state = SchedulerState()
+    col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
+    col.source = source = Source()
+    state.add_worker("tcp://10.77.0.12:4000", 1, 990.0, name="w", info={"job_id": "5"})
+
+    async def run():
+        record = col.worker_removed("tcp://10.77.0.12:4000", "heartbeat-lost", None)
+        await wait_until_async(lambda: source.calls >= 2, 5, "two questions")     # now waiting 30 s
+        back["now"] = True
+        col.reattached("tcp://10.77.0.12:4000")
+        await wait_until_async(lambda: record["final_at"] is not None, 5, "the verdict")
+        col._task.cancel()
+        return record
+
+    record = asyncio.run(run())
+    assert record["cause"] == "node-failure", record["text"]
+    assert "once the batch system had declared the node failed" in record["text"], record["text"]
+
+
+def test_the_accounting_of_an_ended_job_is_remembered_for_its_leftover_workers(monkeypatch):
+    # scheduler/links.py refuses a lost worker coming back at an address in ended_workers (a node
+    # declared failed whose link came back with the worker still running).
+    record, col = _collect({"5": acct("node-fail", "NODE_FAIL", node="hpcn2", requested_memory=1, time_limit=60)},
+                           monkeypatch=monkeypatch)
+    assert record["cause"] == "node-failure"
+    assert col.ended_workers == {"tcp://w:1": "job 5 NODE_FAIL"}
