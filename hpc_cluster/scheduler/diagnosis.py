@@ -94,6 +94,8 @@ class Evidence:
     host: str | None = None
     # The batch system's accounting failed to answer (slurmdbd down): its error.
     accounting_error: str | None = None
+    # The worker ran under a nanny (so a report was to be expected from it).
+    had_nanny: bool = False
 
 
 @dataclass

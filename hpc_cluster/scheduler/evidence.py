@@ -71,8 +71,11 @@ ACCOUNTING_DOWN_GRACE = 6.0
 
 
 def _quiet_node(rec: dict | None, ev) -> bool:
-    """The worker is gone, its job runs on, and no nanny said a word: see QUIET_NODE_WAIT."""
-    return rec is not None and not rec.get("final") and ev.nanny is None and ev.reattached_after is None
+    """The worker is gone, its job runs on, and its nanny did not say a word: see QUIET_NODE_WAIT.
+    (A worker without a nanny has no one to speak for it: a stopped one and a cut-off node look
+    the same, and its verdict is final after the usual ~90 s, as before.)"""
+    return (rec is not None and not rec.get("final") and ev.had_nanny and ev.nanny is None
+            and ev.reattached_after is None)
 
 
 class EvidenceSource(Protocol):
@@ -115,6 +118,7 @@ class EvidenceCollector:
             return None
         nanny_id = ws.info.get("nanny_id")
         ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
+                      had_nanny=bool(nanny_id),
                       nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
                       job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None,
                       memory=memory_evidence(self.state, ws), host=ws.info.get("host"))
