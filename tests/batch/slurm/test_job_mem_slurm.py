@@ -17,9 +17,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 
 def req_mem(job_id: str) -> str:
+    """sacct's ReqMem once slurmdbd has the job's own record: under load it first answered a
+    placeholder ('16?', seen in CI) before the submission reached it."""
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "ReqMem"],
                          capture_output=True, text=True, timeout=60)
-    return out.stdout.strip()
+    value = out.stdout.strip()
+    return "" if value.endswith("?") else value
 
 
 def test_a_job_mem_of_2gb_is_granted_2g_and_the_worker_is_told_so(slurm_cluster, adapter, isolated_home):
