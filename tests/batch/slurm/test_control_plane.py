@@ -31,8 +31,8 @@ MB = 10**6
 
 
 def cp_cluster(tmp_path, name, **kwargs):
-    return SLURMCluster(cores=1, memory="400MB", walltime="00:10:00", name=name,
-                        log_directory=str(tmp_path / "logs"), **kwargs)
+    kwargs = {"cores": 1, "memory": "400MB", "walltime": "00:10:00", **kwargs}
+    return SLURMCluster(name=name, log_directory=str(tmp_path / "logs"), **kwargs)
 
 
 def only_worker(run) -> dict:
