@@ -507,12 +507,15 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
 
     def drain(self, addresses, intent: str) -> None:
         """Retire workers gracefully: no new tasks, unstarted ones handed back, results no one
-        else holds copied to peers, then retired with `intent` (scale-down, adapt). One that
-        alone holds results still wanted stays until a peer has them or they are released."""
+        else holds copied to peers, then retired with `intent` (scale-down, adapt). Under adapt,
+        one that alone holds results still wanted stays until a peer has them or they are
+        released (else adapt shrinks, the results are recomputed, it grows back: a loop). An
+        explicit scale-down lets it go, as dask-jobqueue's does (`scale(0)` ends every worker;
+        lineage recomputes what is asked for again)."""
         for addr in addresses:
             if addr in self.state.workers:
                 self._drain_intent[addr] = intent
-                self.state.start_drain(addr, keep=True)
+                self.state.start_drain(addr, keep=intent == "adapt")
         self._flush()
 
     def retire_workers(self, addresses, intent: str) -> None:

@@ -367,7 +367,7 @@ class JobManager:
             j.retiring = True
             if workers.get(j.job_id):
                 # Drained, not dropped: results only its workers hold move to peers first.
-                self.scheduler.drain(workers[j.job_id], "scale-down")
+                self.scheduler.drain(workers[j.job_id], "adapt" if self.adaptive else "scale-down")
             else:
                 to_cancel.append(j.job_id)
         if to_cancel:
