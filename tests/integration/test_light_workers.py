@@ -106,9 +106,15 @@ def test_each_forked_worker_gets_its_own_name_threads_port_share_and_owner():
                    "--nthreads", "1", "--owner-pid", "1234", "--worker-port", "3004:3005"]
 
 
-def test_a_worker_without_a_memory_limit_runs_no_memory_monitor(light_cluster):
+def test_a_worker_without_a_memory_limit_runs_no_memory_monitor(light_cluster, monkeypatch):
     """The monitor looks 10 times a second to pause or spill under the limit (dask runs none without
-    one): 1,000 light workers spent over a core on it, idle."""
+    one): 1,000 light workers spent over a core on it, idle. The Worker runs in this process: its
+    log capture and its worker context must not outlive the test (they made later tests' prints
+    vanish and their Client() find this dead worker's scheduler, in CI)."""
+    from hpc_cluster.protocol import context
+    from hpc_cluster.worker.logs import LogBuffer
+    monkeypatch.setattr(LogBuffer, "install", classmethod(lambda cls: LogBuffer()))
+    monkeypatch.setattr(context, "_worker", None)           # restored to None after the test
     _, address = light_cluster.scheduler()
 
     async def monitors(limit: int):
