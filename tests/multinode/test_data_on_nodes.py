@@ -269,7 +269,10 @@ def test_spilled_results_on_a_dead_node_are_recomputed_and_the_node_is_blamed(da
     for i in range(10):
         futures.append(client.submit(block, i, workers=[w], allow_other_workers=True, pure=False))
         wait_until(lambda: futures[-1].status == "finished", 60, f"block {i}")
-    assert {a for addrs in client.who_has(futures).values() for a in addrs} == {w}
+    # Most on `w` (a loose restriction is a preference: under load one may run elsewhere, seen in
+    # CI); enough there to spill, and every one of them must come back right after the kill.
+    held = client.who_has(futures)
+    assert sum(1 for addrs in held.values() if w in addrs) >= 6, held
     # Spilled where the worker runs: the node's own /tmp (the host's view of it), not here.
     files = wait_until(lambda: spill_files(node, pid), 60, f"spill files of worker {w} in {node}'s /tmp")
     assert private(files[0].parent)                           # other users' jobs share the node's /tmp
