@@ -177,12 +177,21 @@ def _job(ev: Evidence) -> str:
     return f"job {ev.job_id or _acct(ev).get('job_id') or '?'}"
 
 
+def _sampled_peak(ev: Evidence) -> tuple[int | None, str]:
+    """The most any sample saw, and whose name it goes by: the batch system's MaxRSS or the
+    nanny's peak RSS, whichever is larger. Both sample (SLURM every 30 s by default, the nanny
+    10 times a second), so both are floors; one death record names one figure for them, the
+    same in its verdict and its advice (they used to give MaxRSS in one, the nanny's in the other)."""
+    max_rss, peak = _acct(ev).get("max_rss"), _nanny(ev).get("peak_rss")
+    if max_rss and (not peak or int(max_rss) >= int(peak)):
+        return int(max_rss), "MaxRSS"
+    return (int(peak), "peak RSS") if peak else (None, "peak RSS")
+
+
 def _memory_numbers(ev: Evidence) -> str:
-    a = _acct(ev)
-    rss = a.get("max_rss") or _nanny(ev).get("peak_rss")
-    req = a.get("requested_memory")
+    rss, name = _sampled_peak(ev)
+    req = _acct(ev).get("requested_memory")
     shown = format_memory(rss) if rss else "not recorded"
-    name = "MaxRSS" if a.get("max_rss") else "peak RSS"        # sacct's name, or the nanny's
     return f"{name} {shown} of {format_memory(req)} requested" if req else f"{name} {shown}"
 
 
@@ -357,6 +366,8 @@ class MemoryPicture:
     limit: int | None = None          # the worker's memory_limit (or the job's request)
     request: int | None = None        # the job's memory request, as its accounting says
     at_death: int | None = None       # what the worker process had when it was ended (at least)
+    sampled: int | None = None        # the most a sample saw (_sampled_peak, the record's figure)
+    sampled_name: str = "peak RSS"
     growth: int | None = None         # what the running task(s) added since the oldest started
     start_rss: int | None = None      # the process when that task started
     other: int | None = None          # memory at that start that was not stored results
@@ -399,6 +410,10 @@ def memory_picture(ev: Evidence, cause: str) -> MemoryPicture:
         # job ended at that request, so that is the floor.
         seen.append(min(m["limit"], p.request) if p.request else m["limit"])
     p.at_death = max((int(x) for x in seen if x), default=None)
+    p.sampled, p.sampled_name = _sampled_peak(ev)
+    if p.sampled is None:
+        p.sampled = max((int(x) for x in (m.get("peak_rss"), m.get("rss")) if x), default=None)
+        p.sampled_name = "its last report"
     start_rss, start_managed = m.get("start_rss"), m.get("start_managed")
     if p.at_death is None or start_rss is None or not ev.executing:
         return p
@@ -440,8 +455,13 @@ def memory_advice(p: MemoryPicture, cause: str, blame: bool) -> str:
         terminate = p.fractions.get("terminate") or 0.95
         need = ((p.other or 0) + p.growth) / terminate if p.growth is not None else 0
         size = ask_for(max(1.25 * need, 1.5 * limit))
-        grew = (f"the running task grew by {_size(p.growth)} (the worker reached {_size(p.at_death)})"
-                if p.growth is not None else f"the worker reached {_size(p.at_death)}")
+        reached = f"the worker reached {_size(p.at_death)}"
+        if p.sampled and p.sampled < p.at_death:       # the floor of a full cgroup, above any sample
+            reached = (f"the worker filled its {_size(p.at_death)} limit (its last allocation came between two "
+                       f"samples: {p.sampled_name} {_size(p.sampled)})")
+        elif p.sampled and p.sampled > p.at_death:     # the job's MaxRSS: the worker's and the rest
+            reached += f"; the job's {p.sampled_name} {_size(p.sampled)} counts its other processes too"
+        grew = (f"the running task grew by {_size(p.growth)} ({reached})" if p.growth is not None else reached)
         if cause == Cause.MEMORY_BATCH and p.request and p.request < limit:
             # The batch system enforced a request below the workers' budget (Grid Engine's
             # resource_spec h_vmem, a site's default): that request is what to raise.

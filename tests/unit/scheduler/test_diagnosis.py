@@ -140,6 +140,32 @@ def test_a_memory_check_of_the_batch_system_is_not_called_a_cgroup_oom_and_its_r
     assert "the kernel's OOM killer fired in its cgroup" in slurm.text
 
 
+def test_the_figures_of_one_memory_death_agree():
+    """Issue 34: one record said "peak RSS 859 MiB" (its verdict, from one sampler) and "the worker
+    reached 952 MiB" (its advice: the cgroup's limit, a floor above every sample) with nothing saying
+    why they differ. Now the verdict and the advice name the same sampled figure, the larger of the
+    nanny's peak and the job's MaxRSS, and the advice says the limit is a floor above it."""
+    mib = 2**20
+    memory = {"limit": 952 * mib, "rss": 300 * mib, "peak_rss": 300 * mib, "start_rss": 200 * mib,
+              "start_managed": 0, "managed": 0}
+    ev = Evidence(connection="closed", executing=RUNNING, job_id="7", memory=memory,
+                  nanny=nanny(signal=9, peak_rss=859 * mib, cgroup_oom=True, memory_limit=952 * mib),
+                  accounting=acct("out-of-memory", "OUT_OF_MEMORY", max_rss=800 * mib, requested_memory=10**9))
+    v = diagnose(ev)
+    assert v.cause == "memory-batch", v.text
+    assert "peak RSS 859.00 MiB of 953.67 MiB requested" in v.text, v.text
+    assert "MaxRSS" not in v.text and "MaxRSS" not in v.advice
+    assert "the worker filled its 952.00 MiB limit" in v.advice, v.advice
+    assert "peak RSS 859.00 MiB" in v.advice, v.advice
+    assert "reached 952" not in v.advice
+    # The job's MaxRSS above the nanny's peak (it counts the nanny too) is the record's figure.
+    ev.accounting = acct("out-of-memory", "OUT_OF_MEMORY", max_rss=990 * mib, requested_memory=10**9)
+    ev.memory = {**memory, "limit": None}
+    v = diagnose(ev)
+    assert "MaxRSS 990.00 MiB of 953.67 MiB requested" in v.text, v.text
+    assert "MaxRSS 990.00 MiB counts its other processes too" in v.advice, v.advice
+
+
 def test_every_cause_is_reachable_and_only_memory_and_crash_blame():
     reached = {c[2] for c in CASES}
     assert reached == set(CAUSES)
