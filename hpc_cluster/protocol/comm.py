@@ -342,10 +342,14 @@ async def _handshake_connector(comm: Comm, secret: bytes, info: dict) -> None:
     try:
         reply = (await comm.read(HANDSHAKE_LIMITS))[0]
     except (CommClosedError, ProtocolError) as exc:
-        raise HandshakeClosed(f"{comm.peer} closed the connection during the handshake ({exc}); "
-                                  "is it an hpc-cluster scheduler or worker of the same hpc-cluster "
-                                  "version, with the same secret? (A cluster with security= listens on a "
-                                  "tls:// address)") from None
+        # Nothing of the secret has been checked yet (the peer answers our nonce first), so a
+        # wrong secret is not why: a peer that is ending (a worker dying of memory, the usual
+        # case in a death's log tail), a scheduler taking many workers at once, or not our
+        # protocol (another version, or a TLS listener spoken to in clear).
+        raise HandshakeClosed(f"{comm.peer} closed the connection during the handshake ({exc}): it may be "
+                                  "ending or too busy to answer; if it keeps doing so, is it an hpc-cluster "
+                                  "scheduler or worker of this version? (A cluster with security= listens "
+                                  "on a tls:// address)") from None
     s_nonce, proof = reply.get("nonce"), reply.get("proof")
     if not isinstance(s_nonce, bytes) or not isinstance(proof, bytes) or not hmac.compare_digest(
             proof, _proof(secret, b"listener", c_nonce, s_nonce)):

@@ -581,3 +581,29 @@ def test_handshake_exchanges_versions(cluster):
         v = c.scheduler_versions
         assert v["python"] and v["hpc-cluster"] == __import__("hpc_cluster").__version__
         assert {"cloudpickle", "msgpack", "tornado"} <= set(v)
+
+
+def test_a_peer_that_closes_during_the_handshake_is_not_blamed_on_the_secret():
+    """Issue 34: memory-death log tails carried 'is it ... with the same secret?' when the peer had
+    simply died. The secret is not checked before the peer's first answer, so the message says the
+    peer may be ending, and names no secret."""
+    from hpc_cluster.protocol.comm import HandshakeClosed
+
+    async def run():
+        async def hang_up(reader, writer):          # a worker dying as we call it: it reads our hello, then goes
+            await reader.readexactly(len(MAGIC))
+            head = await reader.readexactly(12)
+            await reader.readexactly(struct.unpack("<IQ", head)[1])
+            writer.close()
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(HandshakeClosed) as info:
+                await connect(f"tcp://127.0.0.1:{port}", b"s" * 32, {}, timeout=5)
+        finally:
+            server.close()
+        return str(info.value)
+
+    text = asyncio.run(run())
+    assert "it may be ending" in text, text
+    assert "secret" not in text, text
