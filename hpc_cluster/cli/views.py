@@ -7,6 +7,7 @@ Death records are being extended (more evidence, more fields): read every field 
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections import deque
 from pathlib import Path
@@ -92,6 +93,30 @@ def memory_cell(row: dict) -> str:
     return text
 
 
+# A state cell longer than this (SLURM's 'ReqNodeNotAvail, UnavailableNodes:...' lists nodes)
+# would widen the whole table past a terminal: it is cut, and said whole under the table.
+STATE_WIDTH = 40
+WORKERS_WIDTH = 30
+NOTE_WIDTH = 100
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 4] + "... "
+
+
+def _workers_cell(names: list[str]) -> str:
+    """'w-0,w-1', or for many '5 workers: w-0,w-1,...'."""
+    text = ",".join(names) or "-"
+    if len(text) <= WORKERS_WIDTH:
+        return text
+    shown = []
+    for n in names:
+        if shown and len(",".join(shown + [n])) > WORKERS_WIDTH - 12:
+            break
+        shown.append(n)
+    return f"{len(names)} workers: {','.join(shown)},..."
+
+
 def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     """Live jobs, then the last `max_finished` finished ones, as an aligned table."""
     live = [r for r in rows if r.get("state") in LIVE]
@@ -101,7 +126,7 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     if not live and not done:
         return "no jobs" + (f" ({hidden} finished not shown)" if hidden else "")
     head = ("JOB", "STATE", "WORKERS", "NODE", "UPTIME", "TIME LEFT", "MEMORY")
-    lines = [head]
+    lines, notes = [head], []
     for r in live + done:
         state = shown_state(r) or "?"
         if state == "pending":
@@ -110,11 +135,16 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
             state += f" ({r['raw_state']})"
         if r.get("retiring") and r.get("state") in LIVE:
             state += ", retiring"
-        workers = ",".join(r.get("worker_names") or []) or "-"
-        lines.append((str(r.get("job_id")), state, workers, r.get("node") or "-", dur(r.get("uptime")),
-                      dur(r.get("time_left")), memory_cell(r)))
+        if len(state) > STATE_WIDTH:
+            notes.append(textwrap.fill(f"job {r.get('job_id')}: {state}", NOTE_WIDTH, subsequent_indent="    ",
+                                       break_on_hyphens=False))
+            state = _cut(state, STATE_WIDTH).rstrip() + " (below)"
+        lines.append((str(r.get("job_id")), state, _workers_cell(r.get("worker_names") or []), r.get("node") or "-",
+                      dur(r.get("uptime")), dur(r.get("time_left")), memory_cell(r)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    if notes:
+        text += "\n" + "\n".join(notes)
     if hidden:
         text += f"\n({hidden} older finished job(s) not shown; --finished K shows more)"
     return text

@@ -81,3 +81,22 @@ def test_a_fresh_job_pending_is_not_requeued():
     jm.apply_statuses(["6"], status("6", "pending", "PENDING", reason="Priority"))
     row = jm.table()["jobs"][0]
     assert row["requeued"] == 0 and job_event(row) == "job 6: pending (Priority)"
+
+
+def test_a_long_pending_reason_or_many_workers_do_not_widen_the_table():
+    """Issue 34: a long pending reason widened `status` to ~190 columns. The cell is cut and the
+    reason said whole under the table, wrapped; a job of many workers names a few and the count."""
+    reason = "ReqNodeNotAvail, UnavailableNodes:" + ",".join(f"bignode-rack{k:02d}-[001-064]" for k in range(6))
+    rows = [{"job_id": "41", "state": "pending", "reason": reason},
+            {"job_id": "42", "state": "running", "node": "n1", "uptime": 60, "time_left": 540,
+             "worker_names": [f"SLURMCluster-3-{k}" for k in range(12)]}]
+    text = jobs_table(rows)
+    table, notes = text.split("\n")[:3], text.split("\n")[3:]
+    assert max(len(line) for line in table) <= 120, text
+    assert "(below)" in table[1] and "12 workers: SLURMCluster-3-0," in table[2], text
+    said = "".join(line.strip() for line in notes)      # wrapped anywhere: compare without spaces
+    assert said.replace(" ", "") == f"job 41: pending ({reason})".replace(" ", ""), said
+    assert max(len(line) for line in notes) <= 100
+    # A short reason stays in its cell, nothing under the table.
+    short = jobs_table([{"job_id": "43", "state": "pending", "reason": "Resources"}])
+    assert short.splitlines()[1].split()[1:3] == ["pending", "(Resources)"] and len(short.splitlines()) == 2
