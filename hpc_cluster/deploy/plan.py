@@ -24,7 +24,7 @@ from dask.utils import format_bytes
 
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
-from ..adapters.slurm import job_mem_bytes
+from ..adapters.slurm_text import job_mem_bytes
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
 from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from dask.utils import format_bytes
 
-from ..adapters.slurm import SLURMAdapter, expand_hostlist
+from ..adapters.slurm import SLURMAdapter
+from ..adapters.slurm_text import expand_hostlist
 from ..protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
 
 logger = logging.getLogger("hpc_cluster.runner")

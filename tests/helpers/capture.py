@@ -28,12 +28,12 @@ def saver(folder: Path, say: bool = True):
 def slurm_squeue(ids, header: bool = True) -> str:
     """squeue on `ids`, every state, in SQUEUE_FORMAT; with its header unless told (the parser
     must cope with it, and the fixture says what it holds). A failing squeue stops the capture."""
-    from hpc_cluster.adapters.slurm import SQUEUE_FORMAT
+    from hpc_cluster.adapters.slurm_text import SQUEUE_FORMAT
     return command(["squeue", *([] if header else ["-h"]), "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT],
                    check=True).stdout
 
 
 def slurm_sacct(ids) -> str:
     """sacct -P on `ids` with SACCT_FIELDS. A failing sacct stops the capture."""
-    from hpc_cluster.adapters.slurm import SACCT_FIELDS
+    from hpc_cluster.adapters.slurm_text import SACCT_FIELDS
     return command(["sacct", "-P", "-j", ",".join(ids), "--format=" + ",".join(SACCT_FIELDS)], check=True).stdout

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpc_cluster import Client
-from hpc_cluster.adapters.slurm import SLURMAdapter, expand_hostlist
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import expand_hostlist
 from hpc_cluster.deploy.cluster import SLURMCluster
 from helpers import multinode as MN
 from helpers.wait import wait_until

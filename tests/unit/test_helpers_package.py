@@ -117,7 +117,7 @@ def test_the_capture_scripts_save_verbatim_and_say_so_unless_told(tmp_path, caps
 
 
 def test_the_slurm_captures_ask_in_the_adapters_own_formats(monkeypatch):
-    from hpc_cluster.adapters.slurm import SACCT_FIELDS, SQUEUE_FORMAT
+    from hpc_cluster.adapters.slurm_text import SACCT_FIELDS, SQUEUE_FORMAT
     asked = []
     monkeypatch.setattr(capture, "command", lambda argv, **kw: asked.append((argv, kw)) or types.SimpleNamespace(
         stdout="out"))

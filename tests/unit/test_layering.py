@@ -295,7 +295,7 @@ def impurities(path: Path, module: str | None = None) -> list[str]:
 
 
 def test_the_parsers_are_found():
-    assert {"adapters/slurm.py", "adapters/pbs.py"} <= set(parser_modules())
+    assert {"adapters/slurm_text.py", "adapters/pbs.py"} <= set(parser_modules())
 
 
 @pytest.mark.parametrize("name", PURE)

@@ -18,7 +18,8 @@ from hpc_cluster.adapters.base import BatchError, JobSpec
 from hpc_cluster.adapters.pbs import PBSAdapter, parse_qsub as parse_pbs_qsub
 from hpc_cluster.adapters.sge import SGEAdapter, expand_task_range, parse_qacct, parse_qstat_xml
 from hpc_cluster.adapters.sge import parse_qsub as parse_sge_qsub
-from hpc_cluster.adapters.slurm import SLURMAdapter, expand_array_id, parse_sacct, parse_sbatch, parse_squeue
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import expand_array_id, parse_sacct, parse_sbatch, parse_squeue
 from hpc_cluster.deploy.remote import job_log_names
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.testing.adapter_conformance import AdapterConformance, Captured, Ending, ReplayRunner

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dask
 import pytest
 
-from hpc_cluster.adapters.slurm import SLURMAdapter, check_job_mem, job_mem_bytes
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import check_job_mem, job_mem_bytes
 from hpc_cluster.config import ConfigError, resolve
 from hpc_cluster.deploy.plan import job_spec, memory_limit_flag, pool_table
 from hpc_cluster.worker.flags import parse_bytes

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from hpc_cluster.adapters.base import BatchAdapter
-from hpc_cluster.adapters.slurm import SLURMAdapter, parse_sinfo_addresses
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import parse_sinfo_addresses
 from helpers.fakes import ScriptedRunner
 from helpers.fixtures import fixture
 

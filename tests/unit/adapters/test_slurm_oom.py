@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.slurm import parse_sacct
+from hpc_cluster.adapters.slurm_text import parse_sacct
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 
 OOM = Path(__file__).parent / "fixtures" / "slurm" / "oom"

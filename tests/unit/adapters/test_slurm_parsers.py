@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from hpc_cluster.adapters.base import BatchError, JOB_STATES
-from hpc_cluster.adapters.slurm import (STATE_MAP, SLURMAdapter, accounting_disabled, map_state,
-                                        parse_exit_code, parse_sacct, parse_sbatch,
-                                        parse_scontrol_job, parse_slurm_duration,
-                                        parse_slurm_memory, parse_squeue)
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import (STATE_MAP, accounting_disabled, map_state, parse_exit_code, parse_sacct,
+                                             parse_sbatch, parse_scontrol_job, parse_slurm_duration,
+                                             parse_slurm_memory, parse_squeue)
 from helpers.fakes import ScriptedRunner
 from helpers.fixtures import fixture, manifest
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_cluster.adapters.base import JobStatus
-from hpc_cluster.adapters.slurm import SLURMAdapter, parse_slurm_version, parse_squeue_states, sacct_starttime
+from hpc_cluster.adapters.slurm import SLURMAdapter
+from hpc_cluster.adapters.slurm_text import parse_slurm_version, parse_squeue_states, sacct_starttime
 from helpers.fakes import ScriptedRunner
 
 

@@ -57,7 +57,7 @@ def test_every_keyword(adapter):
 @pytest.mark.parametrize("nbytes", [1, 1023, 1024, 10**6, 300 * 10**6, 2**30 - 1, 2**30, 10**9, 28 * 10**9, 16 * 2**30])
 def test_memory_is_rounded_up_as_dask_jobqueue_does(adapter, nbytes):
     from dask_jobqueue.slurm import slurm_format_bytes_ceil
-    from hpc_cluster.adapters.slurm import parse_slurm_memory, slurm_memory
+    from hpc_cluster.adapters.slurm_text import parse_slurm_memory, slurm_memory
     if nbytes >= 1024:           # dask-jobqueue's own fails below 1 KiB ('1K' % n)
         assert slurm_memory(nbytes) == slurm_format_bytes_ceil(nbytes)
     assert parse_slurm_memory(slurm_memory(nbytes)) >= nbytes

@@ -9,7 +9,7 @@ import asyncio
 import types
 
 from hpc_cluster.adapters.base import BatchError, JobStatus
-from hpc_cluster.adapters.slurm import parse_squeue_tagged
+from hpc_cluster.adapters.slurm_text import parse_squeue_tagged
 from hpc_cluster.deploy.daemon.pools import PoolManager
 from hpc_cluster.deploy.daemon.untracked import answer_lost, job_tag, tag_index
 from hpc_cluster.deploy.plan import PoolPlan

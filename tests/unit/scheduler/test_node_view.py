@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_cluster.adapters.slurm import expand_hostlist, parse_sacct
+from hpc_cluster.adapters.slurm_text import expand_hostlist, parse_sacct
 from hpc_cluster.scheduler import evidence
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.scheduler.node_view import node_name, on_node
