@@ -86,3 +86,17 @@ class ScriptedRunner:
             if list(argv[:len(prefix)]) == prefix:
                 return CommandResult(list(argv), *result)
         raise AssertionError(f"unexpected command {argv}")
+
+
+class FixedAccounting:
+    """An EvidenceSource (scheduler/evidence.py) holding fixed accounting records: what sacct
+    would answer for those jobs, and no job log."""
+
+    def __init__(self, records):
+        self.records = records
+
+    async def accounting(self, job_ids):
+        return {j: self.records[j] for j in job_ids if j in self.records}
+
+    async def log_tail(self, job_id):
+        return []

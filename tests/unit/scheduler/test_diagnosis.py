@@ -14,6 +14,7 @@ from hpc_cluster.scheduler.diagnosis import (ADVICE, BLAMED, CAUSES, MEMORY_CAUS
                                              needs_accounting)
 from hpc_cluster.scheduler import evidence
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.fakes import FixedAccounting
 from helpers.wait import wait_until_async
 
 RUNNING = ["f-3a9c"]
@@ -295,7 +296,7 @@ def test_a_new_death_is_asked_about_at_once_while_an_older_one_backs_off(monkeyp
     monkeypatch.setattr(evidence, "BACKOFF", (0.05, 30.0, 30.0))
     asked = []
 
-    class Source(_Batch):
+    class Source(FixedAccounting):
         async def accounting(self, job_ids):
             asked.append(sorted(job_ids))
             return {j: {**acct("running", "RUNNING", job_id=j), "final": False} for j in job_ids
@@ -337,19 +338,6 @@ def test_exit_code_without_nanny_is_named_from_sacct():
 
 # -- the evidence collector: when is a verdict final? ----------------------------------------
 
-class _Batch:
-    """An EvidenceSource holding fixed accounting records (what sacct would answer)."""
-
-    def __init__(self, records):
-        self.records = records
-
-    async def accounting(self, job_ids):
-        return {j: self.records[j] for j in job_ids if j in self.records}
-
-    async def log_tail(self, job_id):
-        return []
-
-
 def _collect(records, nanny_id="n1", monkeypatch=None):
     import asyncio
 
@@ -359,7 +347,7 @@ def _collect(records, nanny_id="n1", monkeypatch=None):
     monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 3)
     state = SchedulerState()
     col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
-    col.source = _Batch(records)
+    col.source = FixedAccounting(records)
     state.add_worker("tcp://w:1", 1, 990.0, name="w", info={"job_id": "5", "nanny_id": nanny_id})
 
     async def run():
@@ -386,7 +374,7 @@ def test_a_stopped_worker_with_a_nanny_is_final_once_we_stop_asking(monkeypatch)
     assert record["cause"] == "unknown" and "SIGKILL" in record["text"]
 
 
-class _Growing(_Batch):
+class _Growing(FixedAccounting):
     """sacct as seen on the real cluster: the first final record lacks ReqMem and Timelimit."""
 
     def __init__(self, answers):
@@ -588,7 +576,7 @@ def test_a_stopped_worker_without_a_nanny_is_final_after_the_usual_tries(monkeyp
     assert source.calls == 6 and record["final_at"] is not None
 
 
-class _DownThenBack(_Batch):
+class _DownThenBack(FixedAccounting):
     """slurmdbd stopped: sacct fails `down` times, then answers."""
 
     def __init__(self, down, record):
@@ -653,7 +641,7 @@ def test_a_worker_back_after_slurm_declared_its_node_failed_is_a_node_failure(mo
     monkeypatch.setattr(evidence, "BACKOFF", (0.01, 0.01, 30.0))
     back = {"now": False}
 
-    class Source(_Batch):
+    class Source(FixedAccounting):
         def __init__(self):
             self.calls = 0
 

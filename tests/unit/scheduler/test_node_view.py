@@ -20,6 +20,7 @@ from hpc_cluster.scheduler import evidence
 from hpc_cluster.scheduler.diagnosis import Evidence, diagnose
 from hpc_cluster.scheduler.node_view import node_name, on_node
 from hpc_cluster.scheduler.state import SchedulerState
+from helpers.fakes import FixedAccounting
 
 FIXTURES = Path(__file__).resolve().parents[1] / "adapters" / "fixtures" / "slurm" / "multinode"
 
@@ -103,24 +104,13 @@ def test_a_job_that_ended_whole_is_every_nodes_verdict():
     assert [s["step_id"] for s in on_node(cancelled, "hpcn1")["steps"]] == ["batch", "1"]
 
 
-class _FixedAccounting:
-    def __init__(self, records):
-        self.records = records
-
-    async def accounting(self, job_ids):
-        return {j: self.records[j] for j in job_ids if j in self.records}
-
-    async def log_tail(self, job_id):
-        return []
-
-
 def test_the_collector_judges_each_worker_on_its_own_node(monkeypatch):
     """Two workers of one 3-node job lost at once (hpcn2's, and hpcn3's by its connection): one
     sacct answer, two verdicts; hpcn2's final at once, hpcn3's still waiting for its step."""
     monkeypatch.setattr(evidence, "BACKOFF", (0.01,) * 3)
     state = SchedulerState()
     col = evidence.EvidenceCollector(state, clock=lambda: 1000.0, flush=lambda: None)
-    col.source = _FixedAccounting({"500000": fixture_record("sacct_node_removed.txt")})
+    col.source = FixedAccounting({"500000": fixture_record("sacct_node_removed.txt")})
     for i, host in ((0, "hpcn2"), (1, "hpcn3")):
         state.add_worker(f"tcp://w:{i}", 1, 990.0, name=f"w-0-n{i + 1}", info={"job_id": "500000", "host": host})
 
