@@ -40,25 +40,9 @@ SLURMD_PORT=6918
 CONTROLLERS=(cpu cpuacct cpuset devices freezer memory pids)
 LOGIN=$(hostname -s)
 
-log() { echo "[multinode] $*"; }
-die() { echo "[multinode] ERROR: $*" >&2; exit 1; }
-
-wait_for() {
-    local what=$1 limit=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || die "$what not ready after ${limit}s (see $LOGS/)"
-        sleep 0.3
-    done
-    log "$what ready"
-}
-
-proc_alive() {
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
-pid_alive() { [[ -s $1 ]] && proc_alive "$(cat "$1")"; }
+LOG_TAG="[multinode]" LOGS_HINT="$LOGS/"
+# shellcheck source=../helpers/cluster_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../helpers/cluster_lib.sh"
 
 node_name() { echo "hpcn$1"; }
 node_addr() { echo "$SUBNET.1$1"; }

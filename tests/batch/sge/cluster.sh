@@ -21,26 +21,9 @@ QMASTER_PID=$SPOOL/qmaster/qmaster.pid
 STATE_DIR=/run/hpc-cluster-test-sge          # daemons this script started: `down` stops only these
 PACKAGES=(gridengine-master gridengine-exec gridengine-client)
 
-log() { echo "[sge/cluster.sh] $*"; }
-die() { echo "[sge/cluster.sh] ERROR: $*" >&2; exit 1; }
-
-# wait_for DESCRIPTION SECONDS COMMAND...: poll COMMAND until it succeeds.
-wait_for() {
-    local what=$1 limit=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || die "$what not ready after ${limit}s (see $SPOOL/qmaster/messages)"
-        sleep 0.3
-    done
-    log "$what ready"
-}
-
-# Alive and not a zombie (a killed daemon can linger as one until init reaps it).
-proc_alive() {
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
+LOG_TAG="[sge/cluster.sh]" LOGS_HINT="$SPOOL/qmaster/messages"
+# shellcheck source=../../helpers/cluster_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/cluster_lib.sh"
 pid_of() { [[ -s $1 ]] && proc_alive "$(cat "$1")" && cat "$1"; }
 execd_pidfile() { ls "$SPOOL"/execd/*/execd.pid 2>/dev/null | head -1; }
 

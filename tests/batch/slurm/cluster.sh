@@ -20,31 +20,9 @@ DB_PASSWORD=hpc-cluster-test
 PACKAGES=(slurm-wlm slurm-client slurmdbd slurm-wlm-basic-plugins slurm-wlm-mysql-plugin
           mariadb-server mariadb-client munge)
 
-log() { echo "[cluster.sh] $*"; }
-die() { echo "[cluster.sh] ERROR: $*" >&2; exit 1; }
-
-# wait_for DESCRIPTION SECONDS COMMAND...: poll COMMAND until it succeeds.
-wait_for() {
-    local what=$1 limit=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        if ((SECONDS >= deadline)); then
-            die "$what not ready after ${limit}s (see /var/log/slurm/, /var/log/mysql/)"
-        fi
-        sleep 0.3
-    done
-    log "$what ready"
-}
-
-# A killed daemon stays a zombie until init reaps it, and the init here can be slow to:
-# kill -0 would call it alive, so read its state instead.
-proc_alive() {
-    local state
-    # The state follows the ')' closing the command name, which may itself hold spaces.
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
-pid_alive() { [[ -s $1 ]] && proc_alive "$(cat "$1")"; }
+LOG_TAG="[cluster.sh]" LOGS_HINT="/var/log/slurm/, /var/log/mysql/"
+# shellcheck source=../../helpers/cluster_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../helpers/cluster_lib.sh"
 
 install_packages() {
     local missing=()
