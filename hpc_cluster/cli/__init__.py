@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   hpc-cluster status                its jobs, workers and recent worker deaths
   hpc-cluster why                   why workers died: cause, evidence, log tail
   hpc-cluster down                  retire the workers, cancel the jobs, stop the daemon
+  hpc-cluster clean                 remove ended clusters' logs and leftovers past log_retention
   sbatch -N 3 --wrap "hpc-cluster run script.py"   the script with workers on every node of the job
 
 `hpc-cluster COMMAND --help` shows each command's options and examples.
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_commands(sub)
     from .cluster import add_cluster_commands
     add_cluster_commands(sub)
+    from .clean import add_clean_command
+    add_clean_command(sub)
     from .run import add_run_command
     add_run_command(sub)
     return p

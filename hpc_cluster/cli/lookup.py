@@ -6,13 +6,12 @@ error those commands raise, so both modules share them.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
-from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for, read_cluster_file
-from ..lifeline import alive
+from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for
 from ..deploy.plan import Plan
-from ..deploy.daemon.scheduler_job import handover_path, job_alive, owner_path
+from ..deploy.daemon.scheduler_job import handover_path, owner_path
+from ..deploy.leftovers import liveness
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
 # engines/dask_scheduler.py's scheduler_file_for (not imported: it loads distributed)
@@ -25,9 +24,6 @@ EXIT_CODES = """exit codes:
 """
 DEFAULT_NAME = "default"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-# A cluster file without a pid is one whose daemon is still starting; older than this,
-# its daemon never got as far as listening.
-_STARTING_GRACE = 120.0
 
 
 class CommandError(Exception):
@@ -76,30 +72,9 @@ LIVE = ("running", "starting")
 
 
 def _liveness(name: str) -> tuple[str, dict | None]:
-    """('running'|'starting'|'stopped'|'stale', cluster file contents or None). 'stopped': its
-    daemon died but left a journal, so `hpc-cluster up --name NAME` resumes it (issue 16)."""
-    path = cluster_file_for(name)
-    try:
-        info = read_cluster_file(path)
-    except FileNotFoundError:
-        return "stale", None
-    except ValueError:
-        return "stale", None
-    pid = info.get("pid")
-    in_job = job_alive(info, path)            # a daemon in a scheduler job: its job's state tells
-    if in_job is not None:
-        if in_job:
-            return ("running" if pid and info.get("address") else "starting"), info
-        return ("stopped" if journal_for(path).exists() else "stale"), info
-    if pid:
-        if alive(int(pid), info.get("pid_started")):     # its start time: a pid may be reused
-            return "running", info
-        return ("stopped" if journal_for(path).exists() else "stale"), info
-    try:
-        young = time.time() - path.stat().st_mtime < _STARTING_GRACE
-    except OSError:
-        young = False
-    return ("starting" if young else "stale"), info
+    """('running'|'starting'|'stopped'|'stale', cluster file contents or None): deploy/leftovers.py's
+    liveness, which cleaning the files of ended clusters asks too."""
+    return liveness(cluster_file_for(name))
 
 
 def find_cluster(name: str | None, example: str = "status {name}") -> tuple[str, Path, dict]:

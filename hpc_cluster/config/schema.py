@@ -73,6 +73,16 @@ def _seconds(allow_zero: bool) -> Callable[[str, Any], float]:
     return check
 
 
+def _retention(key, v):
+    """A duration, 0 (at once), or never (false): seconds, or None for never."""
+    if v is False or (isinstance(v, str) and v.strip().lower() in ("never", "false")):
+        return None
+    try:
+        return _seconds(True)(key, v)
+    except ValueError as e:
+        raise ValueError(f"{e}; or never to keep them") from None
+
+
 def _fraction(key, v):
     if v is False:                      # dask's way to turn a memory threshold off
         return False
@@ -456,6 +466,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("journal", "bool", _bool, True,
            "the cluster daemon keeps a journal of its state beside the cluster file, and a daemon started "
            "again with the same name after one died resumes from it (docs/reliability.md)", "both"),
+    Option("log_retention", "duration|never", _retention, "7d",
+           "how long the files of an ended cluster (its daemon log; a crashed one's cluster file, journal and "
+           "plan too) stay in ~/.config/hpc-cluster/clusters: older ones are removed when a cluster starts and "
+           "by `hpc-cluster clean`; never: only `hpc-cluster clean --all` or `--older-than` removes them", "both"),
 )
 TOP_LEVEL_KEYS = ("default", "sites", "settings")
 # The adapters' own settings follow this core one in the table (and in the docs, `config init`

@@ -27,6 +27,7 @@ from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..engines import EngineError, check_engine
+from .leftovers import clean_at_start
 from .daemon.scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
 from .plan import ClusterError, Plan, SchedulerJobPlan, make_plan, render_job_script, shell_word, worker_python
@@ -114,6 +115,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     cluster_file = cluster_file_for(name)
     # Cluster files hold secrets and the daemons' logs addresses: the directory is its owner's alone.
     private_directory(cluster_file.parent, fix=True)
+    # Files of ended clusters past log_retention (a class cluster leaves a log per run).
+    clean_at_start(cfg.values.get("log_retention"), name)
     for pool in cfg.pools():                  # a broken template fails here, not in every submit
         render_job_script(cfg, str(cluster_file), worker_prefix or name, pool)
     old = previous_daemon(cfg, name, cluster_file, fresh)
