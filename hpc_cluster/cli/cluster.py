@@ -14,6 +14,8 @@ import argparse
 import contextlib
 import json
 import math
+import os
+import pwd
 import re
 import sys
 import warnings
@@ -549,6 +551,28 @@ def add_cluster_commands(sub) -> None:
                    help="how long to wait for jobs to end and the daemon to exit (default 180)")
 
 
+def _not_yours(exc: PermissionError) -> str:
+    """Another user's cluster files (0600 in a 0700 directory) refuse a command run by someone
+    else, e.g. with $XDG_CONFIG_HOME pointed at that user's: said, with the owner, not a traceback."""
+    if not exc.filename:                       # a signal to another user's daemon (EPERM)
+        return f"{exc}: the cluster belongs to another user; run the command as that user"
+    path, owner = Path(exc.filename), ""
+    for p in [path, *path.parents]:
+        try:
+            uid = p.stat().st_uid
+        except OSError:                        # inside the directory we may not enter
+            continue
+        if uid != os.getuid():
+            try:
+                owner = f", which belongs to user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+            except KeyError:
+                owner = f", which belongs to uid {uid}"
+        break
+    return (f"permission denied on {path}{owner}: a cluster's files are readable by the user who "
+            "started it only. Run the command as that user; for a cluster of yours, check that $HOME and "
+            "$XDG_CONFIG_HOME are your own")
+
+
 def run_cluster_command(args, out=None, err=None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
@@ -557,6 +581,9 @@ def run_cluster_command(args, out=None, err=None) -> int:
     except CommandError as e:
         print(f"hpc-cluster {args.command}: {e}", file=err)
         return e.code
+    except PermissionError as e:
+        print(f"hpc-cluster {args.command}: {_not_yours(e)}", file=err)
+        return FAILED
     except ConfigError as e:
         print(f"hpc-cluster {args.command}: bad configuration:", file=err)
         for p in e.problems:
