@@ -68,6 +68,11 @@ def cluster_id(name: str, explicit: bool) -> str:
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
+def previous_log(log_path: Path) -> Path:
+    """NAME.previous.log: the log of the daemon a resumed cluster's replaced."""
+    return log_path.with_name(log_path.name[:-len(".log")] + ".previous.log")
+
+
 def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
     """The cluster's TLS (protocol/tls.py) and the directory of the files made for it (removed
     with the cluster), if any. The jobs read them where they read the cluster file: under
@@ -163,6 +168,10 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         return _start_in_job(cfg, name, cluster_file, plan, spec, old, secret, tls_dir, progress, job_timeout)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    if old is not None and log_path.exists() and log_path.stat().st_size:
+        # The dead daemon's log says why it died: kept beside this run's, which starts empty
+        # (failures quote its tail), and cleaned with the cluster's files (deploy/leftovers.py).
+        os.replace(log_path, previous_log(log_path))
     log = open_private(log_path, "wb")         # this run's log only: failures quote its tail
     proc = subprocess.Popen([sys.executable, "-m", "hpc_cluster.deploy.daemon", str(plan_path)],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,

@@ -43,6 +43,7 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((kind, re.compile(rx)) for 
     ("cluster file", rf"{_N}\.json"),
     ("plan", rf"\.{_N}\.plan\.json"),
     ("journal", rf"{_N}\.journal"),
+    ("previous log", rf"{_N}\.previous\.log"),              # the log of a resumed cluster's dead daemon (launch)
     ("log", rf"{_N}\.log"),                                # the daemon's log
     ("owner", rf"{_N}\.owner"),                            # scheduler_job.py's heartbeat
     ("handover", rf"{_N}\.handover"),

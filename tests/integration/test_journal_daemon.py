@@ -20,7 +20,7 @@ from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import PBSCluster  # noqa: E402
-from hpc_cluster.protocol.clusterfile import journal_for as journal_path  # noqa: E402
+from hpc_cluster.protocol.clusterfile import clusters_dir, journal_for as journal_path  # noqa: E402
 from hpc_cluster.deploy.launch import control, launch  # noqa: E402
 from hpc_cluster.scheduler.journal import load  # noqa: E402
 import pbssim  # noqa: E402
@@ -154,6 +154,10 @@ def test_a_pbscluster_daemon_that_dies_is_restarted_once_and_its_worker_and_clie
             wait_until(lambda: cluster._proc is not first and cluster._proc.poll() is None, 60,
                        "the keeper to start the daemon again")
             assert slow.result(timeout=120) is None            # through the restart, nothing resubmitted by hand
+            # The dead daemon's log (why it died is in it) is kept beside the new one, not truncated.
+            previous = clusters_dir() / f"{cluster.id}.previous.log"
+            assert f"cluster {cluster.id} up at" in previous.read_text(), previous
+            assert stat.S_IMODE(previous.stat().st_mode) == 0o600
             assert client.submit(inc, 41).result(timeout=60) == 42
             assert set(cluster.jobs) == jobs_before            # the same job, adopted
             assert cluster._keeper.restarts == 1

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.usefixtures("isolated_home")     # clusters_dir() under
 @pytest.mark.parametrize("name, is_dir, expected", [
     ("SLURMCluster-1a2b3c.log", False, ("SLURMCluster-1a2b3c", "log")),
     ("big.json", False, ("big", "cluster file")),
+    ("big.previous.log", False, ("big", "previous log")),         # its cluster's, not a cluster 'big.previous'
     ("my.cluster.json", False, ("my.cluster", "cluster file")),
     ("big.scheduler.json", False, ("big", "scheduler file")),      # not the cluster file of 'big.scheduler'
     (".big.plan.json", False, ("big", "plan")),
