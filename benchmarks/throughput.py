@@ -140,7 +140,7 @@ def start_ours(stack: contextlib.ExitStack, workers: int, threads: int, security
                journal: bool = False, dashboard: str | None = ":0", viewer: bool = False):
     from hpc_cluster import Client, LocalCluster
     cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=threads,
-                                               security=security or None, journal=journal,
+                                               security=bool(security), journal=journal,
                                                dashboard_address=dashboard))
     client = stack.enter_context(Client(cluster))
     client.wait_for_workers(workers, timeout=60)

@@ -34,6 +34,9 @@ KEY_MAP = {
     "job-script-prologue": "job_script_prologue", "job-extra-directives": "job_extra_directives",
     "job-directives-skip": "job_directives_skip", "log-directory": "log_directory",
     "scheduler-options": "scheduler_options", "project": "account",
+    # Not dask-jobqueue's (its TLS is the security= keyword), but what a user who writes it means:
+    # `security: false` turns our default TLS off (issue 34).
+    "security": "security",
 }
 # Names dask-jobqueue renamed (old -> new). As there, the old one still counts, with a
 # FutureWarning, but only where the new one ends up empty.

@@ -241,13 +241,15 @@ def _port(key, v):
 
 # The dashboard (issue 17): where it listens, as dask writes it; on by default.
 DEFAULT_DASHBOARD_ADDRESS = ":8787"
+# Where an address without a host listens (issue 34): this machine only, reached with `ssh -L`.
+DASHBOARD_HOST = "127.0.0.1"
 _DASHBOARD_ADDRESS = re.compile(r"(?:(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]))?:(?P<port>\d{1,5})")
 
 
 def parse_dashboard_address(value, key: str = "dashboard_address") -> tuple[str, int] | None:
     """dask's dashboard_address -> (host, port), or None (no dashboard). ':8787' (host ''
-    means: where the scheduler listens), ':0' (any free port), 'HOST:PORT', a port number;
-    None or False turns the dashboard off."""
+    means: DASHBOARD_HOST, 127.0.0.1, where dask means every interface), ':0' (any free port),
+    'HOST:PORT', a port number; None or False turns the dashboard off."""
     if value is None or value is False:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -368,8 +370,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("interface", "str", _str, None, "network interface the scheduler and workers listen on, e.g. ib0; unset: "
            "the scheduler listens on its address that routes to the compute nodes (docs/admin-guide.md)",
            example="ib0"),
-    Option("security", "bool", _bool, False, "encrypt every connection with TLS under a certificate made for "
-           "the cluster (dask's security=True); a keyword security=Security(...) gives your own"),
+    Option("security", "bool", _bool, True, "encrypt every connection with TLS under a certificate made for "
+           "the cluster (dask's security=True); false: plain TCP, each connection still proving the cluster's "
+           "secret. The keywords security= (False, True, a Security of your own) and protocol= ('tcp://', "
+           "'tls://') win over it"),
     Option("death_timeout", "seconds", _seconds(False), 60,
            "seconds a worker waits for an unreachable scheduler before exiting at its start; a worker that "
            "loses its scheduler later keeps its results and tries to reattach for reconnect_window (by default "
@@ -395,7 +399,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "one and says so in the daemon's log (docs/configuration.md)"),
     Option("max_jobs_in_queue", "int > 0", _int(1), None, "at most this many of our jobs queued or running", example=50),
     Option("scheduler_options", "map", _scheduler_options, {}, "the scheduler's host, port and interface, "
-           "and the dashboard's dashboard_address (':8787' by default; None: off) (dask-jobqueue's "
+           "and the dashboard's dashboard_address (':8787' by default, on 127.0.0.1 without a host; None: off) (dask-jobqueue's "
            "scheduler_options; other keys are reported, not used)", example={"port": 8786}),
     Option("shared_temp_directory", "path", _path, None, "a directory the login node and the compute "
            "nodes share: the jobs' copy of the cluster file (address and secret, 0600) goes there",

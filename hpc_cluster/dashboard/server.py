@@ -23,6 +23,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application, HTTPError, RequestHandler
 
 from ..protocol.clusterfile import dashboard_link, dashboard_token
+from ..protocol.tls import loopback_only
 from .views import Views
 
 logger = logging.getLogger("hpc_cluster.dashboard")
@@ -182,8 +183,13 @@ class Dashboard:
         self.cookie = f"hpc_cluster_dashboard_{port}"
         # Clients learn the address as they register (client.dashboard_link adds the token).
         self.scheduler.services["dashboard"] = self.address
-        logger.info("dashboard at %s (its link with the token: cluster.dashboard_link, hpc-cluster status)",
-                    self.address)
+        if loopback_only(bind):
+            logger.info("dashboard at %s (its link with the token: cluster.dashboard_link, hpc-cluster status)",
+                        self.address)
+        else:                          # an explicit dashboard_address with a host: as asked, but said
+            logger.warning("dashboard at %s over plain HTTP: its token crosses the network in clear; a "
+                           "dashboard_address without a host (':8787') keeps it on 127.0.0.1, reached from "
+                           "elsewhere with `ssh -L` (docs/dashboard.md)", self.address)
         return self.link
 
     def stop(self) -> None:

@@ -33,7 +33,7 @@ from ..protocol.tls import Security
 from ..client.html import ClusterDisplayMixin, cluster_html
 from ..units import UnitError, format_memory, format_walltime, parse_memory
 from ..engines import check_engine
-from .compat import check_protocol, check_security, silence_logs_note
+from .compat import check_security, cluster_security, silence_logs_note
 from .keeper import DaemonKeeper
 from .launch import ClusterError, cluster_id, control, launch  # noqa: F401  (ClusterError: public)
 from .plan import Plan, job_spec
@@ -163,18 +163,17 @@ class JobQueueCluster(ClusterDisplayMixin):
                              "cluster daemon; remove scheduler_cls")
         self._check_keywords(job_kwargs)
         options = scheduler_options or {}             # the scheduler's own protocol/security, checked alike
-        # None: the site's `security` setting decides (launch); False: no TLS whatever it says.
-        self._security = security if security is not None else options.get("security")
-        notes = [*check_protocol(protocol, self._security), *check_security(security),
+        notes = [*check_security(security), *check_security(options.get("security")),
                  *silence_logs_note(silence_logs)]
         given = {"interface": interface, "shared_temp_directory": shared_temp_directory,
                  "scheduler_options": scheduler_options, "config_name": config_name}
-        notes += [*check_protocol(options.get("protocol"), self._security), *check_security(options.get("security"))]
         kwargs = {"batch": self.batch or None, **{k: v for k, v in given.items() if v is not None}, **job_kwargs}
         with warnings.catch_warnings():
             warnings.simplefilter("always", FutureWarning)   # renamed keywords: say so every time
             self.config = cfg = resolve(site=site, config=config, **kwargs)
         v = cfg.values
+        # TLS unless security=False, protocol='tcp://' or the site's `security: false` (compat.py).
+        self._security = cluster_security(security, protocol, v)
         self.batch = v["batch"]
         self.engine = check_engine(v.get("engine") or "hpc-cluster")   # EngineError: what to install or write
         self._require_cores_and_memory(job_kwargs)
@@ -259,7 +258,8 @@ class JobQueueCluster(ClusterDisplayMixin):
         # A daemon in a scheduler job watches this file, touched by the keeper, instead of our pid.
         self.owner_file = plan.owner_file
         self.status = Status.running
-        self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name)[0])
+        self._keeper = DaemonKeeper(self, lambda: launch(self.config, self.id, n_jobs=0, worker_prefix=self.name,
+                                                         security=self._security)[0])
         self._keeper.start()
         if self._n_workers:
             control(self.cluster_file, Op.SCALE, jobs=math.ceil(self._n_workers / self._processes(None)))

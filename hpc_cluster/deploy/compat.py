@@ -9,35 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 
-def check_protocol(protocol: Any, security: Any = None) -> list[str]:
-    """tcp is what we speak, tls with security= (protocol/tls.py); ucx, ws, inproc are not."""
-    if protocol is None:
-        return []
-    name = str(protocol).strip().lower().removesuffix("://")
-    if name in ("", "tcp"):
-        return []
-    if name == "tls":
-        if security in (None, False):
-            raise ValueError(f"protocol={protocol!r} needs certificates: add security=True (a certificate "
-                             "made for this cluster) or security=Security(...) with yours")
-        return []
-    if name == "wss":
-        raise ValueError(f"protocol={protocol!r}: hpc-cluster has no websocket transport; for encryption use "
-                         "protocol='tls' with security=True")
-    raise ValueError(f"protocol={protocol!r}: hpc-cluster speaks TCP (and TLS with security=); remove "
-                     "protocol= (or use 'tcp://')")
+def cluster_security(security: Any, protocol: Any, values: dict) -> Any:
+    """The security= a batch cluster starts with, False for plain TCP (protocol/tls.py's
+    choose_security): the keywords, else scheduler_options' (a keyword, a site file or
+    jobqueue.yaml's scheduler-options), else the site's `security` setting (true by default).
+    Raises ValueError for a protocol we do not speak, or a protocol= and security= that
+    contradict each other."""
+    from ..protocol.tls import choose_security
+    options = values.get("scheduler_options") or {}
+    chosen = choose_security(security if security is not None else options.get("security"),
+                             protocol if protocol is not None else options.get("protocol"),
+                             bool(values.get("security", True)))
+    return False if chosen is None else chosen
 
 
 def check_security(security: Any) -> list[str]:
     """security= is honoured (TLS, protocol/tls.py): True makes a certificate for the cluster, a
     Security (ours or dask's) gives yours. One that asks for encryption without giving both a
     CA and a certificate with its key is refused, saying which; nothing to note otherwise."""
-    from ..protocol.tls import resolve_security
-    if security is None or security is False or security is True:
-        return []
-    if not any(getattr(security, k, None) for k in dir(security) if k.startswith("tls_")) \
-            and not getattr(security, "require_encryption", False):
-        return []                   # a dask Security that asks for nothing: nothing to do
+    from ..protocol.tls import asks_for_nothing, resolve_security
+    if security is None or security is False or security is True or asks_for_nothing(security):
+        return []                   # a dask Security that asks for nothing: the default decides
     try:
         resolve_security(security, directory=None)
     except ValueError as exc:

@@ -27,6 +27,7 @@ from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
 from ..config import ConfigError, ResolvedConfig
 from ..engines import EngineError, check_engine
+from .compat import cluster_security
 from .leftovers import clean_at_start
 from .daemon.scheduler_job import (SchedulerJob, daemon_command, handover_path, job_alive, owner_path, scheduler_spec,
                             touch_owner)
@@ -76,15 +77,14 @@ def previous_log(log_path: Path) -> Path:
 def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
     """The cluster's TLS (protocol/tls.py) and the directory of the files made for it (removed
     with the cluster), if any. The jobs read them where they read the cluster file: under
-    shared_temp_directory when it is set, else beside the cluster file."""
+    shared_temp_directory when it is set, else beside the cluster file; over ssh, the daemon
+    copies them beside the login node's cluster file (deploy/remote.py place_tls)."""
     if security is None or security is False:
         return None, None
-    if cfg.values["ssh"]:
-        raise ClusterError("security= with a site that submits over ssh is not supported yet: the "
-                           "certificates would have to be copied to the login node; use a Security whose "
-                           "files are already there, run the cluster on the login node, or drop security=")
     shared = cfg.values["shared_temp_directory"]
-    made = Path(shared).expanduser() / f".hpc-cluster-{name}-tls" if shared else run_dir / f"{name}.tls"
+    # Over ssh shared_temp_directory is a path on the login node, not here.
+    made = (Path(shared).expanduser() / f".hpc-cluster-{name}-tls" if shared and not cfg.values["ssh"]
+            else run_dir / f"{name}.tls")
     try:
         sec = resolve_security(security, made)
     except ValueError as exc:
@@ -98,7 +98,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
            fresh: bool = False, progress=None,
            job_timeout: float = 600.0) -> tuple[subprocess.Popen | SchedulerJob, Path]:
     """Start a cluster daemon; return its process and cluster file once it listens. With
-    `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py).
+    `security` (True, a Security, dask's) every connection is TLS (protocol/tls.py); False is
+    plain TCP; None: the site's settings decide (TLS unless `security: false`).
 
     With `scheduler_in_job` the daemon is submitted as a batch job instead (scheduler_job.py)
     and the process returned is a `SchedulerJob` handle (Popen's poll/wait/kill, pid None);
@@ -130,8 +131,11 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
         # The same secret and certificates: the workers that kept running hold them.
         secret, sec, tls_dir = old["secret"], Security.from_dict(old.get("tls")), None
     else:
-        if security is None and cfg.values.get("security"):     # the site's `security: true`
-            security = True
+        if security is None:                   # `hpc-cluster up`: the site's settings decide (compat.py)
+            try:
+                security = cluster_security(None, None, cfg.values)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         sec, tls_dir = tls_for(cfg, name, security, run_dir)
         secret = new_secret()
     write_cluster_file(cluster_file, "", secret, name=name, **({"tls": sec.to_dict()} if sec else {}))

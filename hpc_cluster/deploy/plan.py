@@ -27,7 +27,7 @@ from ..adapters.base import BatchError, JobSpec
 from ..adapters.slurm_text import job_mem_bytes
 from ..config import ConfigError, ResolvedConfig
 from ..config.pools import DEFAULT_POOL
-from ..config.schema import DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
+from ..config.schema import DASHBOARD_HOST, DEFAULT_DASHBOARD_ADDRESS, parse_dashboard_address
 from ..worker.flags import memory_fraction_args, parse_bytes, parse_resources, read_worker_args
 from .batch_options import batch_options
 
@@ -503,13 +503,15 @@ def make_plan(cfg: ResolvedConfig, name: str, cluster_file: Path, n_jobs: int,
 
 
 def dashboard_bind(options: dict) -> list | None:
-    """[host, port] the daemon's dashboard listens on ('' host: where the scheduler does), or
-    None: scheduler_options' dashboard_address (dask's ':8787' by default) and dashboard=False."""
+    """[host, port] the daemon's dashboard listens on, or None: scheduler_options'
+    dashboard_address (':8787' by default) and dashboard=False. An address without a host
+    listens on 127.0.0.1 (issue 34): its pages and token stay off the network, and users reach
+    it through `ssh -L` (docs/dashboard.md); a host given ('0.0.0.0:8787') is taken as is."""
     if options.get("dashboard") is False:
         return None
     bind = parse_dashboard_address(options.get("dashboard_address", DEFAULT_DASHBOARD_ADDRESS),
                                    "scheduler_options['dashboard_address']")
-    return list(bind) if bind else None
+    return [bind[0] or DASHBOARD_HOST, bind[1]] if bind else None
 
 
 def job_lifetime(worker_extra_args: list[str]) -> float | None:

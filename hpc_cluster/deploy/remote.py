@@ -76,6 +76,26 @@ def make_directories(runner, login: LoginNode, name: str, others: Sequence[str])
     runner.run(["chmod", "700", "--", clusters], timeout=30)
 
 
+def remote_tls_directory(remote_cluster_file: str) -> str:
+    """Where the cluster's certificate files go on the login node: beside its cluster file."""
+    return posixpath.splitext(remote_cluster_file)[0] + ".tls"
+
+
+def place_tls(runner, tls: dict, remote_cluster_file: str) -> dict:
+    """Copy the cluster's certificate files (`tls`: the cluster file's entry, paths here) to the
+    login node, 0600 in a 0700 directory beside its cluster file, where the jobs read them;
+    returns the entry naming the copies. Over the runner's own connection (SFTP)."""
+    directory = remote_tls_directory(remote_cluster_file)
+    runner.run(["mkdir", "-p", "--", directory], timeout=30)
+    runner.run(["chmod", "700", "--", directory], timeout=30)
+    placed = {}
+    for field, name in (("ca_file", "tls-ca.pem"), ("cert", "tls-cert.pem"), ("key", "tls-key.pem")):
+        with open(tls[field]) as f:
+            runner.write_file(f"{directory}/{name}", f.read(), 0o600)
+        placed[field] = f"{directory}/{name}"
+    return placed
+
+
 # ----------------------------------------------------------------------------- job logs
 
 def job_log_names(names: Sequence[str], job_id: str) -> list[str]:

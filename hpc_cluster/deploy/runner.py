@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -30,7 +31,8 @@ from dask.utils import format_bytes
 
 from ..adapters.slurm import SLURMAdapter
 from ..adapters.slurm_text import expand_hostlist
-from ..protocol.clusterfile import cluster_file_for, new_secret, write_cluster_file
+from ..protocol.clusterfile import cluster_file_for, new_secret, private_directory, write_cluster_file
+from ..protocol.tls import Security, make_certificate
 
 logger = logging.getLogger("hpc_cluster.runner")
 
@@ -120,8 +122,8 @@ class AccountingSource:
 class _SchedulerThread:
     """Our scheduler on a loop of its own, in this process (the script runs beside it)."""
 
-    def __init__(self, secret: bytes, host: str, adapter):
-        self.secret, self.host, self.adapter = secret, host, adapter
+    def __init__(self, secret: bytes, host: str, adapter, security: Security | None = None):
+        self.secret, self.host, self.adapter, self.security = secret, host, adapter, security
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.sched = self.address = self.error = None
@@ -136,7 +138,7 @@ class _SchedulerThread:
         from ..scheduler.server import Scheduler
         self._stop = asyncio.Event()
         try:
-            self.sched = Scheduler(self.secret, host=self.host, port=0)
+            self.sched = Scheduler(self.secret, host=self.host, port=0, security=self.security)
             self.address = await self.sched.start()
             self.sched.deaths.source = AccountingSource(self.adapter)
         except BaseException as exc:
@@ -180,9 +182,17 @@ def run(script: list[str], settings: RunSettings, environ=None, wait_workers: fl
     name = f"run-{alloc.job_id}"
     cluster_file = str(cluster_file_for(name))
     secret = new_secret()
-    sched = _SchedulerThread(secret, _scheduler_host(adapter), adapter)
-    address = sched.start()
-    write_cluster_file(cluster_file, address, secret, name=name)
+    # Encrypted, as every batch cluster is by default (issue 34): a certificate for this run
+    # alone, beside the cluster file (a shared home: the workers read it there), removed after.
+    tls_dir = private_directory(Path(cluster_file).parent, fix=True) / f"{name}.tls"
+    security = make_certificate(tls_dir)
+    sched = _SchedulerThread(secret, _scheduler_host(adapter), adapter, security)
+    try:
+        address = sched.start()
+    except BaseException:
+        shutil.rmtree(tls_dir, ignore_errors=True)
+        raise
+    write_cluster_file(cluster_file, address, secret, name=name, tls=security.to_dict())
     print(f"hpc-cluster run: scheduler {address} on {os.uname().nodename}; workers on {alloc.describe()}",
           file=out, flush=True)
     steps = []
@@ -218,5 +228,6 @@ def run(script: list[str], settings: RunSettings, environ=None, wait_workers: fl
             except subprocess.TimeoutExpired:
                 p.kill()
         Path(cluster_file).unlink(missing_ok=True)
+        shutil.rmtree(tls_dir, ignore_errors=True)
     print(f"hpc-cluster run: {shlex.join(script)} exited with status {status}", file=out, flush=True)
     return status

@@ -83,7 +83,9 @@ def distributed_security(security, role: str = "scheduler"):
 
 
 async def start(ours, host: str, allowed_failures: int, walltime_failures: int = 3, security=None,
-                dashboard: bool = True) -> DistributedEngine:
+                dashboard: bool = True, dashboard_host: str | None = None) -> DistributedEngine:
+    """distributed's Scheduler beside ours. Its dashboard (bokeh's, without our token) listens on
+    `dashboard_host` (ours: 127.0.0.1 unless dashboard_address names a host), else `host`."""
     import dask
     import distributed
     dask.config.set({"distributed.scheduler.allowed-failures": NEVER})
@@ -91,7 +93,7 @@ async def start(ours, host: str, allowed_failures: int, walltime_failures: int =
     serve_dashboard = dashboard and importlib.util.find_spec("bokeh") is not None
     sec = distributed_security(security)
     ds = distributed.Scheduler(host=host, port=0, dashboard=serve_dashboard,
-                               dashboard_address=f"{host}:0" if serve_dashboard else None,
+                               dashboard_address=f"{dashboard_host or host}:0" if serve_dashboard else None,
                                security=sec, protocol="tls" if sec else None, validate=False)
     ds.add_plugin(bridge)
     await ds
@@ -99,7 +101,8 @@ async def start(ours, host: str, allowed_failures: int, walltime_failures: int =
     ours.worker_events.append(bridge.worker_event)
     link = None
     if serve_dashboard and "dashboard" in ds.services:
-        shown = ds.address.split("://", 1)[-1].rsplit(":", 1)[0]     # the address it is reached at
+        shown = (dashboard_host if dashboard_host not in (None, "", "0.0.0.0", "::")      # where it is reached
+                 else ds.address.split("://", 1)[-1].rsplit(":", 1)[0])
         link = f"http://{shown}:{ds.services['dashboard'].port}/status"
     versions = {"distributed": distributed.__version__, "dask": dask.__version__}
     logger.info("distributed %s scheduler at %s (dashboard %s)", distributed.__version__, ds.address, link)

@@ -51,9 +51,11 @@ def test_scheduler_options_dashboard_address_is_checked_with_the_config():
 
 def test_the_daemons_plan_carries_the_dashboards_bind_or_none():
     from hpc_cluster.deploy.plan import dashboard_bind
-    assert dashboard_bind({}) == ["", 8787]                              # dask's default
-    assert dashboard_bind({"dashboard_address": ":0"}) == ["", 0]
+    # No host: 127.0.0.1 (issue 34: its token stays off the network), where dask means every interface.
+    assert dashboard_bind({}) == ["127.0.0.1", 8787]                     # dask's default port
+    assert dashboard_bind({"dashboard_address": ":0"}) == ["127.0.0.1", 0]
     assert dashboard_bind({"dashboard_address": "127.0.0.1:8000"}) == ["127.0.0.1", 8000]
+    assert dashboard_bind({"dashboard_address": "0.0.0.0:8000"}) == ["0.0.0.0", 8000]     # as asked
     assert dashboard_bind({"dashboard_address": None}) is None
     assert dashboard_bind({"dashboard": False, "dashboard_address": ":1"}) is None
 

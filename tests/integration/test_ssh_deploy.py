@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -30,7 +31,8 @@ from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.adapters.base import BatchError  # noqa: E402
 from hpc_cluster.cli import main as cli_main  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
-from hpc_cluster.deploy.remote import LoginNode, job_log_names, parse_probe  # noqa: E402
+from hpc_cluster.deploy.remote import (LoginNode, job_log_names, parse_probe, place_tls,  # noqa: E402
+                                      remote_tls_directory)
 from hpc_cluster.protocol.clusterfile import read_cluster_file  # noqa: E402
 
 BATCH_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "qsub", "qstat", "qdel")
@@ -118,6 +120,26 @@ def test_job_log_names_match_the_job_id_exactly():
 
 # -- against the sshd (no SLURM needed) ------------------------------------------------
 
+def test_the_tls_files_are_placed_beside_the_login_nodes_cluster_file(tmp_path):
+    """With TLS on by default an ssh site needs the certificate where its jobs run: place_tls
+    copies the three files through the runner (here a local one), 0600 in a 0700 directory."""
+    from hpc_cluster.protocol.tls import Security
+    from hpc_cluster.runners.local import LocalRunner
+    made = Security.temporary(tmp_path / "here")
+    remote_file = tmp_path / "there" / "c-1a2b3c.json"
+    remote_file.parent.mkdir(mode=0o700)
+    placed = place_tls(LocalRunner(), made.to_dict(), str(remote_file))
+    directory = tmp_path / "there" / "c-1a2b3c.tls"
+    assert remote_tls_directory(str(remote_file)) == str(directory)
+    assert placed == {"ca_file": str(directory / "tls-ca.pem"), "cert": str(directory / "tls-cert.pem"),
+                      "key": str(directory / "tls-key.pem")}
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    for field, path in placed.items():
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert Path(path).read_bytes() == Path(made.to_dict()[field]).read_bytes()
+    Security.from_dict(placed).client_context()           # a usable certificate there
+
+
 def test_job_script_of_an_ssh_site_has_the_login_nodes_paths(login, laptop, tmp_path, capsys):
     site = site_file(tmp_path, login, python=None)
     before = login.accepted()
@@ -157,6 +179,14 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
         assert stat.S_IMODE(remote_file.parent.stat().st_mode) == 0o700
         remote_info = read_cluster_file(remote_file)
         assert (remote_info["address"], remote_info["secret"]) == (info["address"], bytes.fromhex(info["secret"]))
+        # TLS by default (issue 34): the certificate's files copied beside it there, private; the
+        # login node's cluster file names the copies, not this machine's paths.
+        remote_tls = remote_file.with_suffix(".tls")
+        assert info["address"].startswith("tls://") and stat.S_IMODE(remote_tls.stat().st_mode) == 0o700
+        assert remote_info["tls"] == {k: str(remote_tls / n) for k, n in
+                                      (("ca_file", "tls-ca.pem"), ("cert", "tls-cert.pem"), ("key", "tls-key.pem"))}
+        assert {stat.S_IMODE(os.stat(p).st_mode) for p in remote_info["tls"].values()} == {0o600}
+        assert (remote_tls / "tls-key.pem").read_bytes() == open(info["tls"]["key"], "rb").read()
         # Paths in the job are the login node's; the log directory was made there, not here.
         script = cluster.job_script()
         assert f"--cluster-file {remote_file} " in script
@@ -176,15 +206,15 @@ def test_slurm_cluster_submits_through_ssh_without_a_shared_filesystem(login, la
 
         # `hpc-cluster logs JOB` reads the job's files on the login node, over SSH.
         err_file = login.home / "hpc-logs" / f"{cluster.job_name}-{job_ids[0]}.err"
-        wait_until(lambda: "connected to tcp://" in err_file.read_text(), 30, "the worker's log line")
+        wait_until(lambda: "connected to tls://" in err_file.read_text(), 30, "the worker's log line")
         assert cli_main(["logs", job_ids[0], cluster.id]) == 0
         out = capsys.readouterr().out
-        assert f"== {err_file} ==" in out and "connected to tcp://" in out
+        assert f"== {err_file} ==" in out and "connected to tls://" in out
         assert login.accepted() == logins_before + 3
     finally:
         cluster.close()
     assert not cluster.cluster_file.exists() and cluster._proc.poll() is not None
-    assert not remote_file.exists()                      # removed on the login node too
+    assert not remote_file.exists() and not remote_tls.exists()      # removed on the login node too
     wait_until(lambda: not (set(job_ids) & squeue_ids(SQUEUE)), 60, "the jobs to leave squeue")
     # Not one batch command ran on this machine.
     assert not laptop["calls"].exists(), laptop["calls"].read_text()

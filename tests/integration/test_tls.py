@@ -147,8 +147,8 @@ def test_payload_does_not_cross_the_wire_in_clear(tls_cluster):
 
 
 def test_the_sniffer_does_see_a_cleartext_cluster():
-    """The control: without security= the same submission is readable on the wire."""
-    with LocalCluster(n_workers=1, threads_per_worker=1) as c:
+    """The control: with security=False the same submission is readable on the wire."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, security=False) as c:
         seen = _sniffed_submission(c)
     assert PAYLOAD[:32] in seen and b"HPCC" in seen
 
@@ -188,14 +188,108 @@ def test_batch_cluster_with_security_true_runs_over_tls(sim, tmp_path):
     assert not Path(tls["key"]).parent.exists()
 
 
-def test_the_security_setting_turns_tls_on_for_batch_clusters(sim, monkeypatch):
-    """`security: true` in a site file (here $HPC_CLUSTER_SECURITY) does what security=True does,
-    for the classes and `hpc-cluster up`; security=False still wins over it."""
+def _scheme(cluster) -> str:
+    """The scheme of a batch cluster's address, checked against what the cluster file says."""
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
+    scheme = cluster.scheduler_address.split("://")[0]
+    assert ("tls" in read_cluster_file(cluster.cluster_file)) == (scheme == "tls") == (cluster.security is not None)
+    return scheme
+
+
+def test_batch_clusters_are_tls_unless_told_otherwise(sim, monkeypatch, tmp_path):
+    """Issue 34, point 3: no keyword is TLS; security=False, protocol='tcp://', a site's `security:
+    false` ($HPC_CLUSTER_SECURITY or a site file) and jobqueue.yaml's scheduler-options are plain
+    TCP; an explicit keyword wins over the site. The dashboard listens on 127.0.0.1."""
+    import dask
+
     from hpc_cluster.deploy.cluster import PBSCluster
-    monkeypatch.setenv("HPC_CLUSTER_SECURITY", "true")
-    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00") as cluster:
-        assert cluster.scheduler_address.startswith("tls://") and cluster.security is not None
+    job = {"cores": 1, "memory": "1GB", "walltime": "00:10:00"}
+    with PBSCluster(**job) as cluster:
+        assert _scheme(cluster) == "tls"
+        assert cluster.dashboard_link.startswith("http://127.0.0.1:")
         with Client(cluster) as client:
             assert client.scheduler_info()["workers"] == {}        # connected, over TLS
-    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=False) as cluster:
-        assert cluster.scheduler_address.startswith("tcp://") and cluster.security is None
+    for keywords in ({"security": False}, {"protocol": "tcp://"}, {"scheduler_options": {"protocol": "tcp"}}):
+        with PBSCluster(**job, **keywords) as cluster:
+            assert _scheme(cluster) == "tcp", keywords
+    for section in ({"scheduler-options": {"protocol": "tcp://"}}, {"security": False}):
+        with dask.config.set({f"jobqueue.pbs.{k}": v for k, v in section.items()}), PBSCluster(**job) as cluster:
+            assert _scheme(cluster) == "tcp", section             # jobqueue.yaml's, not ignored
+    site = tmp_path / "site.yaml"
+    site.write_text("default: plain\nsites:\n  plain:\n    batch: pbs\n    security: false\n")
+    with PBSCluster(**job, config=str(site)) as cluster:
+        assert _scheme(cluster) == "tcp"
+    monkeypatch.setenv("HPC_CLUSTER_SECURITY", "false")
+    with PBSCluster(**job) as cluster:
+        assert _scheme(cluster) == "tcp"
+        with Client(cluster) as client:
+            assert client.scheduler_info()["workers"] == {}
+    for keywords in ({"security": True}, {"protocol": "tls://"}):     # a keyword wins over the site
+        with PBSCluster(**job, **keywords) as cluster:
+            assert _scheme(cluster) == "tls", keywords
+
+
+def test_dask_jobqueues_security_object_and_protocol_keep_their_meaning(sim, tmp_path):
+    """dask-jobqueue's pair, security=Security(...) with protocol='tls' (its test_security), on
+    the user's own files: used as they are, and left in place when the cluster closes."""
+    from hpc_cluster.deploy.cluster import PBSCluster
+    from hpc_cluster.protocol.clusterfile import read_cluster_file
+    from hpc_cluster.protocol.tls import Security
+    made = Security.temporary(tmp_path / "mine")
+    from distributed.security import Security as DaskSecurity
+    theirs = DaskSecurity(tls_ca_file=made.tls_ca_file, tls_scheduler_cert=made.tls_cert,
+                          tls_scheduler_key=made.tls_key, tls_worker_cert=made.tls_cert,
+                          tls_worker_key=made.tls_key, require_encryption=True)
+    with PBSCluster(cores=1, memory="1GB", walltime="00:10:00", security=theirs, protocol="tls") as cluster:
+        assert _scheme(cluster) == "tls"
+        assert read_cluster_file(cluster.cluster_file)["tls"] == made.to_dict()
+        with Client(cluster) as client:
+            assert client.scheduler_info()["workers"] == {}
+    assert all(Path(p).exists() for p in made.to_dict().values())     # the user's files stay
+
+
+def _outside_address() -> str:
+    """An IPv4 address of this machine that is not loopback (skips where there is none)."""
+    import psutil
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.skip("this machine has no IPv4 address but loopback")
+
+
+def test_a_local_cluster_beyond_loopback_is_tls_and_its_dashboard_stays_local():
+    """LocalCluster: plain TCP on 127.0.0.1 (its default: loopback cannot be read by another
+    unprivileged user), TLS by default on any other host; its dashboard on 127.0.0.1 either way
+    unless dashboard_address names a host."""
+    host = _outside_address()
+    with LocalCluster(n_workers=1, threads_per_worker=1, host=host, dashboard_address=":0") as c, \
+            Client(c) as client:
+        assert c.scheduler_address.startswith(f"tls://{host}:") and c.security is not None
+        assert all(a.startswith("tls://") for a in client.scheduler_info()["workers"])
+        assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+        assert c.dashboard_link.startswith("http://127.0.0.1:")
+    with LocalCluster(n_workers=0, host=host, security=False, dashboard_address=None) as c:
+        assert c.scheduler_address.startswith("tcp://") and c.security is None
+    with LocalCluster(n_workers=0, dashboard_address=None) as c:
+        assert c.scheduler_address.startswith("tcp://127.0.0.1:") and c.security is None
+    with LocalCluster(n_workers=0, protocol="tls://", dashboard_address=None) as c:     # distributed's keyword
+        assert c.scheduler_address.startswith("tls://127.0.0.1:")
+    with LocalCluster(n_workers=0, dashboard_address=f"{host}:0") as c:       # a host, as asked
+        assert c.dashboard_link.startswith(f"http://{host}:")
+        assert "over plain HTTP: its token crosses the network in clear" in c.logs()["scheduler"]
+
+
+def test_a_batch_clusters_dashboard_stays_on_loopback_unless_given_a_host(sim):
+    """The daemon's dashboard (plain HTTP behind its token) listens on 127.0.0.1 even where the
+    scheduler listens on the network; a dashboard_address with a host is taken as asked, and the
+    daemon's log says that its token then crosses the network in clear."""
+    from hpc_cluster.deploy.cluster import PBSCluster
+    host = _outside_address()
+    job = {"cores": 1, "memory": "1GB", "walltime": "00:10:00"}
+    with PBSCluster(**job, scheduler_options={"host": host}) as cluster:
+        assert cluster.scheduler_address.startswith(f"tls://{host}:")
+        assert cluster.dashboard_link.startswith("http://127.0.0.1:")
+    with PBSCluster(**job, scheduler_options={"host": host, "dashboard_address": f"{host}:0"}) as cluster:
+        assert cluster.dashboard_link.startswith(f"http://{host}:")
+        assert "over plain HTTP: its token crosses the network in clear" in Path(cluster.daemon_log).read_text()

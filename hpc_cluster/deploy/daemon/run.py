@@ -34,6 +34,7 @@ from ...protocol.tls import Security
 from ...scheduler.journal import Journal, resume_from
 from ...scheduler.server import Scheduler
 from ..plan import Plan, SchedulerPlan
+from ..remote import place_tls, remote_tls_directory
 from .handlers import SHUTDOWN, WALLTIME, Daemon, hand_over, jobs_record, let_go, on_signal, register
 from .polling import PollSettings
 from .pools import PoolManager, announce
@@ -129,7 +130,7 @@ async def run(plan: Plan) -> int:
         # the jobs, the nannies and the deaths (hpc_cluster/engines/).
         from ...engines.dask_scheduler import scheduler_file_for, start as start_engine
         engine = await start_engine(sched, sc.host, sc.allowed_failures, security=security,
-                                    dashboard=bool(sc.dashboard))
+                                    dashboard=bool(sc.dashboard), dashboard_host=sc.dashboard and sc.dashboard[0])
         # distributed's scheduler file beside the cluster file: Client(scheduler_file=...) works as
         # with dask-jobqueue; the cluster file and `status` name it.
         engine.write_scheduler_file(scheduler_file_for(cluster_file))
@@ -155,8 +156,14 @@ async def run(plan: Plan) -> int:
     remote = plan.remote_cluster_file
     if plan.ssh and remote:
         # Workers read the secret from the login node's copy (its home, shared with the
-        # compute nodes); launch() made its directory there (deploy/remote.py).
-        text = json.dumps({"address": address, "secret": secret.hex(), **meta})
+        # compute nodes); launch() made its directory there (deploy/remote.py). The
+        # certificates go beside it: our paths mean nothing there.
+        there = dict(meta)
+        if security is not None:
+            there["tls"] = await asyncio.to_thread(place_tls, runner, security.to_dict(), remote)
+            if "engine_tls" in there:
+                there["engine_tls"] = there["tls"]
+        text = json.dumps({"address": address, "secret": secret.hex(), **there})
         await asyncio.to_thread(runner.write_file, remote, text, 0o600)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -215,7 +222,8 @@ async def _remove_files(plan: Plan, runner) -> None:
             Path(path).unlink(missing_ok=True)
     if plan.ssh and plan.remote_cluster_file:
         try:
-            await asyncio.to_thread(runner.run, ["rm", "-f", plan.remote_cluster_file], None, 30, False)
+            await asyncio.to_thread(runner.run, ["rm", "-rf", "--", plan.remote_cluster_file,
+                                                 remote_tls_directory(plan.remote_cluster_file)], None, 30, False)
         except Exception as exc:
             logger.warning("could not remove %s on the login node: %s", plan.remote_cluster_file, exc)
     if plan.plan_file:

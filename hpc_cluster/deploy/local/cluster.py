@@ -28,7 +28,7 @@ from ...retry import Backoff
 from ...units import parse_memory
 from ...worker.flags import memory_fraction_args
 from ...protocol.clusterfile import SECRET_ENV, dashboard_link, new_secret, open_private, private_directory
-from ...protocol.tls import resolve_security
+from ...protocol.tls import choose_security, loopback_only, resolve_security
 from .dask_keywords import take_dask_keywords
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
@@ -141,12 +141,14 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
     config files' `settings` (docs/configuration.md). `local_directory`, as in dask: where the
     workers run and spill results to disk (default: the temp directory). `security`, as in
     dask: True encrypts every connection with TLS under a certificate made for this cluster
-    (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key.
+    (tls:// addresses); or a Security (ours or dask's) naming a CA, a certificate and its key;
+    False: plain TCP. By default a cluster whose `host` is not a loopback address is TLS, one
+    on 127.0.0.1 (the default) plain TCP (docs/reliability.md, "Encryption").
     `journal=True`: the scheduler keeps a journal of its state (`scheduler.journal` in the log
     directory; scheduler/journal.py), removed when the cluster closes. `dashboard_address`, as
     in dask: where the scheduler's process serves the dashboard (docs/dashboard.md): ':8787'
-    (a free port if that one is taken), ':0', 'HOST:PORT', or None for none; the link, with
-    its token, is `cluster.dashboard_link`.
+    (on 127.0.0.1; a free port if that one is taken), ':0', 'HOST:PORT', or None for none;
+    the link, with its token, is `cluster.dashboard_link`.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -166,10 +168,13 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
                              "engine on this machine. For distributed's engine here use distributed.LocalCluster "
                              "(without our diagnosis); on a batch system, SLURMCluster(..., engine='distributed') "
                              "and the other cluster classes deploy and diagnose it (docs/choosing-an-engine.md)")
+        protocol = unknown.pop("protocol", None)      # distributed's: tls:// or tcp:// (choose_security)
         if unknown:                    # distributed's other keywords (dask_keywords.py), or a mistake
             import inspect
             known = [p for p in inspect.signature(LocalCluster.__init__).parameters if p not in ("self", "unknown")]
             host = take_dask_keywords(unknown, host, known)
+        # TLS unless the scheduler listens on loopback alone (docs/reliability.md, "Encryption").
+        wanted = choose_security(security, protocol, default=not loopback_only(host))
         # processes=False: the workers are threads of this process (threads.py), with no nanny.
         self.processes, self.name, self.scheduler_port = bool(processes), name, int(scheduler_port)
         if not self.processes and nanny:
@@ -194,9 +199,11 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
         else:
             self.memory_limit = parse_memory(memory_limit, "memory_limit")
         self.nanny, self.host, self.timeout = nanny, host, timeout
-        from ...config.schema import parse_dashboard_address     # config loads at use, not at import
-        # (host, port) of the dashboard, '' host: the scheduler's; None: no dashboard.
-        self._dashboard_bind = parse_dashboard_address(dashboard_address, "LocalCluster(dashboard_address=...)")
+        from ...config.schema import DASHBOARD_HOST, parse_dashboard_address   # config loads at use
+        # (host, port) of the dashboard, None: no dashboard. No host: 127.0.0.1 (DASHBOARD_HOST)
+        # wherever the scheduler listens, so that its token never crosses a network in clear.
+        bind = parse_dashboard_address(dashboard_address, "LocalCluster(dashboard_address=...)")
+        self._dashboard_bind = (bind[0] or DASHBOARD_HOST, bind[1]) if bind else None
         self.dashboard_address: str | None = None          # http://host:port/ once it listens
         self.journal = bool(journal)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
@@ -204,8 +211,9 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
         self.secret = new_secret()
         self._tmp = tempfile.TemporaryDirectory(prefix="hpc-cluster-")
         self.log_directory = Path(log_directory or self._tmp.name)
-        # security=True: a certificate for this cluster alone, in its private temp directory.
-        self.security = resolve_security(security, Path(self._tmp.name) / "tls")
+        # security=True, or by default a host beyond this machine: a certificate for this cluster
+        # alone, in its private temp directory.
+        self.security = resolve_security(wanted, Path(self._tmp.name) / "tls")
         self.workers: dict[str, subprocess.Popen] = {}       # or threads.ThreadWorkerHandle, processes=False
         self._threads = None                                  # threads.WorkerThreads, processes=False
         self._counter = 0
@@ -260,7 +268,7 @@ class LocalCluster(AwaitableMixin, ClusterDisplayMixin):
         if self._dashboard_bind is not None:
             host, port = self._dashboard_bind
             dashboard = ["--dashboard-port", str(port), "--dashboard-file", str(dashboard_file),
-                         *(["--dashboard-host", host] if host else [])]
+                         "--dashboard-host", host]
         # The scheduler with the dashboard beside it (deploy/local/scheduler.py).
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_cluster.deploy.local.scheduler", "--host", self.host, *dashboard,

@@ -28,15 +28,12 @@ REFUSED = {
 
 
 def take_dask_keywords(keywords: dict, host: str, known: list[str]) -> str:
-    """The host to listen on, after distributed's `ip=` (its old name for host) and `protocol=`;
-    raises TypeError for a keyword neither ours (`known`) nor distributed's, and for those we
-    refuse. What is left in `keywords` is unused, by UNUSED's reasons."""
+    """The host to listen on, after distributed's `ip=` (its old name for host; `protocol=` is
+    read with security=: protocol/tls.py choose_security); raises TypeError for a keyword
+    neither ours (`known`) nor distributed's, and for those we refuse. What is left in
+    `keywords` is unused, by UNUSED's reasons."""
     if "ip" in keywords:
         host = keywords.pop("ip") or host
-    protocol = keywords.pop("protocol", None)
-    if protocol and protocol.split("://")[0] not in ("tcp", "tls"):
-        raise ValueError(f"protocol={protocol!r}: the scheduler and workers talk over tcp:// (tls:// with "
-                         "security=), processes=False too; drop protocol=")
     for name in keywords:
         if name in REFUSED:
             raise TypeError(f"LocalCluster({name}=...) is distributed's and is not supported: {REFUSED[name]}")

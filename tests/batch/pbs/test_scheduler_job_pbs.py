@@ -84,7 +84,7 @@ def test_pbs_cluster_with_its_scheduler_in_a_job_computes_and_closes(sim, tmp_pa
         info = json.loads(cluster.cluster_file.read_text())
         scheduler_job = info["scheduler_job"]
         # interface= is read in the job, on its node (here lo: 127.0.0.1), not on the login node.
-        assert info["address"].startswith("tcp://127.0.0.1:"), info["address"]
+        assert info["address"].startswith("tls://127.0.0.1:"), info["address"]        # TLS by default
         assert qstat_states([scheduler_job]) == {scheduler_job: "R"}
         with Client(cluster) as client:
             assert client.gather(client.map(_slow_square, range(4))) == [0, 1, 4, 9]

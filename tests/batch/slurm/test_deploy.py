@@ -77,12 +77,12 @@ def test_cli_up_status_compute_scale_why_down(slurm_cluster, own_home, tmp_path)
         assert all(r["memory_used"] > 10**7 and r["spilled"] == 0 for r in data["jobs"]) and data["deaths"] == []
 
         listed = cli("list")
-        assert listed.returncode == 0 and re.search(rf"^t-cli\s+tcp://\S+\s+slurm\s+t\s+{pid}\s+2 running",
+        assert listed.returncode == 0 and re.search(rf"^t-cli\s+tls://\S+\s+slurm\s+t\s+{pid}\s+2 running",
                                                     listed.stdout, re.M), listed.stdout
 
         job_log = cli("logs", sorted(job_ids)[0], "t-cli")
         assert job_log.returncode == 0 and f"-{sorted(job_ids)[0]}.err ==" in job_log.stdout
-        assert "connected to tcp://" in job_log.stdout
+        assert "connected to tls://" in job_log.stdout         # `up` is TLS by default (issue 34)
 
         scaled = cli("scale", "1", "t-cli")
         assert scaled.returncode == 0 and "target 1 job(s)" in scaled.stdout
@@ -230,18 +230,26 @@ def test_cli_up_stops_waiting_on_held_jobs_and_says_how_to_release_them(slurm_cl
     assert not (job_ids & squeue_ids())
 
 
-def test_slurm_cluster_with_security_true_runs_over_tls(slurm_cluster, own_home, tmp_path):
-    """Issue 14, point 9 on the real SLURM: security=True, protocol='tls' (dask's keywords); the
-    job's worker reads the certificate's paths from the cluster file and joins over TLS; a
-    cleartext client is refused; the certificate files go with the cluster."""
+@pytest.mark.parametrize("keywords", [{}, {"security": True, "protocol": "tls"}], ids=["default", "dask-keywords"])
+def test_slurm_cluster_runs_over_tls(slurm_cluster, own_home, tmp_path, keywords):
+    """TLS on the real SLURM: by default (issue 34, point 3: no keyword at all) and with dask's
+    security=True, protocol='tls' (issue 14, point 9). The job's worker reads the certificate's
+    paths from the cluster file and joins over TLS; a cleartext client is refused; the files,
+    0600 in a 0700 directory, go with the cluster; the dashboard listens on 127.0.0.1 and
+    answers only with its token."""
+    import urllib.error
+    import urllib.request
+
     from hpc_cluster.protocol.clusterfile import read_cluster_file
-    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", security=True, protocol="tls",
-                           log_directory=str(tmp_path / "logs"))
+    cluster = SLURMCluster(cores=1, memory="1GB", walltime="00:10:00", log_directory=str(tmp_path / "logs"),
+                           **keywords)
     job_ids: list[str] = []
     try:
-        assert cluster.scheduler_address.startswith("tls://")
+        assert cluster.scheduler_address.startswith("tls://") and cluster.security is not None
         tls = read_cluster_file(cluster.cluster_file)["tls"]
-        assert stat.S_IMODE(os.stat(tls["key"]).st_mode) == 0o600
+        assert {stat.S_IMODE(os.stat(p).st_mode) for p in tls.values()} == {0o600}
+        directory = Path(tls["key"]).parent
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
         cluster.scale(1)
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=180)
@@ -250,7 +258,13 @@ def test_slurm_cluster_with_security_true_runs_over_tls(slurm_cluster, own_home,
             assert client.submit(sum, client.map(square, range(10))).result(timeout=60) == 285
         with pytest.raises(ConnectionError):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), secret=cluster.secret, timeout=10)
+        link = cluster.dashboard_link
+        assert link.startswith("http://127.0.0.1:"), link
+        with urllib.request.urlopen(link, timeout=30) as page:
+            assert page.status == 200
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(link.split("?")[0], timeout=30)
     finally:
         cluster.close()
-    assert not os.path.exists(tls["key"])
+    assert not directory.exists()
     wait_until(lambda: not (set(job_ids) & squeue_ids()), 60, "the cluster's job to leave squeue")

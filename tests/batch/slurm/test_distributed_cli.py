@@ -1,7 +1,7 @@
 """The distributed engine (issue 32) through the `hpc-cluster` CLI and with TLS, on the real SLURM.
 
-1. `up --engine distributed`, then distributed's Client by scheduler file, by address and as `up`
-   printed it; `status` (text and --json) names the engine, distributed's scheduler, its
+1. `up --engine distributed` (TLS, the default), then distributed's Client by scheduler file, by
+   address and as `up` printed it; `status` (text and --json) names the engine, distributed's scheduler, its
    scheduler file and both dashboards (which answer); `logs` of a worker and of a job; `scale`,
    `why` and `down`, which leaves no job, daemon, cluster file or scheduler file.
 2. SLURMCluster(engine="distributed", security=True): distributed's Client and workers speak
@@ -29,7 +29,7 @@ from helpers.slurm import squeue_ids
 from helpers.wait import wait_until
 from slurm_jobs import cli  # noqa: E402  (own_home: conftest.py)
 
-from hpc_cluster.cli.engine import connect_hint
+from hpc_cluster.cli.engine import client_security, connect_hint
 from hpc_cluster.deploy.cluster import SLURMCluster
 from hpc_cluster.lifeline import alive
 
@@ -80,15 +80,19 @@ def test_cli_up_connect_status_logs_scale_why_down(slurm_cluster, own_home, tmp_
     worker_of = {job: name for name, job in connected.items()}
     assert "(engine: distributed)" in up.stdout and f"distributed's dashboard: {info['engine_dashboard']}" in up.stdout
 
-    # distributed's Client, by scheduler file, by address, and as `up` said to connect
-    with Client(scheduler_file=str(scheduler_file), timeout=30, set_as_default=False) as client:
+    # distributed's Client, by scheduler file, by address, and as `up` said to connect; over TLS,
+    # `up`'s default (issue 34), with the cluster's certificate (the cluster file names it)
+    assert info["engine_address"].startswith("tls://")
+    security = client_security(info)
+    with Client(scheduler_file=str(scheduler_file), security=security, timeout=30, set_as_default=False) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert sorted(w["name"] for w in workers.values()) == ["t-dcli-0", "t-dcli-1"]
         assert client.submit(sum, [1, 2, 3]).result(timeout=60) == 6
-    with Client(info["engine_address"], timeout=30, set_as_default=False) as client:
+    with Client(info["engine_address"], security=security, timeout=30, set_as_default=False) as client:
         assert client.gather(client.map(pow, range(50), [2] * 50)) == [x * x for x in range(50)]
     code = python_lines(up.stdout)
-    assert f"Client({info['engine_address']!r})" in code and f"scheduler_file={str(scheduler_file)!r}" in code
+    assert f"Client({info['engine_address']!r}, security=security)" in code
+    assert f"scheduler_file={str(scheduler_file)!r}" in code
     namespace: dict = {}
     exec(code, namespace)
     with namespace["client"] as client:
@@ -112,7 +116,7 @@ def test_cli_up_connect_status_logs_scale_why_down(slurm_cluster, own_home, tmp_
     # a worker's log, from distributed's worker (asked through its scheduler), and a job's files
     worker_log = cli("logs", "t-dcli-0", "t-dcli")
     assert worker_log.returncode == 0, worker_log.stderr
-    assert "== worker t-dcli-0 (tcp://" in worker_log.stdout
+    assert "== worker t-dcli-0 (tls://" in worker_log.stdout
     assert f"Registered to:      {info['engine_address']}" in worker_log.stdout
     job = sorted(job_ids)[0]
     job_log = cli("logs", job, "t-dcli", "--tail", "500")
@@ -126,7 +130,7 @@ def test_cli_up_connect_status_logs_scale_why_down(slurm_cluster, own_home, tmp_
         done = [j for j in job_ids if re.search(rf"^{j}\s+(completed|cancelled|retired)", out, re.M)]
         return len(done) == 1 and "1 worker(s) connected" in out and done[0]
     gone = wait_until(one_left, 120, "scale 1 to end one job")
-    with Client(scheduler_file=str(scheduler_file), timeout=30, set_as_default=False) as client:
+    with Client(scheduler_file=str(scheduler_file), security=security, timeout=30, set_as_default=False) as client:
         assert len(client.scheduler_info(n_workers=-1)["workers"]) == 1          # distributed's view too
     why = cli("why", gone, "t-dcli")
     assert why.returncode == 0, why.stderr

@@ -57,6 +57,7 @@ def test_run_inside_sbatch_connects_the_scripts_client_and_keeps_its_exit_status
     record = wait_final(adapter, [job], 180)[job]
     out = (tmp_path / f"out-{job}.txt").read_text()
     assert "workers 2" in out and "sum 328350" in out, out
+    assert "hpc-cluster run: scheduler tls://" in out, out        # encrypted by default (issue 34)
     assert "hpc-cluster run: script.py 3 exited with status 3" in out
     assert (record.state, record.exit_code) == ("failed", 3), record.raw
     workers = [s for s in record.steps if s.step_id == "0"]

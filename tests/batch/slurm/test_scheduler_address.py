@@ -38,10 +38,10 @@ def test_without_interface_the_scheduler_listens_on_the_nodes_address_only(slurm
                            log_directory=str(isolated_home / "logs"))
     with deployed(cluster, lambda: squeue_ids(check=False), jobs=1) as run:
         info = read_cluster_file(cluster.cluster_file)
-        assert info["address"].startswith("tcp://127.0.0.1:"), info["address"]   # an IP, not a host name
+        assert info["address"].startswith("tls://127.0.0.1:"), info["address"]   # an IP, not a host name; TLS
         assert run.client.submit(sum, [1, 2]).result(timeout=60) == 3
         worker = next(iter(run.client.scheduler_info()["workers"]))
-        assert worker.startswith("tcp://127.0.0.1:"), worker
+        assert worker.startswith("tls://127.0.0.1:"), worker
         daemon = listening(info["pid"])              # the scheduler and its dashboard
         assert daemon and all(ipaddress.ip_address(ip).is_loopback for ip in daemon), daemon
         log = open(info["daemon_log"]).read()

@@ -42,8 +42,11 @@ def nothing_started(sim):
     ({"dashboard_address": ":8787"}, r"Please pass 'dashboard_address' through 'scheduler_options'"),
     ({"job_cls": object}, r"job_cls=.*no Job classes; a batch system is an adapter"),
     ({"scheduler_cls": object}, r"scheduler_cls=.*runs its own scheduler"),
-    ({"protocol": "tls://"}, r"protocol='tls://' needs certificates: add security=True"),
-    ({"protocol": "ucx"}, r"protocol='ucx': hpc-cluster speaks TCP \(and TLS with security=\)"),
+    ({"protocol": "tls://", "security": False}, r"protocol='tls://' asks for TLS and security=False turns it off"),
+    ({"protocol": "tcp://", "security": True}, r"protocol='tcp://' is plain TCP, but security=True asks for TLS"),
+    ({"scheduler_options": {"protocol": "tcp"}, "security": True}, r"protocol='tcp' is plain TCP"),
+    ({"protocol": "ucx"}, r"protocol='ucx': hpc-cluster speaks TLS \(the default\) or plain TCP"),
+    ({"protocol": "wss://"}, r"protocol='wss://': hpc-cluster has no websocket transport"),
     ({"security": Security(tls_ca_file="ca.pem", require_encryption=True)},
      r"asks for encryption but does not give both a CA .* and a certificate with its key"),
     ({"worker_command": "dask_cuda.cli"}, r"worker_command='dask_cuda.cli' cannot start an hpc-cluster worker"),
@@ -106,7 +109,10 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
                     shared_temp_directory=str(shared), scheduler_options={"host": "127.0.0.1"},
                     log_directory=str(tmp_path / "logs")) as cluster:
         assert cluster.status == Status.running == "running"
-        assert cluster.scheduler.ip == "127.0.0.1" and cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        # TLS by default (issue 34): the certificate made for it under the shared directory too.
+        assert cluster.scheduler.ip == "127.0.0.1" and cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        tls_dir = shared / f".hpc-cluster-{cluster.id}-tls"
+        assert json.loads((shared / f".hpc-cluster-{cluster.id}.json").read_text())["tls"]["key"].startswith(str(tls_dir))
         assert cluster.job_name == "dask-worker" and cluster.job_header.startswith("#PBS -N dask-worker\n")
         assert "#PBS -l select=1:ncpus=2:mem=1908MB" in cluster.job_header
         # The jobs read the cluster file (address and secret) from the shared directory.
@@ -140,16 +146,16 @@ def test_the_dask_jobqueue_surface_end_to_end(sim, tmp_path):
             workers = _dashboard_api(link, "workers")["workers"]
             assert {w["job_id"] for w in workers} == {j["job_id"] for j in jobs["jobs"]}
             assert all(0 < w["time_left"] <= 600 for w in workers)         # walltime 00:10:00
-            assert re.fullmatch(r"PBSCluster\('surf', 'tcp://127\.0\.0\.1:\d+', workers=4, threads=4, "
+            assert re.fullmatch(r"PBSCluster\('surf', 'tls://127\.0\.0\.1:\d+', workers=4, threads=4, "
                                 r"memory=3\.73 GiB, status=running\)", repr(cluster)), repr(cluster)
             logs = cluster.get_logs()
-            assert "Cluster" in logs and any(k.startswith("tcp://") for k in logs)
+            assert "Cluster" in logs and any(k.startswith("tls://") for k in logs)
             cluster.scale(jobs=1)
             assert len(cluster.worker_spec) == 1
             wait_until(lambda: len(client.scheduler_info()["workers"]) == 2, 60, "one job of two workers left")
             cluster.scale(memory="0GB")
             wait_until(lambda: not cluster.workers, 60, "every job gone after scale(memory='0GB')")
-    assert cluster.status == Status.closed and not jobs_file.exists()
+    assert cluster.status == Status.closed and not jobs_file.exists() and not tls_dir.exists()
 
 
 def _dashboard_api(link: str, what: str) -> dict:

@@ -116,7 +116,7 @@ def test_make_plan_turns_a_configuration_into_the_daemons_plan(tmp_path):
                   pools={"big": {"memory": "16GB", "max_jobs": 2}})
     plan = make_plan(cfg, "c", tmp_path / "c.json", n_jobs=2, pool_jobs={"big": 1})
     assert isinstance(plan.scheduler, SchedulerPlan) and plan.scheduler.port == 8786
-    assert plan.scheduler.dashboard == ["", 0]
+    assert plan.scheduler.dashboard == ["127.0.0.1", 0]              # no host: loopback (issue 34)
     assert (plan.name, plan.batch, plan.cluster_file, plan.n_jobs) == ("c", "slurm", str(tmp_path / "c.json"), 2)
     assert {n: (p.n_jobs, p.max_jobs) for n, p in plan.pools.items()} == {"default": (2, None), "big": (1, 2)}
     assert all(isinstance(p, PoolPlan) and isinstance(p.job, JobSpec) for p in plan.pools.values())
