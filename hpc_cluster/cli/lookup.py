@@ -6,11 +6,13 @@ error those commands raise, so both modules share them.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for
 from ..deploy.plan import Plan
 from ..deploy.daemon.scheduler_job import handover_path, owner_path
+from ..deploy.launch import LOCAL_TLS
 from ..deploy.leftovers import liveness
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
@@ -113,10 +115,25 @@ def journal_jobs(name: str) -> list[str]:
     return [str(j) for j in jobs] if isinstance(jobs, dict) else []
 
 
+def _made_tls_directory(name: str) -> Path | None:
+    """The directory of the certificates made for the cluster (its private key inside), as its
+    plan names it (under shared_temp_directory when set), else NAME.tls beside its cluster file."""
+    try:
+        named = Plan.load(plan_file(name)).tls_directory
+    except (OSError, ValueError, KeyError, TypeError):
+        named = None
+    path = Path(named) if named else cluster_file_for(name).with_name(LOCAL_TLS.format(name))
+    return path if path.is_dir() and not path.is_symlink() else None
+
+
 def _remove_leftovers(name: str) -> list[Path]:
     removed = []
     # The journal too (issue 16): `down` says the cluster is not to be resumed.
     path = cluster_file_for(name)
+    tls = _made_tls_directory(name)              # read before the plan that names it goes
+    if tls is not None:
+        shutil.rmtree(tls, ignore_errors=True)
+        removed.append(tls)
     for p in (path, plan_file(name), journal_for(path), handover_path(path), owner_path(path),
               path.with_suffix(SCHEDULER_FILE_SUFFIX)):        # engine distributed: its scheduler file
         try:

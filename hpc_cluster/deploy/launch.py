@@ -74,6 +74,20 @@ def previous_log(log_path: Path) -> Path:
     return log_path.with_name(log_path.name[:-len(".log")] + ".previous.log")
 
 
+# The directories of the certificates made for a cluster: beside its cluster file, or under
+# shared_temp_directory.
+LOCAL_TLS, SHARED_TLS = "{}.tls", ".hpc-cluster-{}-tls"
+
+
+def made_tls_directory(sec: Security | None, name: str) -> Path | None:
+    """The directory tls_for made for cluster `name`, if `sec`'s key is in it (not a user's own
+    Security, whose files are not ours to remove)."""
+    if sec is None or not sec.tls_key:
+        return None
+    folder = Path(sec.tls_key).parent
+    return folder if folder.name in (LOCAL_TLS.format(name), SHARED_TLS.format(name)) else None
+
+
 def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
     """The cluster's TLS (protocol/tls.py) and the directory of the files made for it (removed
     with the cluster), if any. The jobs read them where they read the cluster file: under
@@ -83,8 +97,8 @@ def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Se
         return None, None
     shared = cfg.values["shared_temp_directory"]
     # Over ssh shared_temp_directory is a path on the login node, not here.
-    made = (Path(shared).expanduser() / f".hpc-cluster-{name}-tls" if shared and not cfg.values["ssh"]
-            else run_dir / f"{name}.tls")
+    made = (Path(shared).expanduser() / SHARED_TLS.format(name) if shared and not cfg.values["ssh"]
+            else run_dir / LOCAL_TLS.format(name))
     try:
         sec = resolve_security(security, made)
     except ValueError as exc:
@@ -129,7 +143,8 @@ def launch(cfg: ResolvedConfig, name: str, n_jobs: int = 0, detach: bool = False
     run_dir = cluster_file.parent
     if old is not None:
         # The same secret and certificates: the workers that kept running hold them.
-        secret, sec, tls_dir = old["secret"], Security.from_dict(old.get("tls")), None
+        secret, sec = old["secret"], Security.from_dict(old.get("tls"))
+        tls_dir = made_tls_directory(sec, name)          # still removed with the cluster at its end
     else:
         if security is None:                   # `hpc-cluster up`: the site's settings decide (compat.py)
             try:
