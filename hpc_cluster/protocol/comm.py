@@ -26,7 +26,7 @@ import ssl
 import time
 from typing import Awaitable, Callable
 
-from tornado.iostream import IOStream, SSLIOStream, StreamClosedError
+from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
@@ -34,6 +34,7 @@ from .admission import HandshakeGate
 from .frames import HANDSHAKE_LIMITS, Limits, MessageTooLargeError, ProtocolError, byte_view, dumps, loads, nbytes
 from .messages import Op
 from .reader import CHUNK, FrameReader
+from .tls import fast_tls
 
 logger = logging.getLogger("hpc_cluster.comm")
 
@@ -302,58 +303,6 @@ def scheme(address: str) -> str:
     return address.split("://", 1)[0].lower() if "://" in address else "tcp"
 
 
-class _TLSStream(SSLIOStream):
-    """tornado's SSLIOStream, reading and writing through the socket's SSL object directly:
-    the ssl module's Python wrappers around each call (recv_into, read, send: three frames and
-    an exception passed through them per message) cost more than the encryption of a small
-    message (BENCHMARKS.md, "The cost of TLS"). What they add is kept: a TLS end without
-    close_notify is the end of the stream (suppress_ragged_eofs), as tornado expects of them.
-    A stream whose socket has no SSL object (closed) falls back to tornado's own path."""
-
-    def _handle_read(self) -> None:
-        # With read-ahead (tls.py) the handshake's last read may take the peer's first message
-        # along: no event will come for it, so a read waiting for it is served at once (a
-        # worker busy when a peer connected waited out the 10 s handshake timeout instead).
-        if self._ssl_accepting:
-            self._do_ssl_handshake()
-            if self._ssl_accepting or not self.reading():
-                return
-        IOStream._handle_read(self)
-
-    def _handle_write(self) -> None:
-        if self._ssl_accepting:
-            self._do_ssl_handshake()
-            if not self._ssl_accepting and self.reading():
-                IOStream._handle_read(self)
-            return
-        IOStream._handle_write(self)
-
-    def read_from_fd(self, buf):
-        sslobj = getattr(self.socket, "_sslobj", None)
-        if self._ssl_accepting or sslobj is None:
-            return super().read_from_fd(buf)
-        try:
-            return sslobj.read(min(len(buf), 1 << 30), buf)
-        except ssl.SSLWantReadError:
-            return None
-        except ssl.SSLEOFError:
-            return 0
-
-    def write_to_fd(self, data: memoryview) -> int:
-        sslobj = getattr(self.socket, "_sslobj", None)
-        if sslobj is None:
-            return super().write_to_fd(data)
-        try:
-            return sslobj.write(data[:1 << 30])
-        except ssl.SSLWantWriteError:
-            return 0
-
-
-def _fast_tls(stream: IOStream) -> None:
-    if type(stream) is SSLIOStream:     # made by tornado (TCPClient, TCPServer): same state, our methods
-        stream.__class__ = _TLSStream
-
-
 def _check_tls(address: str, tls: ssl.SSLContext | None) -> None:
     if scheme(address) == "tls" and tls is None:
         raise ConnectionError(f"{address} speaks TLS: pass the cluster's security= (Client(cluster) does), "
@@ -378,7 +327,7 @@ async def connect(address: str, secret: bytes, info: dict, limits: Limits | None
     except (OSError, StreamClosedError, asyncio.TimeoutError) as exc:
         raise ConnectionError(f"could not connect to {address}: {exc or type(exc).__name__}") from None
     _nodelay(stream)
-    _fast_tls(stream)
+    fast_tls(stream)
     comm = Comm(stream, f"{scheme(address) if tls else 'tcp'}://{host}:{port}", limits)
     try:
         await asyncio.wait_for(_handshake_connector(comm, secret, info), HANDSHAKE_TIMEOUT)
@@ -493,7 +442,7 @@ class Listener(TCPServer):
 
     async def handle_stream(self, stream: IOStream, address) -> None:
         _nodelay(stream)
-        _fast_tls(stream)
+        fast_tls(stream)
         peer = f"tcp://{address[0]}:{address[1]}"
         comm = Comm(stream, peer, self.limits)
         timeout = self.gate.admit(comm, address[0]) or HANDSHAKE_TIMEOUT

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tornado.iostream import IOStream, SSLIOStream
+
 CERT_NAME, KEY_NAME = "tls-cert.pem", "tls-key.pem"
 # dask's Security keeps a certificate per role; one of them serves us for every role.
 _DASK_PAIRS = (("tls_cert", "tls_key"), ("tls_client_cert", "tls_client_key"),
@@ -94,7 +96,7 @@ def read_ahead(ctx: ssl.SSLContext) -> bool:
     the context's SSL_CTX is certainly the one found: CPython (whose SSLContext object holds it
     right after the object header), the one libssl this process loaded, and the context's
     options read back through it. False where it is not done: TLS works the same, slower.
-    (comm.py's _TLSStream reads what the handshake's last read took along.)"""
+    (TLSStream below reads what the handshake's last read took along.)"""
     lib = _libssl()
     if lib is None:
         return False
@@ -272,3 +274,57 @@ def loopback_only(host: str | None) -> bool:
     except (OSError, UnicodeError):
         return False
     return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+class TLSStream(SSLIOStream):
+    """tornado's SSLIOStream, reading and writing through the socket's SSL object directly:
+    the ssl module's Python wrappers around each call (recv_into, read, send: three frames and
+    an exception passed through them per message) cost more than the encryption of a small
+    message (BENCHMARKS.md, "The cost of TLS"). What they add is kept: a TLS end without
+    close_notify is the end of the stream (suppress_ragged_eofs), as tornado expects of them.
+    A stream whose socket has no SSL object (closed) falls back to tornado's own path."""
+
+    def _handle_read(self) -> None:
+        # With read-ahead (read_ahead above) the handshake's last read may take the peer's first message
+        # along: no event will come for it, so a read waiting for it is served at once (a
+        # worker busy when a peer connected waited out the 10 s handshake timeout instead).
+        if self._ssl_accepting:
+            self._do_ssl_handshake()
+            if self._ssl_accepting or not self.reading():
+                return
+        IOStream._handle_read(self)
+
+    def _handle_write(self) -> None:
+        if self._ssl_accepting:
+            self._do_ssl_handshake()
+            if not self._ssl_accepting and self.reading():
+                IOStream._handle_read(self)
+            return
+        IOStream._handle_write(self)
+
+    def read_from_fd(self, buf):
+        sslobj = getattr(self.socket, "_sslobj", None)
+        if self._ssl_accepting or sslobj is None:
+            return super().read_from_fd(buf)
+        try:
+            return sslobj.read(min(len(buf), 1 << 30), buf)
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLEOFError:
+            return 0
+
+    def write_to_fd(self, data: memoryview) -> int:
+        sslobj = getattr(self.socket, "_sslobj", None)
+        if sslobj is None:
+            return super().write_to_fd(data)
+        try:
+            return sslobj.write(data[:1 << 30])
+        except ssl.SSLWantWriteError:
+            return 0
+
+
+def fast_tls(stream: IOStream) -> None:
+    """comm.py's streams: one that tornado made for TLS (TCPClient, TCPServer) becomes a
+    TLSStream (the same state, these methods)."""
+    if type(stream) is SSLIOStream:
+        stream.__class__ = TLSStream

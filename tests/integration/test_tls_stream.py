@@ -1,4 +1,4 @@
-"""TLS streams as comm.py and tls.py tune them (issue 34, point 3: its cost against plain TCP):
+"""TLS streams as tls.py tunes them (issue 34, point 3: its cost against plain TCP):
 OpenSSL reads ahead (one read for what the socket holds, not two per 16 KiB record), and the
 first message that the handshake's last read took along is still served (without an event
 for it on the socket, a server waited for the next bytes: the handshake timed out)."""
@@ -10,8 +10,9 @@ import queue
 import threading
 import time
 
-from hpc_cluster.protocol.comm import Listener, _TLSStream, connect
-from hpc_cluster.protocol.tls import _GET_READ_AHEAD, _libssl, make_certificate, read_ahead
+from hpc_cluster.protocol.comm import Listener, connect
+from hpc_cluster.protocol.tls import (_GET_READ_AHEAD, TLSStream, _libssl, make_certificate,
+                                      read_ahead)
 
 SECRET = b"s" * 32
 
@@ -34,7 +35,7 @@ def test_every_connection_is_served_at_once_and_messages_flow(tmp_path):
 
     async def serve():
         async def echo(comm):
-            assert isinstance(comm.stream, _TLSStream)
+            assert isinstance(comm.stream, TLSStream)
             async for msgs in comm.batches():
                 comm.write_nowait([{"op": "pong", "data": m["data"]} for m in msgs])
 
@@ -55,7 +56,7 @@ def test_every_connection_is_served_at_once_and_messages_flow(tmp_path):
         for i in range(40):
             # A stalled handshake would end in HandshakeClosed after HANDSHAKE_TIMEOUT.
             comm = await connect(address, SECRET, {}, timeout=10, tls=sec.client_context())
-            assert isinstance(comm.stream, _TLSStream)
+            assert isinstance(comm.stream, TLSStream)
             big = bytes(range(256)) * (1 + i * 250)        # up to 2.5 MB: many records, read ahead
             comm.write_nowait({"op": "ping", "data": big})
             assert (await asyncio.wait_for(comm.read(), 30))[0]["data"] == big
