@@ -81,8 +81,9 @@ def test_interface_still_selects_one_explicitly(shared_config):
         cluster.scale(2)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=180)
-            assert client.scheduler_info()["address"].startswith(f"tcp://{MN.LOGIN_ADDRESS}:")
-            assert all(a.startswith("tcp://10.77.0.1") for a in client.scheduler_info()["workers"])
+            # TLS by default (issue 34), across the nodes too.
+            assert client.scheduler_info()["address"].startswith(f"tls://{MN.LOGIN_ADDRESS}:")
+            assert all(a.startswith("tls://10.77.0.1") for a in client.scheduler_info()["workers"])
 
 
 def test_a_scheduler_address_the_nodes_cannot_reach_fails_the_job_at_start(shared_config):
@@ -95,14 +96,14 @@ def test_a_scheduler_address_the_nodes_cannot_reach_fails_the_job_at_start(share
             cluster.scale(1)
             death = wait_until(lambda: next((d for d in client.deaths() if d["cause"] == "startup"
                                              and d.get("final_at")), None), 180, "a startup death", interval=1)
-            port = client.scheduler_info()["address"].rsplit(":", 1)[1]
+            address = client.scheduler_info()["address"]        # tls://127.0.0.1:PORT
             assert death["blame"] is False
-            assert f"tried tcp://127.0.0.1:{port} (" in death["advice"], death["advice"]
+            assert f"tried {address} (" in death["advice"], death["advice"]
             assert "cannot reach the scheduler from hpcn" in death["advice"], death["advice"]
             why = subprocess.run([sys.executable, "-m", "hpc_cluster.cli", "why", cluster.id],
                                  capture_output=True, text=True, timeout=120)
             assert why.returncode == 0, why.stderr
-            assert "startup" in why.stdout and f"tried tcp://127.0.0.1:{port} (" in why.stdout, why.stdout
+            assert "startup" in why.stdout and f"tried {address} (" in why.stdout, why.stdout
 
 
 def test_a_worker_started_by_hand_on_a_node_listens_where_the_scheduler_reaches_it(across):
@@ -112,8 +113,11 @@ def test_a_worker_started_by_hand_on_a_node_listens_where_the_scheduler_reaches_
     cluster, client = across
     info = read_cluster_file(cluster.cluster_file)
     before = set(client.scheduler_info()["workers"])
+    tls = info.get("tls") or {}              # TLS by default: the cluster's certificates, as dask-worker takes them
+    flags = [x for k, flag in (("ca_file", "--tls-ca-file"), ("cert", "--tls-cert"), ("key", "--tls-key"))
+             if tls.get(k) for x in (flag, tls[k])]
     proc = subprocess.Popen(["nsenter", "--net=/var/run/netns/hpcn6", sys.executable, "-m", "hpc_cluster.worker",
-                             "--scheduler", info["address"], "--no-nanny", "--name", "by-hand"],
+                             "--scheduler", info["address"], "--no-nanny", "--name", "by-hand", *flags],
                             env=dict(os.environ, HPC_CLUSTER_SECRET=info["secret"].hex()),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:

@@ -44,8 +44,10 @@ def test_a_nodes_job_has_workers_on_each_node_and_a_failed_node_ends_only_its_ow
         with Client(cluster) as client:
             client.wait_for_workers(6, timeout=300)
             (job_id,) = cluster.jobs
-            nodes = nodes_of(cluster, job_id)
-            assert len(nodes) == 3 and set(nodes) <= set(MN.NODES)
+            # The job table's nodes come with the daemon's next poll of squeue, which may follow
+            # the workers' registrations.
+            nodes = wait_until(lambda: len(found := nodes_of(cluster, job_id)) == 3 and found, 60, "the job's 3 nodes")
+            assert set(nodes) <= set(MN.NODES), nodes
             hosts = client.run(hostname)
             assert sorted(hosts.values()) == sorted(n for n in nodes for _ in range(2)), hosts
             names = sorted(cluster.jobs[job_id]["worker_names"])
@@ -101,7 +103,7 @@ def test_run_inside_sbatch_on_three_nodes(shared_config):
     nodes = expand_hostlist(record.node)
     assert len(nodes) == 3
     assert f"hosts {','.join(sorted(nodes))} 6" in out and "sum 328350" in out, out
-    assert f"hpc-cluster run: scheduler tcp://10.77.0.1{nodes[0][-1]}:" in out, out    # on the first node
+    assert f"hpc-cluster run: scheduler tls://10.77.0.1{nodes[0][-1]}:" in out, out    # on the first node
     assert (record.state, record.exit_code) == ("failed", 5), record.raw
     steps = {s.step_id: s for s in record.steps if s.step_id.isdigit()}
     assert sorted(n for s in steps.values() for n in s.nodes) == sorted(nodes)
