@@ -113,18 +113,16 @@ def read_ahead(ctx: ssl.SSLContext) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _libssl():
-    """The libssl that the ssl module uses (the one in this process's memory), or None."""
+    """The libssl that the ssl module uses, or None. Looked up through the ssl module's own
+    extension: dlsym on its handle searches what it was linked against, so a second libssl in
+    the process (netCDF4's wheel bundles one: xarray users load it) is never the one called.
+    Guessing from /proc/self/maps turned read-ahead off in every process holding two."""
     if sys.implementation.name != "cpython":
         return None
+    import _ssl
+    path = getattr(_ssl, "__file__", None)      # None: built into the interpreter (static)
     try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libssl" in line and ".so" in line}
-    except OSError:
-        return None
-    if len(paths) != 1:                  # none loaded, or two: which one is ours is not certain
-        return None
-    try:
-        lib = ctypes.CDLL(paths.pop())
+        lib = ctypes.CDLL(path)                 # CDLL(None): the interpreter's own symbols
         lib.SSL_CTX_ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
         lib.SSL_CTX_ctrl.restype = ctypes.c_long
         lib.SSL_CTX_get_options.argtypes = [ctypes.c_void_p]

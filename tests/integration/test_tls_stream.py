@@ -67,3 +67,24 @@ def test_every_connection_is_served_at_once_and_messages_flow(tmp_path):
     finally:
         stop.set()
         server.join(30)
+
+
+def test_read_ahead_with_a_second_libssl_in_the_process(tmp_path):
+    """netCDF4's wheel bundles its own libssl (xarray users load it): with two in the process,
+    read-ahead was turned off (the maps could not tell ours). The ssl module's own link decides."""
+    import subprocess
+    import sys
+
+    import pytest
+    pytest.importorskip("netCDF4")
+    code = f"""
+import netCDF4, ssl
+from hpc_cluster.protocol.tls import make_certificate, read_ahead
+paths = {{l.split()[-1] for l in open('/proc/self/maps') if '/libssl' in l and '.so' in l}}
+assert len(paths) == 2, paths
+sec = make_certificate({str(tmp_path / 'tls')!r})
+assert read_ahead(sec.client_context()) and read_ahead(sec.server_context())
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
