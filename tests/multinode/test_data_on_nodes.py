@@ -32,8 +32,11 @@ from helpers.wait import wait_until
 pytestmark = pytest.mark.timeout(600)
 
 N_WORKERS = 5
-WORKER_MEMORY = 500 * 2**20
-# Results above this fraction of a worker's 500 MB (50 MB) go to its disk: the spill test's
+# Room for what the earlier tests leave in a worker (pandas, pyarrow, the shuffles: ~340 MiB
+# unmanaged) and the spill test's 10 results, below the pause fraction (80%): at 500 MB the
+# chosen worker paused after two of them and the others, loosely pinned, ran elsewhere.
+WORKER_MEMORY = "800MB"
+# Results above this fraction of a worker's memory (80 MB) go to its disk: the spill test's
 # worker spills to its node's /tmp.
 TARGET_FRACTION = 0.1
 JOB_NAME = "mn-data-worker"      # our jobs, told apart from other clusters' on a node we kill
@@ -47,7 +50,7 @@ def data_cluster():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CONFIG_HOME", str(base / "xdg"))
         mp.setenv("HPC_CLUSTER_SYSTEM_CONFIG_DIR", str(base / "etc"))
-        with SLURMCluster(cores=1, memory="500MB", walltime="00:15:00", name="mn-data", job_name=JOB_NAME,
+        with SLURMCluster(cores=1, memory=WORKER_MEMORY, walltime="00:15:00", name="mn-data", job_name=JOB_NAME,
                           log_directory=str(base / "logs"), memory_target_fraction=TARGET_FRACTION) as cluster:
             cluster.scale(N_WORKERS)
             with Client(cluster) as client:
@@ -228,7 +231,7 @@ def test_a_file_in_the_local_directory_is_read_back_by_a_later_task_on_that_work
 
 # -- spilled results on a node that dies ----------------------------------------------------------
 
-BLOCK = 1_500_000                 # float64s: 12 MB a result, 10 of them 120 MB > the 50 MB target
+BLOCK = 1_500_000                 # float64s: 12 MB a result, 10 of them 120 MB > the 80 MB target
 
 
 def block(i: int) -> np.ndarray:
