@@ -9,10 +9,9 @@ import re
 import shutil
 from pathlib import Path
 
-from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for
+from ..protocol.clusterfile import cluster_file_for, clusters_dir, journal_for, tls_directory_for
 from ..deploy.plan import Plan
 from ..deploy.daemon.scheduler_job import handover_path, owner_path
-from ..deploy.launch import LOCAL_TLS
 from ..deploy.leftovers import liveness
 
 OK, FAILED, USAGE, NOT_FOUND = 0, 1, 2, 3
@@ -122,7 +121,7 @@ def _made_tls_directory(name: str) -> Path | None:
         named = Plan.load(plan_file(name)).tls_directory
     except (OSError, ValueError, KeyError, TypeError):
         named = None
-    path = Path(named) if named else cluster_file_for(name).with_name(LOCAL_TLS.format(name))
+    path = Path(named) if named else tls_directory_for(cluster_file_for(name))
     return path if path.is_dir() and not path.is_symlink() else None
 
 

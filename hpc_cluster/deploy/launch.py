@@ -21,7 +21,7 @@ from pathlib import Path
 from ..adapters import get_adapter
 from ..adapters.base import BatchError, JobSpec
 from ..protocol.clusterfile import (cluster_file_for, clusters_dir, journal_for, new_secret, open_private, private_directory,
-                               read_cluster_file, write_cluster_file)
+                               read_cluster_file, tls_directory_for, write_cluster_file)
 from ..lifeline import alive
 from ..protocol.comm import port_of
 from ..protocol.tls import Security, resolve_security
@@ -76,7 +76,7 @@ def previous_log(log_path: Path) -> Path:
 
 # The directories of the certificates made for a cluster: beside its cluster file, or under
 # shared_temp_directory.
-LOCAL_TLS, SHARED_TLS = "{}.tls", ".hpc-cluster-{}-tls"
+SHARED_TLS = ".hpc-cluster-{}-tls"
 
 
 def made_tls_directory(sec: Security | None, name: str) -> Path | None:
@@ -85,7 +85,7 @@ def made_tls_directory(sec: Security | None, name: str) -> Path | None:
     if sec is None or not sec.tls_key:
         return None
     folder = Path(sec.tls_key).parent
-    return folder if folder.name in (LOCAL_TLS.format(name), SHARED_TLS.format(name)) else None
+    return folder if folder.name in (tls_directory_for(f"{name}.json").name, SHARED_TLS.format(name)) else None
 
 
 def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Security | None, Path | None]:
@@ -98,7 +98,7 @@ def tls_for(cfg: ResolvedConfig, name: str, security, run_dir: Path) -> tuple[Se
     shared = cfg.values["shared_temp_directory"]
     # Over ssh shared_temp_directory is a path on the login node, not here.
     made = (Path(shared).expanduser() / SHARED_TLS.format(name) if shared and not cfg.values["ssh"]
-            else run_dir / LOCAL_TLS.format(name))
+            else tls_directory_for(run_dir / f"{name}.json"))
     try:
         sec = resolve_security(security, made)
     except ValueError as exc:

@@ -31,7 +31,8 @@ from dask.utils import format_bytes
 
 from ..adapters.slurm import SLURMAdapter
 from ..adapters.slurm_text import expand_hostlist
-from ..protocol.clusterfile import cluster_file_for, new_secret, private_directory, write_cluster_file
+from ..protocol.clusterfile import (cluster_file_for, new_secret, private_directory, tls_directory_for,
+                                    write_cluster_file)
 from ..protocol.tls import Security, make_certificate
 
 logger = logging.getLogger("hpc_cluster.runner")
@@ -184,7 +185,8 @@ def run(script: list[str], settings: RunSettings, environ=None, wait_workers: fl
     secret = new_secret()
     # Encrypted, as every batch cluster is by default (issue 34): a certificate for this run
     # alone, beside the cluster file (a shared home: the workers read it there), removed after.
-    tls_dir = private_directory(Path(cluster_file).parent, fix=True) / f"{name}.tls"
+    private_directory(Path(cluster_file).parent, fix=True)
+    tls_dir = tls_directory_for(cluster_file)
     security = make_certificate(tls_dir)
     sched = _SchedulerThread(secret, _scheduler_host(adapter), adapter, security)
     try:

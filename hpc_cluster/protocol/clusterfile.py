@@ -107,6 +107,12 @@ def cluster_file_for(name: str) -> Path:
     return clusters_dir() / f"{name}.json"
 
 
+def tls_directory_for(cluster_file) -> Path:
+    """NAME.tls beside NAME.json: the certificates made for the cluster (protocol/tls.py), read by
+    its jobs where they read its cluster file, removed with it."""
+    return Path(cluster_file).with_suffix(".tls")
+
+
 def journal_for(cluster_file) -> Path:
     """NAME.journal beside NAME.json (scheduler/journal.py): what a restarted daemon resumes from."""
     return Path(cluster_file).with_suffix(".journal")
