@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE))
 from slurm_jobs import job_pids, restore_node, wait_for  # noqa: E402
 from helpers.funcs import grow, segfault, sleep_then, slow_inc, slow_square  # noqa: E402
 from helpers.scenarios import VERDICT_TIMEOUT, deployed  # noqa: E402
+from helpers.wait import wait_until  # noqa: E402
 from helpers.slurm import squeue_ids  # noqa: E402
 
 # The task functions below travel by value: the workers cannot import this test module.
@@ -118,13 +119,15 @@ def walltime(nanny: bool, log_dir: Path, long_at: int = 38) -> dict:
     `walltime` death, not charged, and the task reruns on a fresh job. SLURM checks time
     limits every 30 s, so it ends a 1-minute job 60-90 s in: the 50 s task is certain to be
     running then only if it starts 40 s in or later (`long_at`), and before the drain at 48 s.
-    (Not much longer: a rerun must fit a fresh job, what it ran before plus 10 %.)"""
+    (Not much longer: a rerun must fit a fresh job, what it ran before plus 10 %.) It may run
+    only on that job's worker or a later job's (this_job_or_later)."""
     with on_slurm("walltime", nanny, log_dir, jobs=2, walltime="00:01:00") as run:
         n = 60
         futs = run.client.map(slow_square, range(n))
-        wait_for(lambda: any((j.get("uptime") or 0) >= long_at for j in run.jobs().values()), 120,
-                 f"a job {long_at} s into its minute")
-        long = run.client.submit(sleep_then, 42, 50, key="long-50s", priority=10)
+        job = wait_until(lambda: old_enough(run.jobs(), long_at), 120, f"a job {long_at} s into its minute",
+                         interval=0.5)
+        long = run.client.submit(sleep_then, 42, 50, key="long-50s", priority=10,
+                                 workers=this_job_or_later(job, run.jobs()))
         run.outcome["long"] = capture(long)
         bad = wrong_results(futs, [x * x for x in range(n)])
         run.jobs()
@@ -134,6 +137,23 @@ def walltime(nanny: bool, log_dir: Path, long_at: int = 38) -> dict:
         run.outcome.update(wrong=bad, deaths=deaths, charged_any=any(d["blame"] for d in deaths),
                            why=run.client.why(long))
         return run.outcome
+
+
+def old_enough(jobs: dict, long_at: int) -> dict | None:
+    """A running job, not leaving, whose worker is `long_at` to `long_at` + 5 s into it."""
+    ok = [j for j in jobs.values() if j.get("worker_names") and not j.get("retiring")
+          and long_at <= (j.get("uptime") or 0) < long_at + 5]
+    return max(ok, key=lambda j: j["uptime"]) if ok else None
+
+
+def this_job_or_later(job: dict, jobs: dict) -> list[str]:
+    """The long task's workers: this job's, or a job's submitted after now (NAME-<index>), not
+    the other job running now. The two jobs may start seconds apart (under load, tens): on the
+    younger one the 50 s task could end before its kill, and no death would have run it. A
+    later job is where it reruns after its walltime death."""
+    prefix = job["worker_names"][0].rsplit("-", 1)[0]
+    last = max(j["index"] for j in jobs.values())
+    return list(job["worker_names"]) + [f"{prefix}-{i}" for i in range(last + 1, last + 50)]
 
 
 def batch_oom(nanny: bool, log_dir: Path) -> dict:
