@@ -28,6 +28,9 @@ def add_run_command(sub) -> None:
     p.add_argument("--memory", metavar="SIZE",
                    help="memory per node, e.g. 32GB (default: SLURM_MEM_PER_NODE, else the node's)")
     p.add_argument("--no-nanny", action="store_true", help="workers without a nanny")
+    p.add_argument("--no-tls", action="store_true",
+                   help="plain TCP instead of TLS under a certificate made for the run (each connection still "
+                        "proves the run's secret), as a site's `security: false` does for `up`")
     p.add_argument("--wait-workers", type=float, default=120.0, metavar="SECONDS",
                    help="how long to wait for every node's workers before starting the script (default 120)")
     p.add_argument("script", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
@@ -42,7 +45,8 @@ def run_command(args, err=None) -> int:
         if args.processes < 1 or (args.cores is not None and args.cores < 1):
             raise RunnerError("--processes and --cores take a number >= 1")
         memory = parse_memory(args.memory, "--memory") if args.memory else None
-        settings = RunSettings(processes=args.processes, cores=args.cores, memory=memory, nanny=not args.no_nanny)
+        settings = RunSettings(processes=args.processes, cores=args.cores, memory=memory, nanny=not args.no_nanny,
+                               tls=not args.no_tls)
         status = run(args.script, settings, wait_workers=args.wait_workers, out=err)
     except (RunnerError, UnitError) as e:
         print(f"hpc-cluster run: {e}", file=err)

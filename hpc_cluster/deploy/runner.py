@@ -84,6 +84,7 @@ class RunSettings:
     nanny: bool = True
     death_timeout: float = 60.0
     worker_extra_args: tuple[str, ...] = ()
+    tls: bool = True                # False (--no-tls): plain TCP, each connection still proving the secret
 
 
 def worker_steps(alloc: Allocation, settings: RunSettings, cluster_file: str, name: str,
@@ -187,14 +188,14 @@ def run(script: list[str], settings: RunSettings, environ=None, wait_workers: fl
     # alone, beside the cluster file (a shared home: the workers read it there), removed after.
     private_directory(Path(cluster_file).parent, fix=True)
     tls_dir = tls_directory_for(cluster_file)
-    security = make_certificate(tls_dir)
+    security = make_certificate(tls_dir) if settings.tls else None
     sched = _SchedulerThread(secret, _scheduler_host(adapter), adapter, security)
     try:
         address = sched.start()
     except BaseException:
         shutil.rmtree(tls_dir, ignore_errors=True)
         raise
-    write_cluster_file(cluster_file, address, secret, name=name, tls=security.to_dict())
+    write_cluster_file(cluster_file, address, secret, name=name, **({"tls": security.to_dict()} if security else {}))
     print(f"hpc-cluster run: scheduler {address} on {os.uname().nodename}; workers on {alloc.describe()}",
           file=out, flush=True)
     steps = []

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from hpc_cluster.adapters.base import JobSpec
+from hpc_cluster.protocol.clusterfile import cluster_file_for, tls_directory_for
 from slurm_jobs import wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -48,16 +49,19 @@ def test_the_nodes_script_starts_a_step_per_allocated_node(adapter, submitted, t
     assert f"step 0 {slurm_node} 4-n0 {job}" in out
 
 
-def test_run_inside_sbatch_connects_the_scripts_client_and_keeps_its_exit_status(adapter, submitted, tmp_path):
+@pytest.mark.parametrize("flags, scheme", [((), "tls"), (("--no-tls",), "tcp")], ids=["tls", "no-tls"])
+def test_run_inside_sbatch_connects_the_scripts_client_and_keeps_its_exit_status(adapter, submitted, tmp_path,
+                                                                                  flags, scheme):
     (tmp_path / "script.py").write_text(SCRIPT)
-    wrap = f"{shlex.quote(HPC_CLUSTER)} run --processes 2 script.py 3"
+    wrap = f"{shlex.quote(HPC_CLUSTER)} run --processes 2 {' '.join(flags)} script.py 3"
     job = adapter.submit(f"#!/bin/bash\n#SBATCH -N 1\n#SBATCH -c 2\n#SBATCH --mem=1G\n#SBATCH -t 3\n"
                          f"#SBATCH -J mv-run\n#SBATCH -D {tmp_path}\n#SBATCH -o {tmp_path}/out-%j.txt\n{wrap}\n")
     submitted.append(job)
     record = wait_final(adapter, [job], 180)[job]
     out = (tmp_path / f"out-{job}.txt").read_text()
     assert "workers 2" in out and "sum 328350" in out, out
-    assert "hpc-cluster run: scheduler tls://" in out, out        # encrypted by default (issue 34)
+    assert f"hpc-cluster run: scheduler {scheme}://" in out, out   # encrypted unless --no-tls (issue 34)
+    assert not tls_directory_for(cluster_file_for(f"run-{job}")).exists()     # its certificate went with it
     assert "hpc-cluster run: script.py 3 exited with status 3" in out
     assert (record.state, record.exit_code) == ("failed", 3), record.raw
     workers = [s for s in record.steps if s.step_id == "0"]
