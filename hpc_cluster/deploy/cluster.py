@@ -33,6 +33,7 @@ from ..protocol.tls import Security
 from ..client.html import ClusterDisplayMixin, cluster_html
 from ..units import UnitError, format_memory, format_walltime, parse_memory
 from ..engines import check_engine
+from .adaptive import Adaptive, adapt_seconds
 from .compat import check_security, cluster_security, silence_logs_note
 from .keeper import DaemonKeeper
 from .launch import ClusterError, cluster_id, control, launch  # noqa: F401  (ClusterError: public)
@@ -65,21 +66,6 @@ class SchedulerInfo:
 
     def __repr__(self) -> str:
         return f"<Scheduler {self.address} listening on {self.ip}>"
-
-
-class Adaptive:
-    """What adapt() set; `stop()` ends it (the cluster keeps its current jobs)."""
-
-    def __init__(self, cluster: "JobQueueCluster", **policy):
-        self.cluster, self.policy = cluster, policy
-
-    def stop(self):
-        pool = self.policy.get("pool")
-        return self.cluster._op(lambda: control(self.cluster.cluster_file, Op.ADAPT, stop=True,
-                                                **({"pool": pool} if pool else {})))
-
-    def __repr__(self) -> str:
-        return f"<Adaptive {self.policy}>"
 
 
 _CLUSTER_KEYWORDS = ("n_workers", "job_cls", "loop", "security", "shared_temp_directory", "silence_logs",
@@ -402,8 +388,8 @@ class JobQueueCluster(ClusterDisplayMixin):
             hi = cap if hi is None else min(hi, cap)
         if hi is not None and hi < lo:
             raise ValueError(f"adapt(): a minimum of {lo} job(s) is above the maximum of {hi}")
-        policy = {"minimum": lo, "maximum": hi, "interval": _seconds(interval, "interval"),
-                  "wait_count": int(wait_count), "target_duration": _seconds(target_duration, "target_duration")}
+        policy = {"minimum": lo, "maximum": hi, "interval": adapt_seconds(interval, "interval"),
+                  "wait_count": int(wait_count), "target_duration": adapt_seconds(target_duration, "target_duration")}
         if pool != DEFAULT_POOL:
             policy["pool"] = pool
         self._op(lambda: control(self.cluster_file, Op.ADAPT, **policy))
@@ -548,17 +534,6 @@ class JobQueueCluster(ClusterDisplayMixin):
                 f"processes={self.processes}{walltime}")
         return cluster_html(self, {"Batch system": self.batch, "Job name": self.job_name, "Each job": each},
                             jobs=lambda: self._table(timeout=5)["jobs"])
-
-
-def _seconds(value: Any, what: str) -> float:
-    """dask's durations: a number of seconds, or '1s', '500ms', '2 minutes'."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    from dask.utils import parse_timedelta
-    try:
-        return float(parse_timedelta(value))
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"adapt({what}={value!r}): give seconds or a duration like '1s', '500ms'") from None
 
 
 class SLURMCluster(JobQueueCluster):
