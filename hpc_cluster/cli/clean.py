@@ -13,7 +13,7 @@ from ..deploy import leftovers
 from ..protocol.clusterfile import clusters_dir
 from ..units import UnitError, format_memory, parse_walltime
 from .lookup import EXIT_CODES, OK, USAGE, CommandError
-from .views import dur
+from .views import aligned, dur
 
 
 def cmd_clean(args, out, err) -> int:
@@ -46,9 +46,7 @@ def cmd_clean(args, out, err) -> int:
     head = ("CLUSTER", "STATE", "FILES", "SIZE", "CHANGED", "")
     rows = [(v.cluster, v.state, str(len(v.files)), format_memory(v.bytes, significant=3),
              f"{dur(v.age)} ago", _action(v, args.dry_run, older_than, source)) for v in verdicts]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for r in [head, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    print(aligned([head, *rows]), file=out)
     kept = [v for v in verdicts if not v.remove]
     did = "would remove" if args.dry_run else "removed"
     print(f"\n{did} {files} file(s), {format_memory(size, significant=3)}, of {len(gone)} ended cluster(s)"

@@ -30,7 +30,7 @@ from .down import cmd_down
 from .startup import watch_startup
 from .chart import memory_chart
 from .engine import connect_hint, dashboard_lines, distributed_worker_logs, status_fields, status_lines
-from .views import dur, fmt_clock, indent, jobs_table, mem, pools_tables, print_deaths, tail_lines
+from .views import aligned, dur, fmt_clock, indent, jobs_table, mem, pools_tables, print_deaths, tail_lines
 from ..adapters.base import BatchError
 from ..deploy.launch import ClusterError, control
 from ..deploy.plan import Plan
@@ -269,9 +269,7 @@ def cmd_list(args, out, err) -> int:
         return NOT_FOUND
     rows = [_list_row(c) for c in clusters]
     head = ("NAME", "ADDRESS", "BATCH", "SITE", "PID", "JOBS")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for r in [head, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    print(aligned([head, *rows]), file=out)
     return OK
 
 

@@ -117,6 +117,12 @@ def _workers_cell(names: list[str]) -> str:
     return f"{len(names)} workers: {','.join(shown)},..."
 
 
+def aligned(lines: list[tuple[str, ...]]) -> str:
+    """Rows of cells (the head first) as columns, two spaces apart, no trailing blanks."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
 def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
     """Live jobs, then the last `max_finished` finished ones, as an aligned table."""
     live = [r for r in rows if r.get("state") in LIVE]
@@ -141,8 +147,7 @@ def jobs_table(rows: list[dict], max_finished: int = 10) -> str:
             state = _cut(state, STATE_WIDTH).rstrip() + " (below)"
         lines.append((str(r.get("job_id")), state, _workers_cell(r.get("worker_names") or []), r.get("node") or "-",
                       dur(r.get("uptime")), dur(r.get("time_left")), memory_cell(r)))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    text = aligned(lines)
     if notes:
         text += "\n" + "\n".join(notes)
     if hidden:
