@@ -140,9 +140,11 @@ def walltime(nanny: bool, log_dir: Path, long_at: int = 38) -> dict:
 
 
 def old_enough(jobs: dict, long_at: int) -> dict | None:
-    """A running job, not leaving, whose worker is `long_at` to `long_at` + 5 s into it."""
+    """A running job, not leaving, whose worker is `long_at` to `long_at` + 3 s into it: its
+    running 2 s task ends, and the long one starts, before the drain at 48 s even on a loaded
+    machine (a job that is past the window is skipped: the next job comes into it)."""
     ok = [j for j in jobs.values() if j.get("worker_names") and not j.get("retiring")
-          and long_at <= (j.get("uptime") or 0) < long_at + 5]
+          and long_at <= (j.get("uptime") or 0) < long_at + 3]
     return max(ok, key=lambda j: j["uptime"]) if ok else None
 
 
