@@ -143,14 +143,18 @@ class EvidenceCollector:
         if connection == Cause.HEARTBEAT_LOST and record["final_at"] is None:
             self._silent[addr] = record["id"]          # it may come back (reattached)
         if asking:
-            self._waiting[record["id"]] = 0
-            self._asked_since[record["id"]] = asyncio.get_running_loop().time()
-            self._due[record["id"]] = self._asked_since[record["id"]] + BACKOFF[0]
-            self._wake.set()
-            self._ensure_loop()
+            self._ask(record["id"])
         logger.info("worker %s removed: %s: %s", addr, record["cause"], record["text"])
         self._announce(record)
         return record
+
+    def _ask(self, death_id: int) -> None:
+        """Ask the batch system about this death's job until its record is final (the loop below)."""
+        self._waiting[death_id] = 0
+        self._asked_since[death_id] = asyncio.get_running_loop().time()
+        self._due[death_id] = self._asked_since[death_id] + BACKOFF[0]
+        self._wake.set()
+        self._ensure_loop()
 
     def exit_report(self, report: dict) -> None:
         """The nanny says how its worker ended."""
@@ -210,12 +214,17 @@ class EvidenceCollector:
         ev = Evidence(registered=False, job_id=job_id, accounting=accounting, log_tail=log_tail)
         v = diagnose(ev)
         now = self.clock()
+        # The job left the queue, but accounting may not have its end yet (sacct still said
+        # RUNNING, its batch step FAILED): asked again until final, as for a worker's death.
+        asking = self.source is not None and not (accounting or {}).get("final")
         record = self.state.add_death({
             "worker": None, "name": f"job {job_id}", "host": (accounting or {}).get("node"),
             "time": now, "cause": v.cause, "blame": False,
             "text": v.text, "evidence": v.evidence, "advice": v.advice, "job_id": job_id,
-            "log_tail": log_tail[-40:], "final_at": now, "pool": pool or "default"})
+            "log_tail": log_tail[-40:], "final_at": None if asking else now, "pool": pool or "default"})
         self.evidence[record["id"]] = ev
+        if asking:
+            self._ask(record["id"])
         logger.warning("job %s: %s", job_id, v.text)
         return record
 
