@@ -41,9 +41,10 @@ from .html import ClientHTMLMixin
 from .futures import FAILED, Future, FutureState, FutureStates, flatten_futures, replace_futures
 from .graph import placement_keywords, task_needs, task_where
 from ..protocol import context, serialize
-from ..protocol.comm import BatchedSend, CommClosedError, ConnectionPool, HandshakeClosed, connect
+from ..protocol.comm import BatchedSend, CommClosedError, HandshakeClosed, connect
 from ..protocol.frames import Limits, Opaque
 from ..protocol.messages import ErrorKind, Op
+from ..protocol.pool import ConnectionPool
 from ..protocol.versions import get_versions
 from ..retry import Backoff
 from .submission import CHUNK_TASKS, check_fits, gc_paused, release_messages, split_submission

@@ -474,32 +474,6 @@ class Listener(TCPServer):
             comm.close()
 
 
-class ConnectionPool:
-    """Request/response to peers over reused connections (one request per connection at a time)."""
-
-    def __init__(self, secret: bytes, info: dict, limits: Limits | None = None, tls: ssl.SSLContext | None = None):
-        self.secret, self.info, self.limits, self.tls = secret, info, limits, tls
-        self._idle: dict[str, list[Comm]] = {}
-
-    async def request(self, address: str, msg: dict) -> dict:
-        idle = self._idle.setdefault(address, [])
-        comm = idle.pop() if idle else await connect(address, self.secret, self.info, self.limits, tls=self.tls)
-        try:
-            await comm.write(msg)
-            reply = (await comm.read())[0]
-        except BaseException:
-            comm.close()            # a half-done exchange leaves the stream unusable
-            raise
-        idle.append(comm)
-        return reply
-
-    def close(self) -> None:
-        for comms in self._idle.values():
-            for c in comms:
-                c.close()
-        self._idle.clear()
-
-
 class Flusher:
     """Writes the BatchedSends given to it, at most `budget` seconds of writing per loop turn;
     the rest in the next turns, in the order they became due.

@@ -20,6 +20,7 @@ import datetime
 import functools
 import ipaddress
 import os
+import select
 import socket
 import ssl
 import sys
@@ -78,13 +79,16 @@ class Security:
         ctx.check_hostname = False          # see the module's docstring
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        read_ahead(ctx)
+        if read_ahead(ctx):
+            keep_buffers(ctx)
         return ctx
 
 
 # SSL_CTX_ctrl's commands (openssl/ssl.h; the same numbers in OpenSSL 1.1 and 3).
-_SET_READ_AHEAD, _GET_READ_AHEAD = 41, 40
-READ_BUFFER = 2**18                     # what OpenSSL may take from the socket in one read
+_SET_READ_AHEAD, _GET_READ_AHEAD, _MODE, _CLEAR_MODE = 41, 40, 33, 78
+_RELEASE_BUFFERS = 0x10                 # SSL_MODE_RELEASE_BUFFERS
+READ_BUFFER = 2**16                     # what OpenSSL may take from the socket in one read (as tornado's
+                                        # reads over TCP; 256 KiB moved large values no faster)
 
 
 def read_ahead(ctx: ssl.SSLContext) -> bool:
@@ -107,6 +111,26 @@ def read_ahead(ctx: ssl.SSLContext) -> bool:
         lib.SSL_CTX_set_default_read_buffer_len(pointer, READ_BUFFER)
         lib.SSL_CTX_ctrl(pointer, _SET_READ_AHEAD, 1, None)
         return lib.SSL_CTX_ctrl(pointer, _GET_READ_AHEAD, 0, None) == 1
+    except (OSError, ValueError, AttributeError, ctypes.ArgumentError):
+        return False
+
+
+def keep_buffers(ctx: ssl.SSLContext) -> bool:
+    """Let each connection keep its read and write buffers between messages. The ssl module
+    turns SSL_MODE_RELEASE_BUFFERS on: a connection's buffers were freed whenever they were
+    empty and allocated again for the next record, in a worker a malloc and a free of the read
+    buffer per wake-up with the heap trimmed and grown again around it (brk, page faults; its
+    trim threshold is 64 KiB, worker/memory.py), and before READ_BUFFER was 64 KiB an mmap and
+    a munmap with TLB shootdowns: the workers of a 1,024-leaf tree spent a third more CPU than
+    over TCP (BENCHMARKS.md, "The cost of TLS"). Kept, a connection holds at most READ_BUFFER
+    plus one record (~17 KB) of memory, touched only as far as messages reached: ConnectionPool
+    closes the connections it has not used for a while. Only after read_ahead() found the
+    context's SSL_CTX; False where not done (TLS works the same, slower)."""
+    lib = _libssl()
+    try:
+        pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
+        lib.SSL_CTX_ctrl(pointer, _CLEAR_MODE, _RELEASE_BUFFERS, None)
+        return not lib.SSL_CTX_ctrl(pointer, _MODE, 0, None) & _RELEASE_BUFFERS
     except (OSError, ValueError, AttributeError, ctypes.ArgumentError):
         return False
 
@@ -300,16 +324,47 @@ class TLSStream(SSLIOStream):
             return
         IOStream._handle_write(self)
 
+    _peer_ended = False     # the peer closed (close_notify, or a TLS end without it)
+    _dry = False            # the last SSL read found OpenSSL's buffer and the socket empty
+    _probe = None           # a poll of the socket alone: is anything new there?
+
     def read_from_fd(self, buf):
+        # Every record that is here, not one: an SSL read returns one record's bytes, where a
+        # socket's read takes all that came. A worker writes each batch as a record of its
+        # own, so the scheduler, reading one per call, went through tornado's read (a future,
+        # a turn of the frame reader) 1.3 times per task where TCP takes 0.2.
         sslobj = getattr(self.socket, "_sslobj", None)
         if self._ssl_accepting or sslobj is None:
             return super().read_from_fd(buf)
-        try:
-            return sslobj.read(min(len(buf), 1 << 30), buf)
-        except ssl.SSLWantReadError:
-            return None
-        except ssl.SSLEOFError:
+        if self._peer_ended:
             return 0
+        if self._dry:
+            # OpenSSL takes bytes from the socket only in a read: with nothing new in the socket
+            # since the last read found it empty, a read would fail, through OpenSSL's error
+            # path and an exception the ssl module builds (its message, its error codes); a
+            # poll of the socket says so for a fraction of that (the workers of a tree
+            # reduction: 7% less CPU than with the failing reads). Nothing is missed: bytes
+            # that come are in the socket, where the poll and the loop's epoll both see them.
+            if self._probe is None:
+                self._probe = select.poll()
+                self._probe.register(self.socket.fileno(), select.POLLIN)
+            if not self._probe.poll(0):
+                return None
+            self._dry = False
+        size, got = min(len(buf), 1 << 30), 0
+        try:
+            while got < size:
+                n = sslobj.read(size - got, memoryview(buf)[got:] if got else buf)
+                if not n:                       # the peer's close_notify
+                    self._peer_ended = True
+                    break
+                got += n
+        except ssl.SSLWantReadError:
+            self._dry = True
+            return got or None
+        except ssl.SSLEOFError:
+            self._peer_ended = True
+        return got
 
     def write_to_fd(self, data: memoryview) -> int:
         sslobj = getattr(self.socket, "_sslobj", None)

@@ -20,10 +20,10 @@ import traceback as tb_module
 from typing import Sequence
 
 from ..protocol import context, serialize
-from ..protocol.comm import (BatchedSend, Comm, CommClosedError, ConnectionPool, Listener,
-                             connect)
+from ..protocol.comm import BatchedSend, Comm, CommClosedError, Listener, connect
 from ..protocol.frames import Limits, Opaque, ProtocolError
 from ..protocol.messages import Op
+from ..protocol.pool import ConnectionPool
 from ..protocol.versions import get_versions
 from . import events
 from .fetch import FetchMixin
@@ -223,6 +223,7 @@ class Worker(FetchMixin, InlineMixin):
             # Ours, or the scheduler's for a cluster this size (scheduler/server.py), the longer.
             await asyncio.sleep(max(self.heartbeat_interval, self._beat_floor))
             self.scheduler.send({"op": Op.HEARTBEAT, "memory": self.memory.report()})
+            self.peers.sweep()          # connections a past burst of fetches opened (comm.py)
 
     # -- memory: spill, pause (worker/store.py has the policy) ------------------------------
     async def _watch_memory(self) -> None:
