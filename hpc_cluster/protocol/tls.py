@@ -79,8 +79,8 @@ class Security:
         ctx.check_hostname = False          # see the module's docstring
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        if read_ahead(ctx):
-            keep_buffers(ctx)
+        read_ahead(ctx)
+        keep_buffers(ctx)
         return ctx
 
 
@@ -101,13 +101,11 @@ def read_ahead(ctx: ssl.SSLContext) -> bool:
     right after the object header), the one libssl this process loaded, and the context's
     options read back through it. False where it is not done: TLS works the same, slower.
     (TLSStream below reads what the handshake's last read took along.)"""
-    lib = _libssl()
-    if lib is None:
+    found = _ssl_ctx(ctx)
+    if found is None:
         return False
+    lib, pointer = found
     try:
-        pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
-        if not pointer or lib.SSL_CTX_get_options(pointer) != ctx.options:
-            return False
         lib.SSL_CTX_set_default_read_buffer_len(pointer, READ_BUFFER)
         lib.SSL_CTX_ctrl(pointer, _SET_READ_AHEAD, 1, None)
         return lib.SSL_CTX_ctrl(pointer, _GET_READ_AHEAD, 0, None) == 1
@@ -124,15 +122,33 @@ def keep_buffers(ctx: ssl.SSLContext) -> bool:
     a munmap with TLB shootdowns: the workers of a 1,024-leaf tree spent a third more CPU than
     over TCP (BENCHMARKS.md, "The cost of TLS"). Kept, a connection holds at most READ_BUFFER
     plus one record (~17 KB) of memory, touched only as far as messages reached: ConnectionPool
-    closes the connections it has not used for a while. Only after read_ahead() found the
-    context's SSL_CTX; False where not done (TLS works the same, slower)."""
-    lib = _libssl()
+    closes the connections it has not used for a while. Through the same checked SSL_CTX as
+    read_ahead; False where not done (TLS works the same, slower)."""
+    found = _ssl_ctx(ctx)
+    if found is None:
+        return False
+    lib, pointer = found
     try:
-        pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
         lib.SSL_CTX_ctrl(pointer, _CLEAR_MODE, _RELEASE_BUFFERS, None)
         return not lib.SSL_CTX_ctrl(pointer, _MODE, 0, None) & _RELEASE_BUFFERS
     except (OSError, ValueError, AttributeError, ctypes.ArgumentError):
         return False
+
+
+def _ssl_ctx(ctx: ssl.SSLContext):
+    """(libssl, the context's SSL_CTX pointer), or None where it cannot be found for certain:
+    see read_ahead (the pointer right after CPython's object header, checked by reading the
+    context's options back through it)."""
+    lib = _libssl()
+    if lib is None:
+        return None
+    try:
+        pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
+        if not pointer or lib.SSL_CTX_get_options(pointer) != ctx.options:
+            return None
+    except (OSError, ValueError, AttributeError, ctypes.ArgumentError):
+        return None
+    return lib, pointer
 
 
 @functools.lru_cache(maxsize=1)
