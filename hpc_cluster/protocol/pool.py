@@ -36,23 +36,30 @@ class ConnectionPool:
         except BaseException:
             comm.close()            # a half-done exchange leaves the stream unusable
             raise
-        now = time.monotonic()
-        self._idle.setdefault(address, []).append((comm, now))    # (a sweep meanwhile may have replaced the list)
-        if now >= self._next_sweep:
-            self.sweep(now)
+        self._idle.setdefault(address, []).append((comm, time.monotonic()))   # (a sweep may have replaced the list)
+        self.tidy()
         return reply
 
+    def tidy(self) -> None:
+        """Sweep if one is due (every idle_seconds / 2): cheap enough for every request and heartbeat."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self.sweep(now)
+
     def sweep(self, now: float | None = None) -> int:
-        """Close the connections unused for idle_seconds; how many were closed."""
+        """Close the connections unused for idle_seconds (and drop those the peer closed); how
+        many were closed."""
         now = time.monotonic() if now is None else now
         self._next_sweep = now + self.idle_seconds / 2
         closed = 0
         for address, idle in list(self._idle.items()):
-            kept = [(c, t) for c, t in idle if now - t < self.idle_seconds and not c.closed]
+            kept = []
             for c, t in idle:
                 if now - t >= self.idle_seconds:
                     c.close()
                     closed += 1
+                elif not c.closed:
+                    kept.append((c, t))
             if kept:
                 self._idle[address] = kept
             else:

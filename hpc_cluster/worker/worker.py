@@ -223,7 +223,7 @@ class Worker(FetchMixin, InlineMixin):
             # Ours, or the scheduler's for a cluster this size (scheduler/server.py), the longer.
             await asyncio.sleep(max(self.heartbeat_interval, self._beat_floor))
             self.scheduler.send({"op": Op.HEARTBEAT, "memory": self.memory.report()})
-            self.peers.sweep()          # connections a past burst of fetches opened (comm.py)
+            self.peers.tidy()           # connections a past burst of fetches opened (protocol/pool.py)
 
     # -- memory: spill, pause (worker/store.py has the policy) ------------------------------
     async def _watch_memory(self) -> None:

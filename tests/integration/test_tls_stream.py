@@ -14,7 +14,7 @@ import time
 
 from hpc_cluster.protocol.comm import Listener, connect
 from hpc_cluster.protocol.pool import ConnectionPool
-from hpc_cluster.protocol.tls import (_GET_READ_AHEAD, _MODE, _RELEASE_BUFFERS, TLSStream, _libssl,
+from hpc_cluster.protocol.tls import (_GET_READ_AHEAD, _MODE, _RELEASE_BUFFERS, TLSStream, _ssl_ctx,
                                       make_certificate, read_ahead)
 
 SECRET = b"s" * 32
@@ -23,20 +23,17 @@ SECRET = b"s" * 32
 def test_the_contexts_read_ahead(tmp_path):
     sec = make_certificate(tmp_path / "tls")
     assert read_ahead(sec.client_context()) and read_ahead(sec.server_context())
-    import ctypes
-    ctx = sec.server_context()
-    pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
-    assert _libssl().SSL_CTX_ctrl(pointer, _GET_READ_AHEAD, 0, None) == 1
+    lib, pointer = _ssl_ctx(sec.server_context())
+    assert lib.SSL_CTX_ctrl(pointer, _GET_READ_AHEAD, 0, None) == 1
 
 
 def test_the_contexts_keep_their_connections_buffers(tmp_path):
     """The ssl module frees a connection's buffers whenever they are empty: a malloc and a free
     (a heap trim, or an mmap) per message. Our contexts keep them."""
-    import ctypes
     sec = make_certificate(tmp_path / "tls")
     for ctx in (sec.client_context(), sec.server_context()):
-        pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
-        assert not _libssl().SSL_CTX_ctrl(pointer, _MODE, 0, None) & _RELEASE_BUFFERS
+        lib, pointer = _ssl_ctx(ctx)
+        assert not lib.SSL_CTX_ctrl(pointer, _MODE, 0, None) & _RELEASE_BUFFERS
 
 
 def test_a_read_takes_every_record_that_has_come(tmp_path):
@@ -113,7 +110,6 @@ def test_the_pool_closes_connections_it_stopped_using(tmp_path):
             opened.append(comm)
             while True:
                 for msg in await comm.read():
-                    await asyncio.sleep(0.05)           # long enough for the burst to overlap
                     comm.write_nowait({"op": "reply", "n": msg["n"]})
 
         for tls in (sec, None):
@@ -122,6 +118,7 @@ def test_the_pool_closes_connections_it_stopped_using(tmp_path):
             address = listener.start_listening("127.0.0.1", 0)
             pool = ConnectionPool(SECRET, {}, tls=tls.client_context() if tls else None, idle_seconds=30)
             try:
+                # The four start in one loop turn, before any connection is made: a connection each.
                 replies = await asyncio.gather(*(pool.request(address, {"op": "q", "n": i}) for i in range(4)))
                 assert [r["n"] for r in replies] == [0, 1, 2, 3] and len(opened) == 4
                 await pool.request(address, {"op": "q", "n": 4})        # reuses one of them
