@@ -508,6 +508,9 @@ class Flusher:
                 loop.call_soon(self._run, loop)
 
 
+MEMORY_RETRY = 0.1              # seconds before a batch that met a MemoryError is written again
+
+
 class BatchedSend:
     """Coalesces messages produced in one event-loop turn into one write.
 
@@ -557,6 +560,14 @@ class BatchedSend:
             # (a batch cannot be half-sent, and silently losing it would leave waiters hanging).
             logger.error("%s; closing the connection", exc)
             self.comm.close()
+        except MemoryError:
+            # The process is out of memory this moment (a task filled a job's address-space
+            # limit, and packing the batch could not get its buffer): the batch was lost, and
+            # with it a task's result and the heartbeats. Kept, in order, and tried again soon.
+            self.buffer[:0] = msgs
+            if not self._scheduled:
+                self._scheduled = True
+                self._loop.call_later(MEMORY_RETRY, self._flush)
 
     async def drain(self) -> None:
         """Write what is buffered and wait until it is on the wire."""

@@ -607,3 +607,36 @@ def test_a_peer_that_closes_during_the_handshake_is_not_blamed_on_the_secret():
     text = asyncio.run(run())
     assert "it may be ending" in text, text
     assert "secret" not in text, text
+
+
+def test_a_batch_that_meets_a_memory_error_is_kept_and_sent_later():
+    """A task that filled a job's address-space limit left the worker unable to pack a batch
+    (msgpack could not get its buffer): the batch was dropped, a result and the heartbeats with
+    it, and the nanny ended the worker as silent. Now it is kept, in order, and sent again."""
+    from tornado.iostream import IOStream
+
+    from hpc_cluster.protocol.comm import BatchedSend, Comm
+
+    async def run():
+        comm, peer = _comm_pair()
+        real, failures = comm.write_nowait, [1]
+
+        def out_of_memory_once(msgs):
+            if failures:
+                failures.pop()
+                raise MemoryError("Unable to allocate internal buffer.")
+            return real(msgs)
+        comm.write_nowait = out_of_memory_once
+        bs = BatchedSend(comm)
+        bs.send({"op": "m", "n": 0})
+        await asyncio.sleep(0)                  # the first flush meets the MemoryError
+        bs.send({"op": "m", "n": 1})
+        reader = Comm(IOStream(peer), "ours")
+        got = []
+        while len(got) < 2:
+            got += await asyncio.wait_for(reader.read(), 10)
+        reader.close()
+        comm.close()
+        return got, failures
+    got, failures = asyncio.run(run())
+    assert failures == [] and got == [{"op": "m", "n": 0}, {"op": "m", "n": 1}]
