@@ -481,6 +481,10 @@ class Worker(FetchMixin, InlineMixin):
             outcome = ("ok", result, sizeof(result))       # measured here, off the event loop
         except BaseException as exc:  # the user's exception, whatever it is, goes to the client
             outcome = ("error", exc, tb_module.format_exc())
+            # The text is taken: free what the task's frames held (a MemoryError's task holds the
+            # memory that ran out until its traceback goes, and the worker could not even pack a
+            # heartbeat meanwhile: an h_vmem job's worker was ended as silent).
+            tb_module.clear_frames(exc.__traceback__)
         finally:
             context.set_task(None)
         return outcome, time.time() - start
