@@ -78,6 +78,16 @@ def _quiet_node(rec: dict | None, ev) -> bool:
             and ev.reattached_after is None)
 
 
+def _running(report: dict | None) -> dict | None:
+    """A nanny report's `running` (the task its worker ran on its loop), if well formed."""
+    running = (report or {}).get("running")
+    if (isinstance(running, dict) and isinstance(running.get("key"), str)
+            and isinstance(running.get("started"), (int, float))):
+        memory = running.get("memory")
+        return dict(running, memory=memory if isinstance(memory, dict) else None)
+    return None
+
+
 class EvidenceSource(Protocol):
     """What the batch layer offers (deploy's job manager); the scheduler imports no batch system."""
 
@@ -117,9 +127,15 @@ class EvidenceCollector:
         if ws is None:
             return None
         nanny_id = ws.info.get("nanny_id")
+        early = self._early_reports.pop(nanny_id, None) if nanny_id else None
+        running = _running(early)
+        if running:
+            # The task it ran on its loop, whose start was to come with its end (worker/slot.py).
+            ended = early.get("ended")
+            ago = max(0.0, ended - running["started"]) if isinstance(ended, (int, float)) else 0.0
+            self.state.task_started(addr, running["key"], self.clock() - ago, running.get("memory"))
         ev = Evidence(connection=connection, intent=intent, executing=sorted(t.key for t in ws.executing),
-                      had_nanny=bool(nanny_id),
-                      nanny=self._early_reports.pop(nanny_id, None) if nanny_id else None,
+                      had_nanny=bool(nanny_id), nanny=early,
                       job_id=str(ws.info["job_id"]) if ws.info.get("job_id") else None,
                       memory=memory_evidence(self.state, ws), host=ws.info.get("host"))
         if ev.nanny:
@@ -166,6 +182,13 @@ class EvidenceCollector:
             return
         ev = self.evidence[death_id]
         ev.nanny = report
+        running = _running(report)
+        if running and self.state.charge_running(death_id, running["key"], running["started"], report.get("ended")):
+            # It died in a task run on its loop, whose start had not come yet (worker/slot.py).
+            ev.executing = sorted({*ev.executing, running["key"]})
+            start = running.get("memory") or {}
+            if ev.memory.get("start_rss") is None and start.get("rss"):
+                ev.memory["start_rss"], ev.memory["start_managed"] = start["rss"], start.get("managed")
         # The worker's own last lines (a traceback, "Segmentation fault") are evidence too;
         # the job log, once read, replaces them.
         if not ev.log_tail:

@@ -20,6 +20,7 @@ from ..protocol.tls import Security
 from .memory import tune_malloc
 from .output import flush_quietly, guard_std_streams
 from .route import listen_host
+from .slot import RunningSlot
 from .store import MemoryFractions
 from .flags import (DEFAULTS, ENGINE_WORKERS, FLAGS, IGNORED, REFUSED, Flag, check_worker_args, draw_lifetime, drop_flags,
                     ignored_worker_args, memory_limit_bytes, parse_ports, parse_resources, port_shares,
@@ -285,7 +286,8 @@ def main(argv=None) -> int:
                       memory_fractions=MemoryFractions.read(args.memory_target_fraction, args.memory_spill_fraction,
                                                             args.memory_pause_fraction,
                                                             args.memory_terminate_fraction),
-                      local_directory=args.local_directory, security=security, owner_pid=args.owner_pid)
+                      local_directory=args.local_directory, security=security, owner_pid=args.owner_pid,
+                      running_slot=RunningSlot.attach(args.running_fd))
     # A task thread may still be running user code; it must not keep a closed worker alive.
     logging.shutdown()
     remove_pid_file(pid_file)              # os._exit skips atexit

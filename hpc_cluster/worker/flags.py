@@ -357,6 +357,8 @@ FLAGS: tuple[Flag, ...] = (
          "tasks on", _int_at_least(0, "a file descriptor"), dask=False, hidden=True),
     Flag("--owner-pid", SUPPORTED, "set by LocalCluster and the nanny: exit when this process is gone",
          _int_at_least(1, "a process id"), dask=False, hidden=True),
+    Flag("--running-fd", SUPPORTED, "set by the nanny: the memory the worker names the task it runs on its "
+         "event loop in (worker/slot.py)", _int_at_least(0, "a file descriptor"), dask=False, hidden=True),
     Flag("--ready-fd", SUPPORTED, "set by the nanny: the pipe to say the scheduler accepted the worker",
          _int_at_least(0, "a file descriptor"), dask=False, hidden=True),
 )
@@ -375,7 +377,7 @@ DEFAULTS = {"nthreads": 1, "nworkers": 1, "name": None, "memory_limit": "0", "na
             "memory_target_fraction": 0.6, "memory_spill_fraction": 0.7, "memory_pause_fraction": 0.8,
             "max_message_bytes": 64 * 2**30, "max_frame_bytes": 2**30, "log_level": "INFO", "nanny_id": None,
             "engine": "hpc-cluster", "executing_fd": None,
-            "ready_fd": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None,
+            "ready_fd": None, "running_fd": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None,
             "owner_pid": None, "pool": "default"}
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")

@@ -7,10 +7,15 @@ worker CPU per task on threads, 74 us on the loop; BENCHMARKS.md). So a function
 INLINE_AFTER runs each took under INLINE_BELOW runs on the loop, one task at a time, for at
 most INLINE_TURN per turn of the loop; then the loop reads its messages and comes back.
 
-Blame is unchanged: such a task's `task-started` is on the wire before it runs, and its
-`task-finished` is sent before the next task is started; a task started for a thread is
-handed to its thread before anything runs on the loop. So every task reported started is
-really running.
+Blame is unchanged: before such a task runs, its key is in the memory its nanny reads
+after a death (slot.py), and its `task-started` goes to the scheduler with its
+`task-finished`, one write for the turn's runs (without a nanny, or with a key too long for
+the slot, the start is on the wire before it runs, as a thread's is). A task started for a
+thread is handed to its thread before anything runs on the loop. So every task reported
+started is really running, and a death in a run on the loop is charged to that run's task.
+The scheduler learns of a run's start at its end: for a run that turns out long (a function
+that was quick 8 times, then is not), the dashboard and `client.processing()` show it as
+started only then, and its function leaves the loop after INLINE_BAN.
 
 A task on the loop must not wait on its own cluster (get_client(), worker_client, secede(),
 a Client made in it): the loop it would wait for is the one it blocks. Such a call raises
@@ -65,7 +70,7 @@ class InlineMixin:
     """Needs: self._quick (dict: function bytes -> consecutive tiny runs, or _BANNED),
     self._inline_allowed (inline_allowed() when the worker started),
     self._execute, self._report, self.executor, self.executing, self.scheduler, self.memory,
-    self.loop (the worker's event loop, the one running)."""
+    self._slot (slot.py's RunningSlot, or None), self.loop (the worker's event loop, the one running)."""
 
     def _note_run(self, func: bytes, seconds: float) -> None:
         streak = self._quick.get(func, 0)
@@ -84,8 +89,11 @@ class InlineMixin:
         self.executing.add(ts.key)
         if self.plugins.watching:                # worker/plugins.py: as on a thread (worker.py)
             self.plugins.transition(ts.key, "ready", "executing")
-        self.scheduler.send({"op": TASK_STARTED, "key": ts.key, "memory": self.memory.at_task_start()})
-        self.scheduler.flush()
+        memory = self.memory.at_task_start()
+        self.scheduler.send({"op": TASK_STARTED, "key": ts.key, "memory": memory})
+        slot = self._slot
+        if slot is None or not slot.set(ts.key, time.time(), memory):
+            self.scheduler.flush()       # no nanny to name it after a crash: the start goes first
         # The task sees no running loop, as on a thread: asyncio.run() in it works (95 us,
         # quick enough to be here) instead of "cannot be called from a running event loop".
         asyncio._set_running_loop(None)
@@ -95,9 +103,13 @@ class InlineMixin:
         finally:
             context.set_inline(False)
             asyncio._set_running_loop(self.loop)
+            if slot is not None:
+                slot.clear()
         if outcome[0] == "error" and isinstance(outcome[1], context.RunOnThread):
-            # It would wait on this loop: started already (and said so), it starts over there.
+            # It would wait on this loop: started already, it starts over there, and its start
+            # must be on the wire before its thread has it (threads.py).
             self._quick[ts.func] = _BANNED
+            self.scheduler.flush()
             self.executor.submit(ts)
             return
         if duration > INLINE_BAN:

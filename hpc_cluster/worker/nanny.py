@@ -28,6 +28,7 @@ from ..retry import Backoff
 from ..protocol.messages import Op
 from .plugins import worker_directory
 from .running import run_in_nanny
+from .slot import RunningSlot
 from .store import remove_spill_directory, spill_directory
 from .worker import EXIT_LIFETIME, EXIT_LOST_SCHEDULER
 
@@ -146,6 +147,8 @@ class Nanny:
         # which names its executing tasks on a pipe: our scheduler does not see its tasks.
         self.module = module
         self.executing: dict[str, float] = {}       # that engine's executing tasks (key as JSON -> started)
+        # Ours names the task it runs on its event loop here (worker/slot.py): read at its death.
+        self.slot = RunningSlot.create() if module == "hpc_cluster.worker" else None
         self.child_env = child_env                  # None: ours (the worker reads the cluster file)
         self.memory_limit = memory_limit
         self.terminate_fraction = terminate_fraction
@@ -200,6 +203,10 @@ class Nanny:
         argv = [sys.executable, "-m", self.module, *self.child_argv, "--nanny-id", self.id,
                 "--ready-fd", str(ready_w), "--owner-pid", str(os.getpid())]
         fds, watching = [ready_w], None
+        if self.slot is not None:
+            self.slot.clear()                       # the last worker's task is not this one's
+            argv += ["--running-fd", str(self.slot.fd)]
+            fds.append(self.slot.fd)
         if self.module != "hpc_cluster.worker":
             watching = ExecutingPipe(self.executing)
             argv += ["--executing-fd", str(watching.write_end)]
@@ -281,6 +288,9 @@ class Nanny:
         }
         if executing is not None:                   # another engine's worker: what it was running
             report["executing_keys"] = executing
+        running = self.slot.read() if self.slot is not None else None
+        if running is not None:                     # ours, mid-task on its loop: that task's start
+            report["running"] = running
         self.reports.append(report)
         return report
 

@@ -65,7 +65,8 @@ class Worker(FetchMixin, InlineMixin):
                  resources: dict | None = None, heartbeat_interval: float = 0.5,
                  limits: Limits | None = None, nanny: bool = False, extra_info: dict | None = None,
                  memory_fractions: MemoryFractions | None = None, local_directory: str | None = None,
-                 security=None, reconnect_window: float = 600.0, cluster_file: str | None = None):
+                 security=None, reconnect_window: float = 600.0, cluster_file: str | None = None,
+                 running_slot=None):
         self.scheduler_address, self.secret = scheduler, secret
         # protocol/tls.py's Security: TLS to the scheduler and peers, and a tls:// listener.
         self.security = security
@@ -110,6 +111,10 @@ class Worker(FetchMixin, InlineMixin):
         # Per function (its pickle): consecutive runs quick enough to run on the loop (inline.py).
         self._quick: dict[bytes, int] = {}
         self._inline_allowed = inline_allowed()
+        # Where the task on the loop is named for its nanny (slot.py's RunningSlot, mapped once
+        # per process: a worker made again after a failed start gets the same); None: no nanny
+        # reads one, and each such task's start is sent before it runs.
+        self._slot = running_slot
         self._more_scheduled = False             # a _run_ready is due: inline runs used their turn
         self._fetching: dict[str, asyncio.Future] = {}
         self._unsendable: dict[str, str] = {}      # inputs their holder cannot send: why

@@ -48,6 +48,26 @@ class BlameMixin:
                 self._over_limits(ts)
         self._schedule()
 
+    def charge_running(self, death_id: int, key: str, started: float, ended: float | None) -> bool:
+        """A dead worker's nanny says it was running `key` on its loop, whose start was to come
+        with its end (worker/slot.py): charged with the death as if its start had come. Only a
+        task that death's worker was given; one that meanwhile finished elsewhere is named in
+        the record but has nothing to be charged."""
+        if not 0 <= death_id < len(self.deaths) or not isinstance(key, str):
+            return False
+        record = self.deaths[death_id]
+        if key in record["executing"] or key not in record["processing"]:
+            return False
+        record["executing"] = sorted([*record["executing"], key])
+        ts = self.tasks.get(key)
+        if ts is not None and ts.state in ("waiting", "queued", "processing"):
+            ran = max(0.0, ended - started) if isinstance(ended, (int, float)) else None
+            ts.attempts = [*ts.attempts, {"death": record, "ran_for": ran, "pool": record["pool"]}]
+            self._touch(ts)
+        if self.touched_deaths is not None:
+            self.touched_deaths.add(death_id)
+        return True
+
     def _over_limits(self, ts) -> bool:
         """Fail the task if its final verdicts say it must: too many caused by it, or walltime every
         time. Final verdicts that say it needs a bigger pool move it there first (pools.py)."""

@@ -38,7 +38,7 @@ GOOD = {
     "--memory-pause-fraction": ("0.85", 0.85),
     "--max-message-bytes": ("1000000", 1000000), "--max-frame-bytes": ("1000", 1000), "--log-level": ("debug", "debug"),
     "--nanny-id": ("abc", "abc"), "--ready-fd": ("7", 7), "--owner-pid": ("4242", 4242),
-    "--engine": ("distributed", "distributed"), "--executing-fd": ("8", 8),
+    "--engine": ("distributed", "distributed"), "--executing-fd": ("8", 8), "--running-fd": ("6", 6),
     "--tls-ca-file": ("/c/ca.pem", "/c/ca.pem"), "--tls-cert": ("/c/cert.pem", "/c/cert.pem"),
     "--tls-key": ("/c/key.pem", "/c/key.pem"), "--pool": ("bigmem", "bigmem"),
 }
