@@ -94,12 +94,27 @@ class FetchMixin:
                 return
             by_holder[random.choice(holders)].append(dep)
         for holder, keys in by_holder.items():
-            fut = self.loop.create_future()
-            fut.holder = holder
+            ask = self._asking.get(holder)
+            if ask is None:
+                # One request per holder for what this turn's tasks need from it: a tree's
+                # level asked each input apart (a connection, and over TLS a record each way,
+                # per input); sent at the end of the turn, split by request_batches as before.
+                fut = self.loop.create_future()
+                fut.holder = holder
+                ask = self._asking[holder] = (fut, [], {})
+                if len(self._asking) == 1:
+                    self.loop.call_soon(self._ask_holders)
+            fut, asked, sizes = ask
             for k in keys:
                 self._fetching[k] = fut
-            asyncio.create_task(self._fetch(holder, keys, fut, ts.sizes))
+                sizes[k] = ts.sizes.get(k, 0)
+            asked.extend(keys)
         asyncio.create_task(self._await_inputs(ts))
+
+    def _ask_holders(self) -> None:
+        asking, self._asking = self._asking, {}
+        for holder, (fut, keys, sizes) in asking.items():
+            asyncio.create_task(self._fetch(holder, keys, fut, sizes))
 
     async def _fetch(self, holder: str, keys: list[str], fut: asyncio.Future, sizes: dict | None = None) -> None:
         try:

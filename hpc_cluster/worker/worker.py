@@ -117,6 +117,7 @@ class Worker(FetchMixin, InlineMixin):
         self._slot = running_slot
         self._more_scheduled = False             # a _run_ready is due: inline runs used their turn
         self._fetching: dict[str, asyncio.Future] = {}
+        self._asking: dict[str, tuple] = {}      # holder -> (future, keys, sizes): this turn's request (fetch.py)
         self._unsendable: dict[str, str] = {}      # inputs their holder cannot send: why
         self.peers = ConnectionPool(secret, {"role": "worker", "versions": get_versions()}, self.limits,
                                     tls=self._tls)

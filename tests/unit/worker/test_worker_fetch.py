@@ -12,7 +12,7 @@ import pytest
 from hpc_cluster.protocol.frames import Opaque
 from hpc_cluster.worker import fetch as fetch_module
 from hpc_cluster.worker.fetch import FETCH_AHEAD_BYTES, FETCH_REQUEST_BYTES, request_batches
-from helpers.bare_worker import bare_worker, compute, finish
+from helpers.bare_worker import PEER, bare_worker, compute, finish
 
 LARGE = FETCH_AHEAD_BYTES // 2 + 1          # two of them ahead are over the limit
 SMALL = 1_000
@@ -157,3 +157,38 @@ def test_large_inputs_from_one_holder_are_asked_for_one_request_at_a_time(monkey
     assert all(sum(piece for _ in batch) <= max(FETCH_REQUEST_BYTES, piece) for batch in asked), asked
     assert len(asked) >= 3 and [k for b in asked for k in b] == keys, asked
     assert all(k in w.data for k in keys)
+
+
+def test_the_inputs_a_turn_needs_from_one_holder_are_asked_in_one_request(monkeypatch):
+    # A tree's level: each task's input was asked for apart, a request (a pooled connection,
+    # and over TLS a record each way) per task; now one per holder for the whole turn.
+    import asyncio
+
+    from hpc_cluster.protocol import serialize
+
+    async def run():
+        w = bare_worker(monkeypatch)
+        w.loop = asyncio.get_running_loop()
+        monkeypatch.setattr(w.executor, "submit", lambda *a: None)
+        asked = []
+
+        async def request(holder, msg):
+            asked.append((holder, sorted(msg["keys"])))
+            return {"op": "data", "missing": [], "errors": {},
+                    "data": {k: serialize.dumps_value(k.upper()) for k in msg["keys"]}}
+
+        w.request = request
+        for i in range(3):
+            compute(w, f"t{i}", [f"x{i}"], priority=i, size=SMALL, batch=True)
+        w._run_ready()
+        assert asked == []                              # asked at the end of the turn
+        for _ in range(100):
+            if all(w.tasks[f"t{i}"].state != "fetching" for i in range(3)):
+                break
+            await asyncio.sleep(0)
+        w.executor.shutdown(wait=False)
+        return asked, {f"x{i}": w.data.get(f"x{i}") for i in range(3)}
+
+    asked, inputs = asyncio.run(run())
+    assert asked == [(PEER, ["x0", "x1", "x2"])]
+    assert inputs == {"x0": "X0", "x1": "X1", "x2": "X2"}
