@@ -63,7 +63,10 @@ class RunningSlot:
             return None
 
     def set(self, key: str, started: float, memory: dict | None) -> bool:
-        """Name the task about to run; False if its key is too long to keep (report it first)."""
+        """Name the task about to run; False if its key cannot be kept (too long, or not a
+        string): the caller then reports its start first."""
+        if not isinstance(key, str):
+            return False
         data = key.encode("utf-8", "surrogatepass")
         if len(data) > SIZE - _KEY_AT:
             return False

@@ -105,6 +105,7 @@ def test_the_slot_names_the_running_task_to_its_nanny_until_cleared():
         assert nanny.read() is None
         assert worker.set("short", 1.0, None) and nanny.read()["key"] == "short"
         assert not worker.set("k" * SIZE, 2.0, None)             # too long: the caller sends first
+        assert not worker.set(("not", "a", "string"), 2.0, None)
         assert nanny.read()["key"] == "short"                     # and the slot is left as it was
         worker.close()
     finally:
