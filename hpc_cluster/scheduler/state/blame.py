@@ -59,9 +59,13 @@ class BlameMixin:
         if key in record["executing"] or key not in record["processing"]:
             return False
         record["executing"] = sorted([*record["executing"], key])
+        ran = max(0.0, ended - started) if isinstance(ended, (int, float)) else None
+        memory = record.get("memory")
+        if isinstance(memory, dict) and isinstance(memory.get("task_starts"), list):
+            # Its start on the death's memory timeline, in the scheduler's clock (timeline.py).
+            memory["task_starts"] = sorted([*memory["task_starts"], [record["time"] - (ran or 0.0), key]])
         ts = self.tasks.get(key)
         if ts is not None and ts.state in ("waiting", "queued", "processing"):
-            ran = max(0.0, ended - started) if isinstance(ended, (int, float)) else None
             ts.attempts = [*ts.attempts, {"death": record, "ran_for": ran, "pool": record["pool"]}]
             self._touch(ts)
         if self.touched_deaths is not None:

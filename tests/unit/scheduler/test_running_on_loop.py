@@ -45,6 +45,7 @@ def test_a_report_after_the_connection_closed_charges_the_task_it_names():
     assert "while running 'bad'" in record["text"]
     ts = state.tasks["bad"]
     assert ts.state == "erred" and ts.attempts[0]["ran_for"] == pytest.approx(0.5)
+    assert record["memory"]["task_starts"] == [[pytest.approx(999.5), "bad"]]   # on its timeline
 
 
 def test_a_report_before_the_connection_closed_charges_it_too():
