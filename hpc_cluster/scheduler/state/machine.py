@@ -278,6 +278,14 @@ class SchedulerState(ClientsMixin, RetryMixin, BlameMixin, DrainMixin, ReplicaMi
             self._note_start(ws, key, now, memory)
             # Room for more short tasks, used at the next event (its task-finished follows soon).
             self._update_free(ws)
+        elif ws is not None and key not in ws.abandoned:
+            # Given up on (cancelled, released) while this start was on its way: a thread runs
+            # it all the same, as for an abandoned task, until the worker says it ended (its
+            # task-finished, task-erred or abandoned-done). Freeing the slot at once sent a
+            # 1-thread-left worker more tasks than it had threads (tests/integration/test_client.py
+            # waited 30 s behind two cancelled slow_inc(1, 30) on one worker).
+            ws.abandoned.add(key)
+            self._update_free(ws)
 
     def task_seceded(self, address: str, key: str, seceded: bool = True) -> None:
         """A running task gave up its thread slot (secede), or took one again (rejoin)."""

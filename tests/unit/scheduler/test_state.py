@@ -718,3 +718,19 @@ def test_small_payloads_are_copied_out_of_their_message_and_a_shared_function_ke
     assert tasks[0]["func"] is tasks[1]["func"] is tasks[2]["func"] and tasks[0]["func"].data == b"F" * 40
     assert [type(t["args"].data) for t in tasks] == [bytes, bytes, memoryview]     # a large one stays a view
     assert tasks[1]["args"].data == b"b" * 20
+
+
+def test_a_start_that_arrives_after_its_cancel_keeps_the_thread_busy_until_it_ends():
+    # The cancel crossed the worker's task-started: its thread runs the task all the same, so
+    # the worker has no free thread for another task until that one ends.
+    s = SchedulerState(prefetch=0, queue_roots=False)
+    s.add_worker("w", nthreads=1, now=0)
+    s.update_graph("c", [task("slow")], ["slow"])
+    assert computes(s.take_outbox(), "w") == ["slow"]
+    s.cancel(["slow"], "cancelled by the user")
+    s.take_outbox()
+    s.task_started("w", "slow", now=1)                  # it had started before the cancel came
+    s.update_graph("c", [task("next")], ["next"])
+    assert computes(s.take_outbox(), "w") == []         # the one thread is still busy
+    s.abandoned_done("w", "slow")                        # the worker: its thread is free
+    assert computes(s.take_outbox(), "w") == ["next"]
