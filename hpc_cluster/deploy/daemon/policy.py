@@ -41,6 +41,7 @@ class JobPolicy:
 
     target: int = 0                        # the jobs we keep: scale()'s, adapt's or the demand's
     lower_rounds: int = 0                  # rounds in a row that wanted fewer than the target
+    lower_most: int = 0                    # the most jobs any of those rounds wanted
     demand_seen: bool = False              # jobs were started for the pool's demand and may still run it
 
     def decide(self, want: int, demand: int = 0, busy: int = 0, max_jobs: int | None = None,
@@ -57,6 +58,13 @@ class JobPolicy:
             want = min(want, max_jobs)
         # Up at once, down only when several decisions agree: no submit/cancel churn. An
         # explicit scale() lowers the target itself, at once (JobPolicy(target=n)).
-        if want < self.target and self.lower_rounds + 1 < wait_count:
-            return dataclasses.replace(self, lower_rounds=self.lower_rounds + 1, demand_seen=demand_seen)
+        # The rounds agree only as far down as each of them wanted: rounds wanting 1, 1 then 0
+        # (the last tasks finishing) keep 1 job, not 0, or work submitted just after would find
+        # every job draining and start a new one (the 3 -> 0 -> new job cycle of issue 34).
+        if want < self.target:
+            lower_most = max(want, self.lower_most) if self.lower_rounds else want
+            if self.lower_rounds + 1 < wait_count:
+                return dataclasses.replace(self, lower_rounds=self.lower_rounds + 1, lower_most=lower_most,
+                                           demand_seen=demand_seen)
+            want = lower_most
         return JobPolicy(target=want, lower_rounds=0, demand_seen=demand_seen)

@@ -36,6 +36,15 @@ def test_a_scale_down_needs_wait_count_rounds_in_a_row_that_agree():
     assert rounds(JobPolicy(target=2), *[0] * DEMAND_WAIT_COUNT) == [2] * (DEMAND_WAIT_COUNT - 1) + [0]
 
 
+def test_a_scale_down_goes_only_as_far_as_every_agreeing_round_wanted():
+    # The last tasks finishing: rounds want 1, 1, then 0. One job stays (a task submitted right
+    # after finds it, instead of every job draining and a new one starting); 0 takes 3 rounds of 0.
+    assert rounds(JobPolicy(target=3), 1, 1, 0, wait_count=3) == [3, 3, 1]
+    assert rounds(JobPolicy(target=3), 2, 0, 1, 0, 0, 0, wait_count=3) == [3, 3, 2, 2, 2, 0]
+    assert rounds(JobPolicy(target=3), 1, 1, 0, 0, 0, wait_count=3) == [3, 3, 1, 1, 1]
+    assert rounds(JobPolicy(target=3), 1, 1, 0, 0, 0, 0, wait_count=3) == [3, 3, 1, 1, 1, 0]
+
+
 def test_the_pools_demand_raises_the_target_and_its_busy_jobs_stay():
     p = JobPolicy().decide(0, demand=3)
     assert (p.target, p.demand_seen) == (3, True)
@@ -64,7 +73,7 @@ def test_max_jobs_caps_the_size_asked_for_and_the_demand():
 def test_a_decision_is_a_new_policy_and_leaves_the_old_one_as_it_was():
     old = JobPolicy(target=5)
     new = old.decide(1, wait_count=3)
-    assert old == JobPolicy(target=5) and new == JobPolicy(target=5, lower_rounds=1)
+    assert old == JobPolicy(target=5) and new == JobPolicy(target=5, lower_rounds=1, lower_most=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         old.target = 1
 
