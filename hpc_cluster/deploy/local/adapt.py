@@ -7,7 +7,7 @@ workload (expected seconds of queued, waiting and running work, from learned tas
 placement.workload) and its workers, and wants enough workers to finish the work in about
 `target_duration`, each running `threads_per_worker` tasks at once, within minimum and
 maximum. Up at once; down only after `wait_count` decisions in a row agree (no start/stop
-churn), and gracefully: a started worker that has not registered yet is stopped at once
+churn), as far as each of them wanted, and gracefully: a started worker that has not registered yet is stopped at once
 (nothing to lose), a registered one is drained by the scheduler (its unstarted tasks handed
 back, results only it holds copied to a peer), then retired, and its process ends.
 
@@ -18,6 +18,7 @@ to recomputation (distributed's Adaptive likewise keeps workers for the data hel
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from ...protocol.messages import Op
 from ...units import parse_memory
+from ..daemon.policy import JobPolicy
 
 logger = logging.getLogger("hpc_cluster.deploy")
 
@@ -118,7 +120,7 @@ class LocalAdaptive:
                                                                  settings.target_duration)
         self.log: collections.deque = collections.deque(maxlen=100)
         self.state = "running"
-        self._lower = 0                                   # decisions in a row that wanted fewer
+        self._policy = JobPolicy()                         # decisions in a row that wanted fewer
         self._retiring: dict[str, float | None] = {}      # name -> when the scheduler let it go
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpc-local-adapt", daemon=True)
@@ -164,21 +166,19 @@ class LocalAdaptive:
         live = [n for n, p in list(workers.items()) if p.poll() is None and n not in self._retiring]
         holding = any(r.get("stored") for r in reply["workers"])
         target = wanted_workers(self.settings, reply["workload"], self.cluster.threads_per_worker, holding)
+        # The batch clusters' rule (deploy/daemon/policy.py), against the workers alive now: up
+        # at once, down after wait_count decisions agree and only as far as each of them wanted.
+        self._policy = dataclasses.replace(self._policy, target=len(live)).decide(target, wait_count=self.wait_count)
+        target = self._policy.target
         if target > len(live):
-            self._lower = 0
             for _ in range(target - len(live)):
                 if self._stopping.is_set():
                     return
                 self.cluster._start_worker()
             self.log.append((time.time(), {"status": "up", "n": target}))
         elif target < len(live):
-            self._lower += 1
-            if self._lower >= self.wait_count:
-                self._lower = 0
-                self._shrink(client, live, ours, len(live) - target)
-                self.log.append((time.time(), {"status": "down", "n": target}))
-        else:
-            self._lower = 0
+            self._shrink(client, live, ours, len(live) - target)
+            self.log.append((time.time(), {"status": "down", "n": target}))
 
     def _shrink(self, client, live: list[str], ours: dict[str, dict], count: int) -> None:
         starting = [n for n in live if n not in ours][:count]

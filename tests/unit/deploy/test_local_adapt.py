@@ -54,3 +54,43 @@ def test_bad_settings_say_what_to_change(kwargs, message):
 def test_memory_bounds_need_workers_with_a_memory_limit():
     with pytest.raises(ValueError, match="no memory_limit"):
         adapt_settings(SimpleNamespace(threads_per_worker=1, memory_limit=0), maximum_memory="8GB")
+
+
+class _Proc:
+    def poll(self):
+        return None
+
+
+class _Scheduler:
+    """What adapt_once asks of a client: the scheduler's workload reply, and the drains sent."""
+
+    def __init__(self, cluster):
+        self.cluster, self.workload, self.drained, self.timeout = cluster, 0.0, [], 10
+        self._lt = SimpleNamespace(run=lambda request, timeout: request)
+
+    def _request(self, msg):
+        rows = [{"name": n, "address": f"tcp://{n}", "processing": 0, "stored": 0} for n in self.cluster.workers]
+        return {"workload": self.workload, "workers": rows}
+
+    def _send(self, msg):
+        self.drained.extend(msg["workers"])
+
+
+def test_a_shrink_goes_only_as_far_as_every_agreeing_decision_wanted():
+    from hpc_cluster.deploy.local.adapt import LocalAdaptive
+    cluster = SimpleNamespace(workers={f"w{i}": _Proc() for i in range(3)}, threads_per_worker=1,
+                              _start_worker=lambda: None, _stop_worker=lambda name: None)
+    adaptive = object.__new__(LocalAdaptive)         # its decisions alone, no thread
+    settings = AdaptSettings(minimum=0, maximum=3, wait_count=3, target_duration=5.0)
+    adaptive.cluster, adaptive.settings, adaptive.wait_count = cluster, settings, settings.wait_count
+    adaptive.minimum, adaptive.maximum, adaptive.state = settings.minimum, settings.maximum, "running"
+    adaptive.log, adaptive._retiring = [], {}
+    from hpc_cluster.deploy.daemon.policy import JobPolicy
+    adaptive._policy, adaptive._stopping = JobPolicy(), SimpleNamespace(is_set=lambda: False)
+    client = _Scheduler(cluster)
+    # The last tasks finishing: 4 s, then 1 s, then no work left (each wants 1, 1, then 0 workers).
+    for workload in (4.0, 1.0, 0.0):
+        client.workload = workload
+        adaptive.adapt_once(client)
+    assert len(client.drained) == 2, client.drained        # one worker stays for what comes next
+    assert adaptive.log[-1][1] == {"status": "down", "n": 1}
