@@ -402,6 +402,23 @@ def outcome(outcomes, name, nanny) -> dict:
     return o
 
 
+def forensics(o) -> str:
+    """What SLURM and the kernel say of a scenario's jobs, for a failing assertion's message:
+    sacct's record of each job and step, and the kernel's OOM kills in their cgroups (which
+    process it picked: the worker, or the job's slurmstepd, which shares its memory cgroup and
+    cannot protect itself where root lacks CAP_SYS_RESOURCE, as on our CI machines)."""
+    ids = o.get("jobs") or []
+    if not ids:
+        return "(no jobs recorded)"
+    sacct = subprocess.run(["sacct", "-n", "-P", "-j", ",".join(ids), "-o",
+                            "JobID,State,ExitCode,Start,End,MaxRSS,ReqMem"],
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+    kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    oom = [line for line in kernel if ("oom-kill:" in line or "reap" in line)
+           and any(f"/job_{j}/" in line or f"/job_{j}," in line for j in ids)]
+    return f"sacct:\n{sacct}\nkernel OOM kills in these jobs' cgroups:\n" + ("\n".join(oom) or "(none)")
+
+
 def all_correct(o):
     assert o["wrong"] == [], f"other results wrong or failed: {o['wrong']}"
 

@@ -78,7 +78,7 @@ def test_walltime_kills_are_not_charged_and_every_result_is_right(outcomes, nann
 @BOTH
 def test_task_over_the_jobs_memory_is_a_batch_memory_fault(outcomes, nanny):
     o = outcome(outcomes, "memory-batch", nanny)
-    assert (o["cause"], o["blame"]) == ("memory-batch", True), o["death"]["text"]
+    assert (o["cause"], o["blame"]) == ("memory-batch", True), f"{o['death']['text']}\n{S.forensics(o)}"
     err = o["error"]
     assert err["error"] == "TaskMemoryError" and err["cause"] == "memory-batch"
     assert "raise memory=" in err["advice"]
