@@ -18,7 +18,6 @@ to recomputation (distributed's Adaptive likewise keeps workers for the data hel
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import threading
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 
 from ...protocol.messages import Op
 from ...units import parse_memory
-from ..daemon.policy import JobPolicy
 
 logger = logging.getLogger("hpc_cluster.deploy")
 
@@ -120,7 +118,8 @@ class LocalAdaptive:
                                                                  settings.target_duration)
         self.log: collections.deque = collections.deque(maxlen=100)
         self.state = "running"
-        self._policy = JobPolicy()                         # decisions in a row that wanted fewer
+        self._lower = 0                                   # decisions in a row that wanted fewer
+        self._lower_most = 0                              # the most workers one of them wanted
         self._retiring: dict[str, float | None] = {}      # name -> when the scheduler let it go
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpc-local-adapt", daemon=True)
@@ -166,19 +165,24 @@ class LocalAdaptive:
         live = [n for n, p in list(workers.items()) if p.poll() is None and n not in self._retiring]
         holding = any(r.get("stored") for r in reply["workers"])
         target = wanted_workers(self.settings, reply["workload"], self.cluster.threads_per_worker, holding)
-        # The batch clusters' rule (deploy/daemon/policy.py), against the workers alive now: up
-        # at once, down after wait_count decisions agree and only as far as each of them wanted.
-        self._policy = dataclasses.replace(self._policy, target=len(live)).decide(target, wait_count=self.wait_count)
-        target = self._policy.target
         if target > len(live):
+            self._lower = 0
             for _ in range(target - len(live)):
                 if self._stopping.is_set():
                     return
                 self.cluster._start_worker()
             self.log.append((time.time(), {"status": "up", "n": target}))
         elif target < len(live):
-            self._shrink(client, live, ours, len(live) - target)
-            self.log.append((time.time(), {"status": "down", "n": target}))
+            # Down only as far as every agreeing decision wanted, as the batch clusters' policy
+            # (deploy/daemon/policy.py): 1, 1 then 0 keeps one worker for the work coming next.
+            self._lower_most = max(target, self._lower_most) if self._lower else target
+            self._lower += 1
+            if self._lower >= self.wait_count:
+                self._lower, target = 0, self._lower_most
+                self._shrink(client, live, ours, len(live) - target)
+                self.log.append((time.time(), {"status": "down", "n": target}))
+        else:
+            self._lower = 0
 
     def _shrink(self, client, live: list[str], ours: dict[str, dict], count: int) -> None:
         starting = [n for n in live if n not in ours][:count]

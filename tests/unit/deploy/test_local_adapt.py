@@ -85,8 +85,7 @@ def test_a_shrink_goes_only_as_far_as_every_agreeing_decision_wanted():
     adaptive.cluster, adaptive.settings, adaptive.wait_count = cluster, settings, settings.wait_count
     adaptive.minimum, adaptive.maximum, adaptive.state = settings.minimum, settings.maximum, "running"
     adaptive.log, adaptive._retiring = [], {}
-    from hpc_cluster.deploy.daemon.policy import JobPolicy
-    adaptive._policy, adaptive._stopping = JobPolicy(), SimpleNamespace(is_set=lambda: False)
+    adaptive._lower, adaptive._lower_most, adaptive._stopping = 0, 0, SimpleNamespace(is_set=lambda: False)
     client = _Scheduler(cluster)
     # The last tasks finishing: 4 s, then 1 s, then no work left (each wants 1, 1, then 0 workers).
     for workload in (4.0, 1.0, 0.0):
