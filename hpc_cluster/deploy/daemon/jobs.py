@@ -303,12 +303,14 @@ class JobManager:
         async with self._lock:
             desired = self.update_target()
             current = [j for j in self.active() if not self.expiring(j)]
-            if len(current) < desired and not self.halted and not self.closing:
-                # A submission whose answer was lost may be in the queue: look before submitting again.
-                if not await self.untracked.settle(self.pools.managers if self.pools else {self.pool: self}):
-                    return
+            settled = True
+            if self.untracked.doubts and not self.closing and (len(current) < desired or self.untracked.mine(self)):
+                # A submission whose answer was lost may be in the queue: look before submitting
+                # again; and even when nothing more is wanted (its worker may have joined first and
+                # been adopted, pools.py), so that the failed submission says where its job went.
+                settled = await self.untracked.settle(self.pools.managers if self.pools else {self.pool: self})
                 current = [j for j in self.active() if not self.expiring(j)]
-            if len(current) < desired and not self.halted and not self.closing:
+            if len(current) < desired and not self.halted and not self.closing and settled:
                 renewing = sum(1 for j in self.active() if self.expiring(j))
                 before = len(self.jobs)
                 await self._submit(desired - len(current))

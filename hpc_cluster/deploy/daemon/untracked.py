@@ -11,7 +11,9 @@ and:
 - a submission whose answer was lost (a timeout, not a refusal) is *in doubt*: nothing more is
   submitted until a lookup of the cluster's tagged jobs in the queue has answered (adapter
   `tagged_jobs`); the doubted job found there is adopted into its pool, not submitted again.
-  A doubt the queue does not show in two lookups is dropped (the request never arrived);
+  A doubt the queue does not show in two lookups is dropped (the request never arrived). The
+  lookup runs even when nothing more is wanted: the doubted job's worker may have registered
+  first (adopted, below), and the failed submission should still say where its job went;
 - `down` (PoolManager.close) looks the cluster's tagged jobs up too and cancels every one;
 - a worker registering from a job id no pool knows is adopted into its pool (pools.py), the
   backstop for a job the lookups missed.
@@ -95,6 +97,10 @@ class Untracked:
                        error.message, job_tag(self.cluster, index))
         return True
 
+    def mine(self, manager) -> bool:
+        """Whether a submission of `manager`'s pool is in doubt."""
+        return any(d["pool"] == manager.pool for d in self.doubts.values())
+
     async def settle(self, managers: dict) -> bool:
         """Before a submission: True when no submission is in doubt (any more). Else looks the
         cluster's jobs up, adopts those found, and drops doubts missed by enough lookups; False
@@ -130,6 +136,11 @@ class Untracked:
             index = tag_index(comment, job_id)
             doubt = self.doubts.pop(index, None) if index is not None else None
             if job_id in known:
+                # Adopted already: its worker registered before this lookup (pools.py). The failed
+                # submission still says where its job went.
+                if doubt:
+                    doubt["error"].message += f" (the answer was lost; the job was queued anyway: job {job_id}, " \
+                                              "adopted when its worker registered)"
                 continue
             pool = doubt["pool"] if doubt else DEFAULT_POOL
             manager = managers.get(pool) or managers[DEFAULT_POOL]

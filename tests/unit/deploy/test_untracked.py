@@ -142,3 +142,24 @@ def test_without_a_cluster_id_nothing_is_tagged_or_looked_up():
 
     asyncio.run(go())
     assert adapter.tags == {"1": None, "2": None} and adapter.lookups == 0
+
+
+def test_a_lost_submission_whose_worker_registered_before_the_lookup_still_says_where_its_job_went():
+    """Seen in CI: the lost job's worker joined (adopted, pools.py) before the lookup ran; the
+    lookup then settled the doubt without a word, and the failed submission kept saying only
+    "Socket timed out", as though nothing had been queued."""
+    adapter = LosingAdapter(lose={2})
+    pm = losing_pool_manager(adapter)
+
+    async def go():
+        await pm.scale(2)                      # job 2 queued, its answer lost
+        pm.worker_event("joined", {"job_id": "2", "pool": "default"})
+        await pm.reconcile()                   # the lookup finds job 2, already adopted
+        await pm.reconcile()
+        return pm.table()
+
+    table = asyncio.run(go())
+    assert adapter.ids == ["1", "2"], adapter.ids                  # not submitted again
+    assert not pm.untracked.doubts
+    assert "the answer was lost; the job was queued anyway: job 2, adopted when its worker registered" in \
+        table["errors"][0]["message"], table["errors"]
