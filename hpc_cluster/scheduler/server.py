@@ -529,27 +529,30 @@ class Scheduler(BacklogMixin, WorkerLinksMixin):
         """client.restart(): forget all work, restart every worker through its nanny."""
         reason = "the cluster was restarted by client.restart(); submit the work again"
         self.state.clear(reason)
-        by_nanny, without = {}, []
+        by_nanny, old, without = {}, {}, []
         for addr, ws in self.state.workers.items():
             nid = ws.info.get("nanny_id")
             if nid and nid in self.nannies:
-                by_nanny[nid] = addr
+                by_nanny[nid], old[nid] = addr, ws
                 self._intents[addr] = "restart"
                 self.nannies[nid].send({"op": Op.RESTART})
             else:
                 without.append(addr)
                 self._send_now(addr, {"op": Op.FREE_ALL})
         self._flush()
+
+        def successors() -> dict:
+            # A successor is a new registration from the nanny, not a new address: one on a fixed
+            # --worker-port (or given its predecessor's free port) comes back at the same address.
+            current = {ws.info.get("nanny_id"): (a, ws) for a, ws in self.state.workers.items()}
+            return {nid: current[nid][0] for nid in by_nanny if nid in current and current[nid][1] is not old[nid]}
+
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            current = {ws.info.get("nanny_id"): a for a, ws in self.state.workers.items()}
-            if all(nid in current and current[nid] != old for nid, old in by_nanny.items()):
-                break
+        while time.monotonic() < deadline and len(successors()) < len(by_nanny):
             await asyncio.sleep(0.05)
-        current = {ws.info.get("nanny_id"): a for a, ws in self.state.workers.items()}
-        self._reply(cid, msg, {"restarted": [current[n] for n in by_nanny if n in current and current[n] != by_nanny[n]],
-                               "not_restarted": without,
-                               "missing": [by_nanny[n] for n in by_nanny if current.get(n) in (None, by_nanny[n])]})
+        back = successors()
+        self._reply(cid, msg, {"restarted": list(back.values()), "not_restarted": without,
+                               "missing": [by_nanny[n] for n in by_nanny if n not in back]})
 
     def worker_table(self) -> list[dict]:
         return worker_table(self.state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -330,6 +331,26 @@ def test_lifetime_restart_gives_the_nanny_a_fresh_worker_in_the_same_job(tmp_pat
             code = stop(nanny)
         assert gone["cause"] == final["cause"] == "retired" and not final["blame"]
         assert code == 0
+
+
+def test_restart_sees_a_worker_on_a_fixed_port_come_back(tmp_path):
+    """client.restart() waited for each nanny's worker to register at a *new* address: one on a
+    fixed --worker-port comes back at the same one, and restart timed out though it was back (a
+    worker on a free port can be given its predecessor's port too: seen once in CI)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with LocalCluster(n_workers=0) as cluster, Client(cluster) as client:
+        nanny = start(cluster, tmp_path, "fixed", "--worker-port", str(port))
+        try:
+            [(addr, info)] = wait_until(lambda: workers_named(client, "fixed"), timeout=30,
+                                        what="the worker on the fixed port").items()
+            assert addr.endswith(f":{port}")
+            client.restart(timeout=30)
+            [(again, fresh)] = workers_named(client, "fixed").items()
+            assert again == addr and fresh["pid"] != info["pid"] and fresh["nanny_id"] == info["nanny_id"]
+        finally:
+            stop(nanny)
 
 
 def test_a_short_lifetime_is_not_drained_from_its_start(tmp_path):
