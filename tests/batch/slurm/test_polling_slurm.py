@@ -20,6 +20,7 @@ from helpers.wait import wait_until  # noqa: E402
 
 from hpc_cluster import Client  # noqa: E402
 from hpc_cluster.deploy.cluster import SLURMCluster  # noqa: E402
+from hpc_cluster.deploy.daemon.polling import STEADY_INTERVAL  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -66,7 +67,8 @@ def test_steady_state_calls_the_batch_system_rarely_and_events_are_seen_at_once(
         assert sorted(j["state"] for j in jobs.values()) == ["running", "running"], jobs
         startup = [t for t, n in calls(log, started, registered) if n == "squeue"]
         gaps = [b - a for a, b in zip(startup, startup[1:])]
-        assert startup and all(g < 4.5 for g in gaps), f"startup squeue times {startup}"
+        # The fast pace (2 s, plus each call's own time, which load stretches), not the steady one (30 s).
+        assert startup and all(g < STEADY_INTERVAL / 2 for g in gaps), f"startup squeue times {startup}"
 
         # Steady state: both workers registered, nothing starting or ending.
         time.sleep(STEADY_WINDOW)                 # the measured window itself
@@ -82,6 +84,13 @@ def test_steady_state_calls_the_batch_system_rarely_and_events_are_seen_at_once(
         # A worker killed with a real signal: the death wakes the poller (no 30 s wait) and
         # its accounting record reaches the death's evidence within seconds.
         victim = next(iter(c.scheduler_info()["workers"].values()))
+        # Killed just after a steady round's squeue: the next round is STEADY_INTERVAL after it, so
+        # a squeue before then is the death's own, however long this machine takes to get there
+        # (an absolute bound, 5 s, failed under the suite's load in CI: 8.7 s).
+        seen = len([t for t, n in calls(log) if n == "squeue"])
+        last_round = wait_until(lambda: (lambda q: q[-1] if len(q) > seen else None)(
+            [t for t, n in calls(log) if n == "squeue"]), timeout=STEADY_INTERVAL * 3,
+            what="a steady round's squeue", interval=0.1)
         killed = time.time()
         os.kill(int(victim["pid"]), signal.SIGKILL)
 
@@ -89,13 +98,16 @@ def test_steady_state_calls_the_batch_system_rarely_and_events_are_seen_at_once(
             return next((d for d in c.deaths() if d.get("worker") == victim["address"]
                          and any(line.startswith("accounting: job") for line in d.get("evidence") or [])), None)
 
-        death = wait_until(death_with_accounting, timeout=20, what="the death's accounting evidence", interval=0.2)
+        death = wait_until(death_with_accounting, timeout=60, what="the death's accounting evidence", interval=0.2)
         noticed = time.time() - killed
         assert any(n == "sacct" for _, n in calls(log, killed)), "the accounting came from no sacct call"
         # The job's state is polled at once too (the death is an event), not at the next steady round.
-        first_poll = wait_until(lambda: next((t for t, n in calls(log, killed) if n == "squeue"), None),
-                                timeout=20, what="a squeue after the death", interval=0.2) - killed
-        assert first_poll < 5, f"the first squeue after the death came {first_poll:.1f} s after it"
+        first = wait_until(lambda: next((t for t, n in calls(log, killed) if n == "squeue"), None),
+                           timeout=STEADY_INTERVAL * 3, what="a squeue after the death", interval=0.2)
+        first_poll = first - killed
+        assert first - last_round < STEADY_INTERVAL, (
+            f"the first squeue after the death came {first_poll:.1f} s after it, {first - last_round:.1f} s after "
+            f"the last steady round: at the steady pace ({STEADY_INTERVAL:g} s), not at once")
         figures.update(death_noticed_s=round(noticed, 1), first_squeue_after_death_s=round(first_poll, 1),
                        death_cause=death["cause"])
         table = cl.status_table() if hasattr(cl, "status_table") else {}
