@@ -18,6 +18,7 @@ from .local import DEFAULT_TIMEOUT, _describe_failure
 
 __all__ = ["SSHRunner", "DEFAULT_TIMEOUT", "HOST_KEY_POLICIES"]
 HOST_KEY_POLICIES = ("reject", "auto-add", "warn")
+EXIT_GRACE = 10.0      # s a command's streams may stay open after it exited (a background child holds them)
 
 
 class SSHRunner:
@@ -171,17 +172,26 @@ class SSHRunner:
     def _collect(channel, command: str, timeout: float) -> tuple[str, str]:
         # Read both streams as they come, so a chatty stderr cannot fill its window and
         # stall the command while we wait on stdout.
+        # Until the streams' end (EOF), not the exit status: sshd sends the status when the
+        # command is reaped, which can come before the last of its output (seen in CI: an
+        # exit 7's stderr lost under load). A background child holding the streams after the
+        # command ended gets EXIT_GRACE seconds, not the whole timeout.
         out, err = [], []
         deadline = time.monotonic() + timeout
+        exited = None
         while True:
             got = False
             while channel.recv_ready():
                 out.append(channel.recv(65536)); got = True
             while channel.recv_stderr_ready():
                 err.append(channel.recv_stderr(65536)); got = True
-            if channel.exit_status_ready() and not channel.recv_ready() \
-                    and not channel.recv_stderr_ready():
+            drained = not channel.recv_ready() and not channel.recv_stderr_ready()
+            if channel.eof_received and drained:
                 break
+            if channel.exit_status_ready():
+                exited = time.monotonic() if exited is None else exited
+                if drained and time.monotonic() - exited > EXIT_GRACE:
+                    break
             if channel.closed and not got:
                 break
             if time.monotonic() > deadline:

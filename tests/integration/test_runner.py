@@ -70,6 +70,15 @@ def test_ssh_output_exit_codes_and_quoting(sshd):
             runner.run(["sh", "-c", "echo oops >&2; exit 7"])
 
 
+def test_ssh_output_written_after_the_exit_status_is_kept(sshd):
+    """sshd sends a command's exit status when the command is reaped, which can come before the
+    last of its output: reading stopped at the status and lost it (seen in CI: the stderr of
+    `exit 7` came back empty under load). Here a child of the command writes after it exited."""
+    with sshd.runner() as runner:
+        r = runner.run(["sh", "-c", "(sleep 1; echo late; echo late-err >&2) & echo early; exit 3"], check=False)
+        assert (r.returncode, r.stdout, r.stderr) == (3, "early\nlate\n", "late-err\n")
+
+
 def test_ssh_reuses_one_connection(sshd):
     before = sshd.accepted()
     with sshd.runner() as runner:
